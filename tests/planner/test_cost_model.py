@@ -1,0 +1,102 @@
+import math
+
+import pytest
+
+from zeppelin_megatron.planner import CostModel, ModelShape, default_profile, load_cluster
+from zeppelin_megatron.planner.profile import ProfileError, parse_profile
+
+
+def profile_shaped_model() -> ModelShape:
+    p = default_profile()
+    # The profiled attention: 32 q heads of dim 128 (kv expanded); linear: the 7B-like layer.
+    return ModelShape(layers=1, hidden=p.lin_hidden, q_heads=p.lin_q_heads, kv_heads=p.lin_kv_heads,
+                      ffn=p.lin_ffn, head_dim=p.lin_head_dim)
+
+
+def test_reproduces_profile_points() -> None:
+    cm = CostModel(model=profile_shaped_model(), cluster=load_cluster("1x8"))
+    p = default_profile()
+    for row in p.attention:
+        if row.causal:
+            assert cm.causal_ms(row.seqlen) * row.num_seqs == pytest.approx(row.fwd_bwd_ms, rel=1e-9)
+    for row in p.linear:
+        assert cm.linear_ms(row.tokens) == pytest.approx(row.fwd_bwd_ms, rel=1e-9)
+    for row in p.blocks:
+        # q x k and k x q rows share an area and the model averages their rates; the
+        # two orientations differ by up to 20% at 128 x 64, so each row is within 12%.
+        assert cm.block_ms(row.q_len, row.k_len) * row.num_seqs == pytest.approx(row.fwd_bwd_ms, rel=0.12)
+
+
+def test_interpolation_and_extrapolation() -> None:
+    cm = CostModel(model=profile_shaped_model(), cluster=load_cluster("1x8"))
+    t = [cm.causal_ms(s) for s in (64, 128, 200, 256, 1000, 1 << 17, 1 << 18)]
+    assert all(a < b for a, b in zip(t, t[1:]))
+    # Below the first point: time proportional to length (tile-bound).
+    assert cm.causal_ms(64) == pytest.approx(cm.causal_ms(128) / 2, rel=1e-9)
+    # Above the last point: rate held, so time grows as s^2.
+    assert cm.causal_ms(1 << 18) == pytest.approx(4 * cm.causal_ms(1 << 17), rel=1e-9)
+
+
+def test_scales_with_heads_layers_and_tp() -> None:
+    cl = load_cluster("1x8")
+    base = CostModel(model=ModelShape(layers=2, hidden=4096, q_heads=32, kv_heads=8, ffn=11008), cluster=cl)
+    wide = CostModel(model=ModelShape(layers=2, hidden=8192, q_heads=64, kv_heads=8, ffn=11008), cluster=cl)
+    tp2 = CostModel(model=base.model, cluster=cl, tensor_parallel=2)
+    assert wide.causal_ms(4096) == pytest.approx(2 * base.causal_ms(4096))
+    assert tp2.causal_ms(4096) == pytest.approx(base.causal_ms(4096) / 2)
+    assert tp2.linear_ms(4096) == pytest.approx(base.linear_ms(4096) / 2)
+    assert tp2.kv_bytes_per_token == base.kv_bytes_per_token // 2
+
+
+def test_ring_traffic_and_ratio() -> None:
+    cl = load_cluster("2x8")
+    cm = CostModel(model=ModelShape(layers=1, hidden=4096, q_heads=32, kv_heads=8, ffn=11008), cluster=cl)
+    # 2 * kv_heads * head_dim * 2 bytes = 4096 bytes per token; chunk pair of 65536/16 tokens.
+    assert cm.kv_bytes_per_token == 4096
+    assert cm.ring_step_bytes(65536, 8) == 2 * 4096 * 4096
+    nbytes = 3 * cm.ring_step_bytes(65536, 8)
+    assert cm.ring_step_comm_ms(65536, 8, inter_node=False) == pytest.approx(
+        nbytes / 450e6 + cl.nvlink_latency_us * 1e-3)
+    assert cm.ring_step_comm_ms(65536, 16, inter_node=True) == pytest.approx(
+        3 * cm.ring_step_bytes(65536, 16) / 50e6 + cl.nic_latency_us * 1e-3)
+    # compute/comm grows with s / g; routing over 8 NICs makes it larger.
+    assert cm.comm_ratio(1 << 17, 8, inter_node=False) > cm.comm_ratio(1 << 14, 8, inter_node=False)
+    assert cm.comm_ratio(1 << 17, 16, inter_node=True, proxies=8) > cm.comm_ratio(1 << 17, 16, inter_node=True)
+    assert cm.routed_ms(1e9, 8) < cm.routed_ms(1e9, 1)
+    # Tiny transfers do not pay for routing (latency).
+    assert cm.routed_ms(1e3, 8) > cm.routed_ms(1e3, 1)
+
+
+def test_ring_ms_sums_steps() -> None:
+    cm = CostModel(model=profile_shaped_model(), cluster=load_cluster("1x8"))
+    s, g = 65536, 4
+    diag, off = cm.ring_compute_profile(s, g)
+    comm = cm.ring_step_comm_ms(s, g, inter_node=False)
+    o = cm.call_overhead_ms
+    assert cm.ring_ms(s, g, inter_node=False) == pytest.approx(max(diag, o) + (g - 1) * max(off, o, comm))
+    # Zigzag: every position's step work equals the profile's (up to one token).
+    for pos in range(g):
+        for step in range(1, g):
+            assert cm.ring_step_compute_ms(s, g, pos, step) == pytest.approx(off, rel=1e-3)
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda d: d.update(schema="x"), "schema"),
+    (lambda d: d["attention"]["rows"].clear(), "at least one row"),
+    (lambda d: d["attention"]["rows"][0].update(fwd_bwd_ms=-1), "must be > 0"),
+    (lambda d: d["attention"]["rows"][0].update(seqlen="big"), "expected a number"),
+    (lambda d: d["linear"].pop("hidden"), "missing key 'hidden'"),
+    (lambda d: d["linear"]["rows"].reverse(), "strictly increasing"),
+    (lambda d: d.update(dtype="int3"), "int3"),
+])
+def test_malformed_profile(mutate, match) -> None:  # type: ignore[no-untyped-def]
+    doc = default_profile().to_dict()
+    mutate(doc)
+    with pytest.raises(ProfileError, match=match):
+        parse_profile(doc)
+
+
+def test_profile_round_trip() -> None:
+    p = default_profile()
+    assert parse_profile(p.to_dict()) == p
+    assert math.isclose(p.call_overhead_ms, 1.0925)

@@ -1,0 +1,30 @@
+from hypothesis import given, strategies as st
+
+import pytest
+
+from zeppelin_megatron.planner.zigzag import chunk_bounds, chunk_range, ring_source, zigzag_ranges, zigzag_tokens
+
+
+def test_worked_example() -> None:
+    assert chunk_bounds(10, 2) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert zigzag_ranges(10, 2, 0) == ((0, 3), (8, 10))
+    assert zigzag_ranges(10, 2, 1) == ((3, 6), (6, 8))
+    assert [ring_source(1, j, 4) for j in range(4)] == [1, 0, 3, 2]
+
+
+@given(g=st.integers(1, 64), extra=st.integers(0, 5000))
+def test_chunks_cover_and_balance(g: int, extra: int) -> None:
+    s = 2 * g + extra
+    b = chunk_bounds(s, g)
+    assert b[0][0] == 0 and b[-1][1] == s
+    assert all(b[i][1] == b[i + 1][0] for i in range(len(b) - 1))
+    sizes = [e - a for a, e in b]
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+    assert [chunk_range(s, g, c) for c in range(2 * g)] == b
+    tokens = [zigzag_tokens(s, g, p) for p in range(g)]
+    assert sum(tokens) == s and max(tokens) - min(tokens) <= 2
+
+
+def test_too_short_to_split_names_values() -> None:
+    with pytest.raises(ValueError, match="length 5 .* ring of 3"):
+        chunk_bounds(5, 3)

@@ -1,0 +1,106 @@
+"""``plan_step``: one global batch of lengths -> a :class:`StepPlan`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+from .cluster import Cluster
+from .cost_model import CostModel
+from .linear_layout import linear_layout
+from .partition import PartitionOptions, partition
+from .plan import PlanError, SequencePlan, StepPlan, derive_routing
+from .predict import predict
+from .zigzag import zigzag_ranges
+
+__all__ = ["plan_step", "check_lengths"]
+
+
+def check_lengths(lengths: Sequence[int], cluster: Cluster) -> list[int]:
+    """Validate a batch against a cluster; returns the lengths as a list of ints."""
+    lengths = list(lengths)
+    if not lengths:
+        raise PlanError("the batch is empty: plan_step needs at least one sequence")
+    for i, s in enumerate(lengths):
+        if isinstance(s, bool) or not isinstance(s, int) and not (hasattr(s, "__index__")):
+            raise PlanError(f"sequence {i}: length {s!r} is not an integer")
+        if int(s) <= 0:
+            raise PlanError(f"sequence {i}: length {int(s)} must be >= 1")
+    lengths = [int(s) for s in lengths]
+    total, cap = sum(lengths), cluster.total_capacity()
+    longest = max(lengths)
+    if longest > cap:
+        raise PlanError(
+            f"sequence {lengths.index(longest)} has {longest} tokens, more than the cluster's total "
+            f"capacity of {cap} ({cluster.world_size} GPUs x {cluster.tokens_per_gpu} tokens per GPU)"
+        )
+    if total > cap:
+        raise PlanError(
+            f"the batch has {total} tokens, more than the cluster's total capacity of {cap} "
+            f"({cluster.world_size} GPUs x {cluster.tokens_per_gpu} tokens per GPU)"
+        )
+    quota = -(-total // cluster.world_size)
+    if quota > cluster.tokens_per_gpu:
+        raise PlanError(
+            f"the linear layout needs {quota} tokens per GPU, more than tokens_per_gpu = "
+            f"{cluster.tokens_per_gpu}"
+        )
+    return lengths
+
+
+def plan_step(
+    lengths: Sequence[int],
+    cluster: Cluster,
+    cost_model: CostModel,
+    *,
+    routing: bool = True,
+    remap: bool = True,
+    slack: float = 0.02,
+    min_ratio: float = 1.0,
+    placements: Sequence[str] = ("local", "intra_node", "inter_node"),
+) -> StepPlan:
+    """Plan one training step.
+
+    Args:
+        lengths: token count of each sequence of the global batch.
+        cluster: the cluster (its ``tokens_per_gpu`` bounds each rank's tokens).
+        cost_model: calibrated costs for the model on this cluster.
+        routing: spread cross-node ring hops over idle NICs where that pays.
+        remap: keep linear modules on a token-balanced layout (``False``: the
+            linear layout is the attention layout, no remap traffic).
+        slack: fraction by which a GPU may exceed its target before splitting.
+        min_ratio: compute/communication ratio a split needs.
+        placements: allowed placements (ablations; sequences too long for one
+            GPU still split).
+
+    Raises:
+        PlanError: bad lengths (empty, ``<= 0``, beyond capacity), or a
+            batch that cannot be placed; never returns a partial plan.
+    """
+    if cost_model.cluster != cluster:
+        raise PlanError("cost_model was built for another cluster; build it with this cluster")
+    lengths = check_lengths(lengths, cluster)
+    options = PartitionOptions(slack=slack, min_ratio=min_ratio, routing=routing, placements=tuple(placements))
+    assignments = partition(lengths, cost_model, options)
+
+    world = cluster.world_size
+    attention: list[list[tuple[int, int, int]]] = [[] for _ in range(world)]
+    for i, (a, s) in enumerate(zip(assignments, lengths)):
+        if a.placement == "local":
+            attention[a.ranks[0]].append((i, 0, s))
+            continue
+        g = len(a.ranks)
+        for p, r in enumerate(a.ranks):
+            (s0, e0), (s1, e1) = zigzag_ranges(s, g, p)
+            if e0 == s1:
+                attention[r].append((i, s0, e1))
+            else:
+                attention[r].extend([(i, s0, e0), (i, s1, e1)])
+    att = tuple(tuple(rs) for rs in attention)
+    lin = linear_layout(att, cluster) if remap else att
+    sequences = tuple(SequencePlan(s, a.placement, a.ranks) for s, a in zip(lengths, assignments))  # type: ignore[arg-type]
+    plan = StepPlan(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, sequences=sequences,
+                    attention_layout=att, linear_layout=lin)
+    routes = derive_routing(plan, cost_model, enabled=routing)
+    plan = replace(plan, routing=routes, validate=False)
+    return replace(plan, predicted=predict(plan, cost_model), validate=False)

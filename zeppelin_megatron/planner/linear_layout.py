@@ -1,0 +1,101 @@
+"""Token-balanced layout for the linear modules.
+
+Every rank gets ``floor(T/N)`` or ``ceil(T/N)`` tokens. The ``T mod N`` extra
+tokens go to the ranks whose attention layout holds the most tokens (ties: lower
+rank), so fewer tokens move. Each rank keeps the first ``min(held, quota)``
+tokens of its attention buffer in place; the surplus of over-full ranks fills
+the deficits of under-full ranks, same node first, then across nodes, both in
+rank order.
+
+Worked example, 2 nodes x 2 GPUs, attention tokens ``[10, 2, 3, 1]`` (T = 16,
+quota 4 each): rank 0 keeps its first 4 tokens and has 6 surplus; same node:
+rank 1 takes 2 (now 4); across nodes: rank 2 takes 1, rank 3 takes 3.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .cluster import Cluster
+
+__all__ = ["balanced_quotas", "linear_layout"]
+
+TokenRange = tuple[int, int, int]
+
+
+def balanced_quotas(held: Sequence[int]) -> list[int]:
+    """Per-rank token quotas summing to ``sum(held)``, each ``floor`` or ``ceil`` of the mean."""
+    n = len(held)
+    total = sum(held)
+    base, extra = divmod(total, n)
+    quotas = [base] * n
+    for r in sorted(range(n), key=lambda r: (-held[r], r))[:extra]:
+        quotas[r] += 1
+    return quotas
+
+
+def _take(ranges: list[TokenRange], count: int) -> tuple[list[TokenRange], list[TokenRange]]:
+    """Split a range list after ``count`` tokens: ``(first count tokens, rest)``."""
+    head: list[TokenRange] = []
+    rest: list[TokenRange] = []
+    left = count
+    for seq, s, e in ranges:
+        if left >= e - s:
+            head.append((seq, s, e))
+            left -= e - s
+        elif left > 0:
+            head.append((seq, s, s + left))
+            rest.append((seq, s + left, e))
+            left = 0
+        else:
+            rest.append((seq, s, e))
+    return head, rest
+
+
+def linear_layout(
+    attention: Sequence[Sequence[TokenRange]], cluster: Cluster
+) -> tuple[tuple[TokenRange, ...], ...]:
+    """Token-balanced layout derived from ``attention`` (see module docstring)."""
+    n = len(attention)
+    held = [sum(e - s for _, s, e in rs) for rs in attention]
+    quotas = balanced_quotas(held)
+    kept: list[list[TokenRange]] = []
+    surplus: list[list[TokenRange]] = []
+    for r in range(n):
+        head, rest = _take(list(attention[r]), min(held[r], quotas[r]))
+        kept.append(head)
+        surplus.append(rest)
+    need = [quotas[r] - min(held[r], quotas[r]) for r in range(n)]
+    gpn = cluster.gpus_per_node
+
+    def fill(donors: list[int], takers: list[int]) -> None:
+        d = 0
+        for t in takers:
+            while need[t] > 0:
+                while d < len(donors) and not surplus[donors[d]]:
+                    d += 1
+                if d == len(donors):
+                    return
+                give, surplus[donors[d]] = _take(surplus[donors[d]], need[t])
+                moved = sum(e - s for _, s, e in give)
+                kept[t].extend(give)
+                need[t] -= moved
+
+    for node in range(n // gpn):
+        ranks = list(range(node * gpn, (node + 1) * gpn))
+        fill(ranks, ranks)
+    fill(list(range(n)), list(range(n)))
+    if any(need) or any(surplus):  # impossible: quotas sum to the tokens held
+        raise RuntimeError(f"linear layout left tokens unplaced: need {need}")
+    return tuple(tuple(_coalesce(rs)) for rs in kept)
+
+
+def _coalesce(ranges: list[TokenRange]) -> list[TokenRange]:
+    """Merge neighbours that are contiguous pieces of one sequence."""
+    out: list[TokenRange] = []
+    for seq, s, e in ranges:
+        if out and out[-1][0] == seq and out[-1][2] == s:
+            out[-1] = (seq, out[-1][1], e)
+        else:
+            out.append((seq, s, e))
+    return out

@@ -1,0 +1,439 @@
+"""Step plan dataclasses, the ``zeppelin-plan/1`` JSON form and its validation.
+
+A plan says, for one global batch:
+
+* ``sequences[i]``: length, placement (``local`` | ``intra_node`` |
+  ``inter_node``) and the ranks that hold it (ring order for split ones);
+* ``attention_layout[r]`` / ``linear_layout[r]``: rank ``r``'s tokens as
+  ``(seq, start, end)`` ranges, concatenated in order;
+* ``routing``: proxy routes for cross-node ring hops;
+* ``predicted``: the cost model's step and per-rank times (may be absent).
+
+Derived on demand: :attr:`StepPlan.rings` (split sequences grouped by their
+rank tuple) and :attr:`StepPlan.remap` (the layout-to-layout exchange lists).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import InitVar, dataclass, replace
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal, Sequence
+
+from .remap import RemapPlan, build_remap
+from .routing import Route, plan_routing
+from .zigzag import chunk_bounds
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from .cost_model import CostModel
+
+__all__ = [
+    "PlanError", "SequencePlan", "Ring", "Prediction", "StepPlan", "derive_routing", "PLAN_SCHEMA", "PLACEMENTS",
+]
+
+PLAN_SCHEMA = "zeppelin-plan/1"
+Placement = Literal["local", "intra_node", "inter_node"]
+PLACEMENTS: tuple[str, ...] = ("local", "intra_node", "inter_node")
+TokenRange = tuple[int, int, int]
+
+
+class PlanError(ValueError):
+    """A plan (or a request to make one) that is invalid."""
+
+
+@dataclass(frozen=True)
+class SequencePlan:
+    length: int
+    placement: Placement
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Ring:
+    """Split sequences that share one rank tuple; executed as one ring."""
+
+    ranks: tuple[int, ...]
+    placement: Placement
+    seqs: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """Cost-model prediction for one training step (all layers), milliseconds / MB.
+
+    Per-rank tuples: ``rank_ms`` (attention + linear + exposed communication),
+    and, when the plan was made by the planner, the breakdown
+    ``attention_ms`` (attention kernel compute), ``linear_ms``,
+    ``exposed_comm_ms`` (ring waits not filled by local work), ``intra_MB`` and
+    ``inter_MB`` (bytes each rank sends over NVLink and over the network), and
+    the scalar ``remap_ms`` (layout all-to-alls, paid by every rank).
+    """
+
+    step_ms: float
+    rank_ms: tuple[float, ...]
+    attention_ms: tuple[float, ...] = ()
+    linear_ms: tuple[float, ...] = ()
+    exposed_comm_ms: tuple[float, ...] = ()
+    intra_MB: tuple[float, ...] = ()
+    inter_MB: tuple[float, ...] = ()
+    remap_ms: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"step_ms": self.step_ms, "rank_ms": list(self.rank_ms)}
+        if self.remap_ms:
+            d["remap_ms"] = self.remap_ms
+        for key in ("attention_ms", "linear_ms", "exposed_comm_ms", "intra_MB", "inter_MB"):
+            if getattr(self, key):
+                d[key] = list(getattr(self, key))
+        return d
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepPlan:
+    nodes: int
+    gpus_per_node: int
+    sequences: tuple[SequencePlan, ...]
+    attention_layout: tuple[tuple[TokenRange, ...], ...]
+    linear_layout: tuple[tuple[TokenRange, ...], ...]
+    routing: tuple[Route, ...] = ()
+    predicted: Prediction | None = None
+    validate: InitVar[bool] = True
+    """``False`` skips the layout checks (only for plans built from a validated one)."""
+
+    def __post_init__(self, validate: bool) -> None:
+        if validate:
+            _validate(self)
+        else:
+            _check_routing(self)
+
+    # -- derived -----------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(s.length for s in self.sequences)
+
+    @cached_property
+    def rings(self) -> tuple[Ring, ...]:
+        """Rings in the engine's queue order: inter-node, then intra-node; then by ranks."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, s in enumerate(self.sequences):
+            if s.placement != "local":
+                groups.setdefault(s.ranks, []).append(i)
+        rings = [Ring(ranks, self.sequences[seqs[0]].placement, tuple(seqs)) for ranks, seqs in groups.items()]
+        rings.sort(key=lambda r: (0 if r.placement == "inter_node" else 1, r.ranks))
+        return tuple(rings)
+
+    @cached_property
+    def remap(self) -> RemapPlan:
+        return RemapPlan(build_remap(self.linear_layout, self.attention_layout), self.world_size)
+
+    def routes_for(self, ring: Sequence[int]) -> dict[tuple[int, int], Route]:
+        key = tuple(ring)
+        return {(r.src, r.dst): r for r in self.routing if r.ring == key}
+
+    def tokens(self, rank: int, layout: str = "linear") -> int:
+        lay = self.linear_layout if layout == "linear" else self.attention_layout
+        return sum(e - s for _, s, e in lay[rank])
+
+    def digest(self) -> str:
+        """SHA-256 of the canonical JSON (cheap cross-rank agreement check)."""
+        return hashlib.sha256(self.to_json(indent=None).encode()).hexdigest()
+
+    # -- JSON ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "schema": PLAN_SCHEMA,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "sequences": [
+                {"length": s.length, "placement": s.placement, "ranks": list(s.ranks)} for s in self.sequences
+            ],
+            "attention_layout": [[list(r) for r in rs] for rs in self.attention_layout],
+            "linear_layout": [[list(r) for r in rs] for rs in self.linear_layout],
+            "routing": [
+                {"ring": list(r.ring), "src": r.src, "dst": r.dst, "proxies": list(r.proxies)}
+                for r in self.routing
+            ],
+        }
+        if self.predicted is not None:
+            d["predicted"] = self.predicted.to_dict()
+        return d
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, separators=(",", ":") if indent is None else None)
+
+    @classmethod
+    def from_json(
+        cls,
+        text: str | bytes | dict[str, Any],
+        *,
+        cluster: "Cluster | None" = None,
+        cost_model: "CostModel | None" = None,
+    ) -> "StepPlan":
+        """Parse and validate a ``zeppelin-plan/1`` document.
+
+        A document without ``routing`` gets routes derived from ``cost_model``
+        (or, without one, every idle NIC of ``cluster``; without a cluster,
+        no routes). A missing ``predicted`` stays ``None``.
+        """
+        doc = text if isinstance(text, dict) else _loads(text)
+        if not isinstance(doc, dict):
+            raise PlanError("a plan document must be a JSON object")
+        schema = doc.get("schema")
+        if schema != PLAN_SCHEMA:
+            raise PlanError(f"plan schema is {schema!r}, expected {PLAN_SCHEMA!r}")
+        nodes = _int(doc, "nodes", "plan")
+        gpus = _int(doc, "gpus_per_node", "plan")
+        seqs_doc = _list(doc, "sequences", "plan")
+        sequences = []
+        for i, s in enumerate(seqs_doc):
+            where = f"sequences[{i}]"
+            if not isinstance(s, dict):
+                raise PlanError(f"{where}: expected an object")
+            placement = s.get("placement")
+            if placement not in PLACEMENTS:
+                raise PlanError(f"{where}.placement is {placement!r}, expected one of {list(PLACEMENTS)}")
+            ranks = _list(s, "ranks", where)
+            if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+                raise PlanError(f"{where}.ranks must be integers, got {ranks!r}")
+            sequences.append(SequencePlan(_int(s, "length", where), placement, tuple(ranks)))
+        att = _layout(doc, "attention_layout")
+        lin = _layout(doc, "linear_layout")
+        predicted = None
+        if doc.get("predicted") is not None:
+            predicted = _prediction(doc["predicted"])
+        if "routing" in doc:
+            routing = []
+            for i, r in enumerate(_list(doc, "routing", "plan")):
+                where = f"routing[{i}]"
+                if not isinstance(r, dict):
+                    raise PlanError(f"{where}: expected an object")
+                routing.append(Route(tuple(_list(r, "ring", where)), _int(r, "src", where, 0),
+                                     _int(r, "dst", where, 0), tuple(_list(r, "proxies", where))))
+            return cls(nodes=nodes, gpus_per_node=gpus, sequences=tuple(sequences), attention_layout=att,
+                       linear_layout=lin, routing=tuple(routing), predicted=predicted)
+        plan = cls(nodes=nodes, gpus_per_node=gpus, sequences=tuple(sequences), attention_layout=att,
+                   linear_layout=lin, routing=(), predicted=predicted)
+        if cost_model is not None:
+            cluster = cost_model.cluster
+        if cluster is None:
+            return plan
+        if cluster.nodes != nodes or cluster.gpus_per_node != gpus:
+            raise PlanError(
+                f"the plan is for {nodes}x{gpus} GPUs but the cluster is "
+                f"{cluster.nodes}x{cluster.gpus_per_node}"
+            )
+        return replace(plan, routing=derive_routing(plan, cost_model, cluster=cluster), validate=False)
+
+
+def derive_routing(
+    plan: StepPlan, cost: "CostModel | None", *, cluster: "Cluster | None" = None, enabled: bool = True
+) -> tuple[Route, ...]:
+    """Routes for ``plan``'s rings: the cost model decides where routing pays.
+
+    Without a cost model every idle NIC of ``cluster`` is used.
+    """
+    cluster = cost.cluster if cost is not None else cluster
+    if cluster is None:
+        raise PlanError("derive_routing needs a cost model or a cluster")
+    g_bytes = cost.ring_step_bytes if cost is not None else (lambda s, g: 2 * -(-s // (2 * g)))
+    payloads = [(r.ranks, sum(g_bytes(plan.sequences[i].length, len(r.ranks)) for i in r.seqs))
+                for r in plan.rings]
+    return plan_routing(payloads, cluster, cost, enabled=enabled)
+
+
+# -- parsing helpers ---------------------------------------------------------------
+
+
+def _loads(text: str | bytes) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"plan is not valid JSON: {exc}") from None
+
+
+def _int(d: dict[str, Any], key: str, where: str, minimum: int = 1) -> int:
+    if key not in d:
+        raise PlanError(f"{where}: missing key {key!r}")
+    v = d[key]
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        raise PlanError(f"{where}.{key} must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def _list(d: dict[str, Any], key: str, where: str) -> list[Any]:
+    if key not in d:
+        raise PlanError(f"{where}: missing key {key!r}")
+    v = d[key]
+    if not isinstance(v, list):
+        raise PlanError(f"{where}.{key} must be a list, got {type(v).__name__}")
+    return v
+
+
+def _layout(doc: dict[str, Any], key: str) -> tuple[tuple[TokenRange, ...], ...]:
+    out = []
+    for r, ranges in enumerate(_list(doc, key, "plan")):
+        if not isinstance(ranges, list):
+            raise PlanError(f"{key}[{r}] must be a list of [seq, start, end]")
+        rs = []
+        for k, item in enumerate(ranges):
+            if (not isinstance(item, list) or len(item) != 3
+                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in item)):
+                raise PlanError(f"{key}[{r}][{k}] must be [seq, start, end] integers, got {item!r}")
+            rs.append((item[0], item[1], item[2]))
+        out.append(tuple(rs))
+    return tuple(out)
+
+
+def _prediction(d: Any) -> Prediction:
+    if not isinstance(d, dict):
+        raise PlanError("predicted must be an object")
+    step = d.get("step_ms")
+    if isinstance(step, bool) or not isinstance(step, (int, float)):
+        raise PlanError(f"predicted.step_ms must be a number, got {step!r}")
+    kw: dict[str, Any] = {}
+    remap = d.get("remap_ms", 0.0)
+    if isinstance(remap, bool) or not isinstance(remap, (int, float)):
+        raise PlanError(f"predicted.remap_ms must be a number, got {remap!r}")
+    kw["remap_ms"] = float(remap)
+    for key in ("rank_ms", "attention_ms", "linear_ms", "exposed_comm_ms", "intra_MB", "inter_MB"):
+        v = d.get(key, [])
+        if not isinstance(v, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            raise PlanError(f"predicted.{key} must be a list of numbers")
+        kw[key] = tuple(float(x) for x in v)
+    return Prediction(step_ms=float(step), **kw)
+
+
+# -- validation ------------------------------------------------------------------
+
+
+def _validate(plan: StepPlan) -> None:
+    world = plan.nodes * plan.gpus_per_node
+    if not plan.sequences:
+        raise PlanError("the plan has no sequences (an empty batch)")
+    for name in ("attention_layout", "linear_layout"):
+        layout = getattr(plan, name)
+        if len(layout) != world:
+            raise PlanError(
+                f"{name} has {len(layout)} rank lists but the plan is for "
+                f"{plan.nodes} x {plan.gpus_per_node} = {world} ranks"
+            )
+    gpn = plan.gpus_per_node
+    for i, s in enumerate(plan.sequences):
+        where = f"sequence {i} (length {s.length}, {s.placement})"
+        if s.length < 1:
+            raise PlanError(f"{where}: length must be >= 1")
+        if len(set(s.ranks)) != len(s.ranks) or not s.ranks:
+            raise PlanError(f"{where}: ranks {list(s.ranks)} must be non-empty and distinct")
+        for r in s.ranks:
+            if not 0 <= r < world:
+                raise PlanError(f"{where}: rank {r} is outside [0, {world})")
+        nodes = {r // gpn for r in s.ranks}
+        if s.placement == "local" and len(s.ranks) != 1:
+            raise PlanError(f"{where}: a local sequence has exactly one rank, got {list(s.ranks)}")
+        if s.placement == "intra_node" and (len(s.ranks) < 2 or len(nodes) != 1):
+            raise PlanError(f"{where}: an intra_node sequence needs >= 2 ranks of one node, got {list(s.ranks)}")
+        if s.placement == "inter_node" and len(nodes) < 2:
+            raise PlanError(f"{where}: an inter_node sequence needs ranks on >= 2 nodes, got {list(s.ranks)}")
+        if s.placement != "local" and s.length < 2 * len(s.ranks):
+            raise PlanError(
+                f"{where}: too short to split over {len(s.ranks)} ranks "
+                f"(zigzag needs >= {2 * len(s.ranks)} tokens)"
+            )
+    att = _check_cover(plan, plan.attention_layout, "attention_layout")
+    _check_cover(plan, plan.linear_layout, "linear_layout")
+    # Attention layout must follow each sequence's placement.
+    for i, s in enumerate(plan.sequences):
+        held = att[i]  # rank -> sorted merged ranges
+        expected: dict[int, list[tuple[int, int]]]
+        if s.placement == "local":
+            expected = {s.ranks[0]: [(0, s.length)]}
+        else:
+            g = len(s.ranks)
+            b = chunk_bounds(s.length, g)
+            expected = {r: _merge([b[p], b[2 * g - 1 - p]]) for p, r in enumerate(s.ranks)}
+        if held != expected:
+            what = "the whole sequence on its rank" if s.placement == "local" else \
+                f"the zigzag chunks of a ring over ranks {list(s.ranks)} in that order"
+            raise PlanError(
+                f"attention_layout: sequence {i} (length {s.length}, {s.placement}) is held as "
+                f"{ {r: v for r, v in sorted(held.items())} }, expected {what}: "
+                f"{ {r: v for r, v in sorted(expected.items())} }"
+            )
+    _check_routing(plan)
+
+
+def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for s, e in sorted(spans):
+        if out and out[-1][1] == s:
+            out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def _check_cover(
+    plan: StepPlan, layout: Sequence[Sequence[TokenRange]], name: str
+) -> list[dict[int, list[tuple[int, int]]]]:
+    """Every token of every sequence exactly once; returns per-seq rank -> merged spans."""
+    n = len(plan.sequences)
+    per_seq: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+    for r, ranges in enumerate(layout):
+        for seq, start, end in ranges:
+            if not 0 <= seq < n:
+                raise PlanError(f"{name}[{r}]: sequence index {seq} is outside [0, {n})")
+            length = plan.sequences[seq].length
+            if not 0 <= start < end <= length:
+                raise PlanError(
+                    f"{name}[{r}]: range [{start}, {end}) of sequence {seq} is empty or outside [0, {length})"
+                )
+            per_seq[seq].append((start, end, r))
+    held: list[dict[int, list[tuple[int, int]]]] = []
+    for seq, spans in enumerate(per_seq):
+        spans.sort()
+        pos = 0
+        for start, end, r in spans:
+            if start < pos:
+                raise PlanError(f"{name}: tokens [{start}, {min(pos, end)}) of sequence {seq} appear twice")
+            if start > pos:
+                raise PlanError(f"{name}: tokens [{pos}, {start}) of sequence {seq} are missing")
+            pos = end
+        length = plan.sequences[seq].length
+        if pos != length:
+            raise PlanError(f"{name}: tokens [{pos}, {length}) of sequence {seq} are missing")
+        by_rank: dict[int, list[tuple[int, int]]] = {}
+        for start, end, r in spans:
+            by_rank.setdefault(r, []).append((start, end))
+        held.append({r: _merge(v) for r, v in by_rank.items()})
+    return held
+
+
+def _check_routing(plan: StepPlan) -> None:
+    gpn = plan.gpus_per_node
+    rings = {r.ranks: r for r in plan.rings}
+    seen: set[tuple[tuple[int, ...], int, int]] = set()
+    for k, route in enumerate(plan.routing):
+        where = f"routing[{k}]"
+        if route.ring not in rings:
+            raise PlanError(f"{where}: ring {list(route.ring)} is not a ring of this plan")
+        ring = route.ring
+        hops = [(ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))]
+        if (route.src, route.dst) not in hops or route.src // gpn == route.dst // gpn:
+            raise PlanError(f"{where}: {route.src} -> {route.dst} is not a cross-node hop of ring {list(ring)}")
+        key = (ring, route.src, route.dst)
+        if key in seen:
+            raise PlanError(f"{where}: hop {route.src} -> {route.dst} of ring {list(ring)} is routed twice")
+        seen.add(key)
+        if not route.proxies or route.proxies[0] != route.src % gpn:
+            raise PlanError(f"{where}: proxies must start with the source's local index {route.src % gpn}")
+        if len(set(route.proxies)) != len(route.proxies) or not all(
+            isinstance(p, int) and 0 <= p < gpn for p in route.proxies
+        ):
+            raise PlanError(f"{where}: proxies {list(route.proxies)} must be distinct local indices in [0, {gpn})")
+
