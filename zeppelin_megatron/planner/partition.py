@@ -73,6 +73,10 @@ class Assignment:
     ranks: tuple[int, ...]
 
 
+NODE_HEADROOM = 0.05
+"""Fraction of a node's token capacity level 1 leaves free while it can (fragmentation)."""
+
+
 class _Ctx:
     """Shared inputs of the two levels and the cost queries they make."""
 
@@ -87,6 +91,7 @@ class _Ctx:
         self.w = [cost.local_ms(s) for s in lengths]
         self.target = sum(self.w) / cl.world_size
         self.limit = self.target * (1.0 + options.slack)
+        self.node_soft_cap = int(self.gpn * self.cap * (1.0 - NODE_HEADROOM))
 
     def intra_ok(self, s: int, g: int) -> bool:
         """Splitting ``s`` over ``g`` GPUs of a node hides its transfer and beats keeping it whole."""
@@ -123,7 +128,7 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
     """Place every sequence; see the module docstring. Deterministic.
 
     Runs level 1 + 2 with the span threshold at the target; if the busiest
-    GPU then exceeds the target by more than ``slack`` (batches dominated by
+    GPU then exceeds the mean GPU load by more than ``slack`` (batches dominated by
     a few huge sequences that whole nodes cannot balance), retries with lower
     thresholds, which span more sequences over nodes, and keeps the candidate
     with the lowest busiest-GPU load (ties: the earlier candidate). A later
@@ -134,21 +139,23 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
     best: tuple[float, list[Assignment]] | None = None
     for factor in SPAN_FACTORS if ctx.allow_inter and ctx.cluster.nodes > 1 else SPAN_FACTORS[:1]:
         try:
-            assignments, peak = _partition_once(ctx, order, ctx.limit * factor)
+            assignments, peak, mean = _partition_once(ctx, order, ctx.limit * factor)
         except PlanError:
             if best is None:
                 raise
             continue  # this candidate runs out of memory somewhere; keep the one we have
         if best is None or peak < best[0] - 1e-9:
             best = (peak, assignments)
-        if best[0] <= ctx.limit:
-            break
+        if best[0] <= mean * (1.0 + options.slack):
+            break  # already within slack of its own mean: no need to try more spanning
     assert best is not None
     return best[1]
 
 
-def _partition_once(ctx: _Ctx, order: list[int], span_limit: float) -> tuple[list[Assignment], float]:
-    """Levels 1 and 2 for one span threshold; returns the assignments and the peak GPU load."""
+def _partition_once(
+    ctx: _Ctx, order: list[int], span_limit: float
+) -> tuple[list[Assignment], float, float]:
+    """Levels 1 and 2 for one span threshold; returns the assignments, peak and mean GPU load."""
     cl, gpn, lengths = ctx.cluster, ctx.gpn, ctx.lengths
     node_seqs, inter, node_load = _assign_nodes(ctx, order, span_limit)
     out: dict[int, Assignment] = {i: Assignment("inter_node", r) for i, r in inter.items()}
@@ -172,7 +179,7 @@ def _partition_once(ctx: _Ctx, order: list[int], span_limit: float) -> tuple[lis
         assert best is not None
         placed, gpu_load, gpu_tok = best[1]
         out.update(placed)
-    return [out[i] for i in range(len(lengths))], max(gpu_load)
+    return [out[i] for i in range(len(lengths))], max(gpu_load), sum(gpu_load) / len(gpu_load)
 
 
 def _place_node(
@@ -233,7 +240,10 @@ def _assign_nodes(
     inter: dict[int, tuple[int, ...]] = {}
     for i in order:
         s = lengths[i]
-        fits = [n for n in range(n_nodes) if node_tok[n] + s <= gpn * cap]
+        # Keep headroom on each node so the GPU level can still pack whole
+        # sequences; use the full capacity only when no node has headroom left.
+        fits = ([n for n in range(n_nodes) if node_tok[n] + s <= ctx.node_soft_cap]
+                or [n for n in range(n_nodes) if node_tok[n] + s <= gpn * cap])
         best = min(fits, key=lambda n: (node_load[n], n)) if fits else None
         span = best is None
         if n_nodes > 1 and ctx.allow_inter and best is not None and w[i] > span_limit:
@@ -282,7 +292,7 @@ def _rebalance_nodes(ctx: _Ctx, node_seqs: list[list[int]], node_load: list[floa
     pair, and repeats while the busiest node's load falls. Example: loads ``[260, 229] x 8`` GPUs and costs 848
     on ``hi``, 746 on ``lo``: swapping them moves 102 GPU-ms.
     """
-    cap_node = ctx.gpn * ctx.cap
+    cap_node = ctx.node_soft_cap
     cost = {i: ctx.node_cost(i) for seqs in node_seqs for i in seqs}
     for _ in range(sum(len(s) for s in node_seqs)):
         hi = max(range(len(node_load)), key=lambda n: (node_load[n], -n))

@@ -1,0 +1,41 @@
+"""Planning time of one step: 1M tokens (long-tailed) on 128 GPUs (16 x 8), one CPU core.
+
+Run: python benchmarks/plan_speed.py [--repeat 5]
+Prints the median and best wall time of plan_step (a fresh CostModel each time,
+so its caches start cold) over several seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from zeppelin_megatron.planner import CostModel, load_cluster, load_model, plan_step
+from zeppelin_megatron.planner.workloads import long_tailed_batch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--cluster", default="16x8")
+    ap.add_argument("--tokens", type=int, default=1 << 20)
+    args = ap.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
+    cluster = load_cluster(args.cluster)
+    model = load_model(None)
+    times = []
+    for seed in range(args.repeat):
+        lengths = long_tailed_batch(args.tokens, seed)
+        cost = CostModel(model=model, cluster=cluster)
+        t0 = time.perf_counter()
+        plan_step(lengths, cluster, cost)
+        times.append((time.perf_counter() - t0) * 1e3)
+    print(f"plan_step: {args.tokens} tokens, {cluster.world_size} GPUs ({args.cluster}): "
+          f"median {statistics.median(times):.1f} ms, best {min(times):.1f} ms over {len(times)} seeds")
+
+
+if __name__ == "__main__":
+    main()
