@@ -32,10 +32,9 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from .cluster import Cluster
-from .model import ModelShape
+from .model import ModelShape, linear_params
 from .profile import CostProfile, default_profile
 from .zigzag import chunk_bounds
 
@@ -115,7 +114,7 @@ class CostModel:
         areas = sorted(by_area)
         object.__setattr__(self, "_rate_block", LogInterp(
             areas, [sum(by_area[a]) / len(by_area[a]) for a in areas], below="linear"))
-        lin_params = _linear_params(p.lin_hidden, p.lin_ffn, p.lin_q_heads, p.lin_kv_heads, p.lin_head_dim)
+        lin_params = linear_params(p.lin_hidden, p.lin_ffn, p.lin_q_heads, p.lin_kv_heads, p.lin_head_dim)
         scale = self.model.linear_params_per_layer() / lin_params / tp
         object.__setattr__(self, "_lin_ms_per_token", LogInterp(
             [r.tokens for r in p.linear], [r.fwd_bwd_ms / r.tokens * scale for r in p.linear]))
@@ -257,7 +256,3 @@ class CostModel:
         if tokens <= 0:
             return 0.0
         return tokens * self._lin_ms_per_token(tokens)
-
-
-def _linear_params(hidden: int, ffn: int, q_heads: int, kv_heads: int, head_dim: int) -> int:
-    return hidden * (q_heads + 2 * kv_heads) * head_dim + q_heads * head_dim * hidden + 3 * hidden * ffn

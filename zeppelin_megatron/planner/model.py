@@ -8,7 +8,14 @@ from typing import Any
 
 import yaml
 
-__all__ = ["ModelShape", "ModelError", "load_model"]
+__all__ = ["ModelShape", "ModelError", "load_model", "linear_params"]
+
+
+def linear_params(hidden: int, ffn: int, q_heads: int, kv_heads: int, head_dim: int) -> int:
+    """QKV + output projection + gated MLP (gate, up, down) weights of one layer."""
+    qkv = hidden * (q_heads + 2 * kv_heads) * head_dim
+    out = q_heads * head_dim * hidden
+    return qkv + out + 3 * hidden * ffn
 
 
 class ModelError(ValueError):
@@ -53,10 +60,7 @@ class ModelShape:
 
     def linear_params_per_layer(self) -> int:
         """Weights of QKV, output projection and the gated MLP in one layer."""
-        qkv = self.hidden * (self.q_heads + 2 * self.kv_heads) * self.head_dim
-        out = self.q_heads * self.head_dim * self.hidden
-        mlp = 3 * self.hidden * self.ffn
-        return qkv + out + mlp
+        return linear_params(self.hidden, self.ffn, self.q_heads, self.kv_heads, self.head_dim)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "<dict>") -> "ModelShape":
