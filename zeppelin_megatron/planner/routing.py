@@ -124,7 +124,3 @@ def plan_routing(
     routes.sort(key=lambda r: (r.ring, r.src, r.dst))
     return tuple(routes)
 
-
-def available_proxies(cluster: Cluster) -> int:
-    """NICs one cross hop can use when it is its node's only one (distinct NICs)."""
-    return cluster.nics_per_node
