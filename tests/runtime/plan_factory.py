@@ -1,0 +1,116 @@
+"""Hand-built random step plans for runtime tests (no planner policy involved).
+
+Plans mix long inter-node rings (random rank order, spanning >= 2 nodes),
+medium intra-node rings, and many short local sequences (a long-tailed length
+mix); ranks often sit in several rings; attention-layout ranges are shuffled
+and local sequences are sometimes cut into pieces, so the runtime cannot rely
+on any layout convention beyond what the plan states.
+"""
+
+from __future__ import annotations
+
+import random
+
+from zeppelin_megatron.planner.plan import SequencePlan, StepPlan
+from zeppelin_megatron.planner.routing import Route
+from zeppelin_megatron.planner.zigzag import zigzag_ranges
+
+
+def random_plan(
+    seed: int,
+    nodes: int,
+    gpus_per_node: int,
+    *,
+    n_local: int = 10,
+    n_intra_rings: int = 2,
+    n_inter_rings: int = 2,
+    routing: bool = True,
+    max_len: int = 96,
+) -> StepPlan:
+    rng = random.Random(seed)
+    world = nodes * gpus_per_node
+    node_of = lambda r: r // gpus_per_node  # noqa: E731
+    seqs: list[SequencePlan] = []
+
+    def add_ring(ranks: list[int], placement: str, lo: int, hi: int) -> None:
+        g = len(ranks)
+        for _ in range(rng.choice([1, 1, 2])):
+            seqs.append(SequencePlan(rng.randint(max(2 * g, lo), max(2 * g, hi)), placement, tuple(ranks)))
+
+    if nodes >= 2:
+        for _ in range(n_inter_rings):
+            g = rng.randint(2, world)
+            while True:
+                ranks = rng.sample(range(world), g)
+                if len({node_of(r) for r in ranks}) >= 2:
+                    break
+            add_ring(ranks, "inter_node", max_len // 2, max_len)
+    if gpus_per_node >= 2:
+        for _ in range(n_intra_rings):
+            node = rng.randrange(nodes)
+            g = rng.randint(2, gpus_per_node)
+            ranks = rng.sample([node * gpus_per_node + l for l in range(gpus_per_node)], g)
+            add_ring(ranks, "intra_node", max_len // 4, max_len // 2)
+    for _ in range(n_local):
+        length = min(max_len // 4, int(rng.paretovariate(1.2) * 2))
+        seqs.append(SequencePlan(max(1, length), "local", (rng.randrange(world),)))
+    rng.shuffle(seqs)
+
+    att: list[list[tuple[int, int, int]]] = [[] for _ in range(world)]
+    for i, s in enumerate(seqs):
+        if s.placement == "local":
+            cuts = sorted(rng.sample(range(1, s.length), min(s.length - 1, rng.randint(0, 2))))
+            bounds = [0, *cuts, s.length]
+            att[s.ranks[0]] += [(i, a, b) for a, b in zip(bounds, bounds[1:])]
+        else:
+            for pos, r in enumerate(s.ranks):
+                (a0, a1), (b0, b1) = zigzag_ranges(s.length, len(s.ranks), pos)
+                att[r] += [(i, a0, a1), (i, b0, b1)]
+    for ranges in att:
+        rng.shuffle(ranges)
+
+    total = sum(s.length for s in seqs)
+    order = list(range(len(seqs)))
+    rng.shuffle(order)
+    cuts = sorted(rng.randint(0, total) for _ in range(world - 1))
+    lin: list[list[tuple[int, int, int]]] = [[] for _ in range(world)]
+    pos = 0
+    rank = 0
+    bounds = [*cuts, total]
+    for i in order:
+        start = 0
+        while start < seqs[i].length:
+            while pos >= bounds[rank]:
+                rank += 1
+            take = min(seqs[i].length - start, bounds[rank] - pos)
+            lin[rank].append((i, start, start + take))
+            start += take
+            pos += take
+
+    routes: list[Route] = []
+    if routing:
+        seen: set[tuple[tuple[int, ...], int, int]] = set()
+        for s in seqs:
+            if s.placement != "inter_node" or s.ranks in {k[0] for k in seen}:
+                continue
+            g = len(s.ranks)
+            for p in range(g):
+                src, dst = s.ranks[p], s.ranks[(p + 1) % g]
+                if node_of(src) == node_of(dst) or rng.random() < 0.2:
+                    continue
+                others = [l for l in range(gpus_per_node) if l != src % gpus_per_node]
+                extra = rng.sample(others, rng.randint(0, len(others))) if others else []
+                routes.append(Route(s.ranks, src, dst, (src % gpus_per_node, *extra)))
+                seen.add((s.ranks, src, dst))
+    return StepPlan(
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        sequences=tuple(seqs),
+        attention_layout=tuple(tuple(r) for r in att),
+        linear_layout=tuple(tuple(r) for r in lin),
+        routing=tuple(routes),
+    )
+
+
+def placements(plan: StepPlan) -> set[str]:
+    return {s.placement for s in plan.sequences}

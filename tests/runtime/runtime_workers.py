@@ -1,0 +1,265 @@
+"""Checks that run inside spawned gloo ranks (module-level so spawn can pickle them)."""
+
+from __future__ import annotations
+
+import random
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from plan_factory import placements, random_plan
+from zeppelin_megatron.planner.plan import StepPlan
+from zeppelin_megatron.planner.routing import Route
+from zeppelin_megatron.runtime import (
+    PlanMismatchError,
+    RuntimeInputError,
+    ZeppelinGroup,
+    to_attention,
+    to_linear,
+    zeppelin_attention,
+)
+from zeppelin_megatron.runtime.comm import CommStream, all_to_all_uneven
+from zeppelin_megatron.runtime.ring import RingLayout
+from zeppelin_megatron.runtime.router import Message, Router, build_schedule
+
+
+# -- data -------------------------------------------------------------------------------
+
+
+def global_data(plan: StepPlan, hq: int, hkv: int, d: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
+    """Per sequence (q [L,Hq,D], k, v [L,Hkv,D], dout [L,Hq,D]) in float64, identical on every rank."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(s.length, hq, d, generator=g, dtype=torch.float64),
+         torch.randn(s.length, hkv, d, generator=g, dtype=torch.float64),
+         torch.randn(s.length, hkv, d, generator=g, dtype=torch.float64),
+         torch.randn(s.length, hq, d, generator=g, dtype=torch.float64))
+        for s in plan.sequences
+    ]
+
+
+def gather(ranges: Sequence[tuple[int, int, int]], per_seq: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
+    parts = [per_seq[s][a:b] for s, a, b in ranges]
+    return torch.cat(parts) if parts else empty
+
+
+def reference(data: list[tuple[torch.Tensor, ...]], scale: float) -> list[tuple[torch.Tensor, ...]]:
+    """Per-sequence causal SDPA in float64: (out, dq, dk, dv)."""
+    res = []
+    for q, k, v, do in data:
+        q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale,
+            enable_gqa=q.shape[1] != k.shape[1],
+        ).transpose(0, 1)
+        out.backward(do)
+        res.append((out.detach(), q.grad, k.grad, v.grad))
+    return res
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor, scale: float) -> float:
+    """Max abs error relative to ``scale``, the reference's max magnitude over the whole batch
+    (a rank's own slice can be ~0, e.g. dq of a sequence's first token)."""
+    if b.numel() == 0:
+        return 0.0
+    return float((a.double() - b).abs().max() / scale)
+
+
+# -- checks -----------------------------------------------------------------------------
+
+
+def check_attention(group: ZeppelinGroup, plan: StepPlan, *, dtype: torch.dtype, routing: bool, hq: int,
+                    hkv: int, d: int = 8, seed: int = 0) -> None:
+    rank = group.rank
+    data = global_data(plan, hq, hkv, d, seed)
+    scale = 0.7 / d ** 0.5
+    ref = reference(data, scale)
+    lin = plan.linear_layout[rank]
+    e = lambda h: torch.zeros(0, h, d, dtype=torch.float64)  # noqa: E731
+    q = gather(lin, [x[0] for x in data], e(hq)).to(dtype).requires_grad_(True)
+    k = gather(lin, [x[1] for x in data], e(hkv)).to(dtype).requires_grad_(True)
+    v = gather(lin, [x[2] for x in data], e(hkv)).to(dtype).requires_grad_(True)
+    dout = gather(lin, [x[3] for x in data], e(hq)).to(dtype)
+    out = zeppelin_attention(q, k, v, plan, group, softmax_scale=scale, routing=routing, backend="reference")
+    out.backward(dout)
+    tol = 1e-9 if dtype == torch.float64 else 1e-5
+    what = f"rank {rank} plan {plan.nodes}x{plan.gpus_per_node} {dtype} routing={routing} Hq={hq} Hkv={hkv}"
+    assert out.shape == q.shape and out.dtype == dtype, what
+    for name, got, idx in (("out", out, 0), ("dq", q.grad, 1), ("dk", k.grad, 2), ("dv", v.grad, 3)):
+        want = gather(lin, [r[idx] for r in ref], e(got.shape[1]))
+        err = rel_err(got.detach(), want, max(float(r[idx].abs().max()) for r in ref))
+        assert err <= tol, f"{what}: {name} relative error {err:.3e} > {tol:g}"
+
+
+def check_remap(group: ZeppelinGroup, plan: StepPlan) -> None:
+    rank = group.rank
+    vals = [torch.arange(s.length, dtype=torch.float64)[:, None] + 1000.0 * i for i, s in enumerate(plan.sequences)]
+    empty = torch.zeros(0, 1, dtype=torch.float64)
+    x = gather(plan.linear_layout[rank], vals, empty).requires_grad_(True)
+    a = to_attention(x, plan, group)
+    want_a = gather(plan.attention_layout[rank], vals, empty)
+    assert torch.equal(a.detach(), want_a), f"rank {rank}: attention-layout buffer is wrong"
+    y = to_linear(a, plan, group)
+    assert torch.equal(y.detach(), x.detach()), f"rank {rank}: linear -> attention -> linear is not the identity"
+    g = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+    y.backward(g)
+    assert torch.equal(x.grad, g), f"rank {rank}: the remap round trip's gradient is not the identity"
+
+
+def _payload(msg_idx: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.arange(numel, dtype=torch.float64).to(dtype) + 1e6 * (msg_idx + 1)
+
+
+def check_router(group: ZeppelinGroup, messages: list[Message], routes: dict[tuple[int, int], Route],
+                 dtype: torch.dtype = torch.float64) -> None:
+    rank = group.rank
+    router = Router(group, stream=CommStream(torch.device("cpu")))
+    schedule = build_schedule(messages, routes, group)
+    payloads = {i: _payload(i, m.numel, dtype) for i, m in enumerate(messages) if m.src == rank}
+    got = router.start(schedule, payloads, dtype=dtype, device=torch.device("cpu")).wait()
+    mine = {i for i, m in enumerate(messages) if m.dst == rank}
+    assert set(got) == mine, f"rank {rank}: received messages {sorted(got)}, expected {sorted(mine)}"
+    for i in mine:
+        assert torch.equal(got[i], _payload(i, messages[i].numel, dtype)), f"rank {rank}: message {i} corrupted"
+
+
+def random_router_case(seed: int, group: ZeppelinGroup) -> tuple[list[Message], dict[tuple[int, int], Route]]:
+    rng = random.Random(seed)
+    world, gpn = group.size, group.gpus_per_node
+    messages: list[Message] = []
+    routes: dict[tuple[int, int], Route] = {}
+    for _ in range(rng.randint(1, 2 * world)):
+        src, dst = rng.sample(range(world), 2)
+        messages.append(Message(src=src, dst=dst, numel=rng.randint(0, 40)))
+        if group.node_of(src) != group.node_of(dst) and (src, dst) not in routes and rng.random() < 0.8:
+            others = [l for l in range(gpn) if l != group.local_of(src)]
+            extra = rng.sample(others, rng.randint(0, len(others)))
+            routes[(src, dst)] = Route((src, dst), src, dst, (group.local_of(src), *extra))
+    return messages, routes
+
+
+def expect_error(exc_type: type[BaseException], fragment: str, fn) -> str:  # type: ignore[no-untyped-def]
+    try:
+        fn()
+    except exc_type as exc:
+        assert fragment in str(exc), f"error {str(exc)!r} does not mention {fragment!r}"
+        return str(exc)
+    raise AssertionError(f"expected {exc_type.__name__} mentioning {fragment!r}")
+
+
+def check_errors(group: ZeppelinGroup, plan: StepPlan, other_plan: StepPlan) -> None:
+    rank = group.rank
+    n = plan.tokens(rank, "linear")
+    q = torch.randn(n, 4, 8, dtype=torch.float64)
+    k = torch.randn(n, 2, 8, dtype=torch.float64)
+    # plans that differ between ranks: every rank raises
+    mine = plan if rank % 2 == 0 else other_plan
+    expect_error(PlanMismatchError, "different step plans", lambda: zeppelin_attention(q, k, k, mine, group))
+    # wrong token count on one rank only: that rank names the numbers, the others raise too
+    bad = torch.randn(n + 1, 4, 8, dtype=torch.float64) if rank == 0 else q
+    bad_k = torch.randn(n + 1, 2, 8, dtype=torch.float64) if rank == 0 else k
+    msg = expect_error(RuntimeInputError, "", lambda: zeppelin_attention(bad, bad_k, bad_k, plan, group))
+    if rank == 0:
+        assert f"{n + 1} tokens" in msg and f"{n} tokens" in msg, msg
+    else:
+        assert "another rank" in msg, msg
+    expect_error(RuntimeInputError, "Hq=4", lambda: zeppelin_attention(q, q[:, :3], q[:, :3], plan, group))
+    expect_error(RuntimeInputError, "torch.float32",
+                 lambda: zeppelin_attention(q, k.float(), k, plan, group))
+    expect_error(RuntimeInputError, "meta", lambda: zeppelin_attention(q, k.to("meta"), k, plan, group))
+    # with the check off, local errors are raised locally (all ranks are bad here)
+    expect_error(RuntimeInputError, "Hkv=3",
+                 lambda: zeppelin_attention(q, q[:, :3], q[:, :3], plan, group, check_plan=False))
+    # a plan for another group size
+    small = random_plan(1, 1, 1) if group.size > 1 else random_plan(1, 1, 2)
+    expect_error(RuntimeInputError, f"= {small.world_size} ranks",
+                 lambda: zeppelin_attention(q, k, k, small, group))
+    # a good call still works after all the failures (nothing left hanging)
+    out = zeppelin_attention(q, k, k, plan, group, backend="reference")
+    assert out.shape == q.shape
+
+
+def check_ring_function(group: ZeppelinGroup, ranks: tuple[int, ...], lengths: tuple[int, ...]) -> None:
+    """The standalone ZigzagRingAttention Function on seq-major ring tokens (members and a relay-free ring)."""
+    from zeppelin_megatron.runtime.kernels import get_kernel
+    from zeppelin_megatron.runtime.ring import RingRun, ZigzagRingAttention
+
+    lay = RingLayout(ranks=ranks, lengths=lengths)
+    pos = lay.position(group.rank)
+    hq, hkv, d = 4, 2, 8
+    plan_like = [type("S", (), {"length": n})() for n in lengths]
+    data = global_data(type("P", (), {"sequences": plan_like})(), hq, hkv, d, seed=3)  # type: ignore[arg-type]
+    ref = reference(data, 0.5)
+    run = RingRun(layout=lay, position=pos, kernel=get_kernel("reference", torch.device("cpu"), torch.float64),
+                  scale=0.5, router=Router(group, stream=CommStream(torch.device("cpu"))), hkv=hkv, head_dim=d,
+                  dtype=torch.float64, device=torch.device("cpu"))
+    rng = lay.token_ranges(pos) if pos is not None else ()
+    e = lambda h: torch.zeros(0, h, d, dtype=torch.float64)  # noqa: E731
+    q, k, v, do = (gather(rng, [x[i] for x in data], e(hq if i in (0, 3) else hkv)) for i in range(4))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = ZigzagRingAttention.apply(q, k, v, run)
+    out.backward(do)
+    for name, got, idx in (("out", out, 0), ("dq", q.grad, 1), ("dk", k.grad, 2), ("dv", v.grad, 3)):
+        want = gather(rng, [r[idx] for r in ref], e(got.shape[1]))
+        err = rel_err(got.detach(), want, max(float(r[idx].abs().max()) for r in ref))
+        assert err <= 1e-9, f"rank {group.rank}: ZigzagRingAttention {name} error {err:.3e}"
+
+
+# -- per-world entry points -------------------------------------------------------------------
+
+
+def topologies(world: int) -> list[tuple[int, int]]:
+    return {1: [(1, 1)], 2: [(1, 2), (2, 1)], 4: [(2, 2)], 8: [(2, 4), (4, 2)]}[world]
+
+
+def run_all(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0) -> None:
+    seen: set[str] = set()
+    for nodes, gpn in topologies(world):
+        group = ZeppelinGroup(process_group=None, gpus_per_node=gpn)
+        for p_idx in range(n_plans):
+            plan = random_plan(seed0 + 100 * world + 10 * nodes + p_idx, nodes, gpn)
+            seen |= placements(plan)
+            check_remap(group, plan)
+            for step in range(plan.world_size and 3):
+                for ring in plan.rings:
+                    lay = RingLayout(ranks=ring.ranks, lengths=tuple(plan.sequences[s].length for s in ring.seqs))
+                    check_router(group, lay.messages(step, 3), plan.routes_for(ring.ranks))
+            messages, routes = random_router_case(7 * p_idx + world, group)
+            check_router(group, messages, routes)
+            cases = [(torch.float64, True, 4, 4), (torch.float64, False, 4, 2), (torch.float32, True, 4, 1),
+                     (torch.float32, False, 4, 4)]
+            if full:
+                cases += [(torch.float64, True, 6, 2), (torch.float64, False, 4, 1), (torch.float32, True, 4, 2),
+                          (torch.float32, False, 6, 3)]
+            for dtype, routing, hq, hkv in cases:
+                check_attention(group, plan, dtype=dtype, routing=routing, hq=hq, hkv=hkv, seed=p_idx)
+        check_errors(group, random_plan(5, nodes, gpn), random_plan(6, nodes, gpn))
+    if world == 4:
+        # a launcher that numbers ranks node-interleaved: Zeppelin rank z is process rank rank_map[z]
+        group = ZeppelinGroup(process_group=None, gpus_per_node=2, rank_map=(0, 2, 1, 3))
+        plan = random_plan(4242, 2, 2)
+        check_remap(group, plan)
+        check_attention(group, plan, dtype=torch.float64, routing=True, hq=4, hkv=2)
+        sub = dist.new_group([0, 1])
+        if rank < 2:  # a sub-group: process-group ranks differ from global ranks for nobody here,
+            g2 = ZeppelinGroup(process_group=sub, gpus_per_node=1)  # but the conversion path is used
+            check_attention(g2, random_plan(77, 2, 1), dtype=torch.float64, routing=True, hq=2, hkv=1)
+        sub2 = dist.new_group([2, 3])
+        if rank >= 2:
+            g3 = ZeppelinGroup(process_group=sub2, gpus_per_node=2)
+            check_attention(g3, random_plan(78, 1, 2), dtype=torch.float64, routing=False, hq=2, hkv=2)
+    if world == 2:
+        # groups of one: no communication at all
+        singles = [dist.new_group([r]) for r in range(world)]
+        g1 = ZeppelinGroup(process_group=singles[rank], gpus_per_node=1)
+        plan = random_plan(9, 1, 1)
+        check_remap(g1, plan)
+        check_attention(g1, plan, dtype=torch.float64, routing=True, hq=4, hkv=2)
+        x = torch.randn(5, 2)
+        assert torch.equal(all_to_all_uneven(x, [5], [5], g1), x)
+        g12 = ZeppelinGroup(process_group=None, gpus_per_node=2)
+        check_ring_function(g12, (1, 0), (9, 20, 4))
+    expected = {"local", "intra_node", "inter_node"} if world >= 4 else {"local", "intra_node", "inter_node"}
+    assert seen >= expected, f"plans covered only {seen}"

@@ -1,0 +1,94 @@
+"""Kernel backends: the reference kernel against SDPA, the LSE merge, and the registry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from zeppelin_megatron.runtime import BackendUnavailableError, available_backends, get_kernel
+from zeppelin_megatron.runtime.kernels import VarlenBatch
+from zeppelin_megatron.runtime.kernels.reference import ReferenceKernel
+from zeppelin_megatron.runtime.ring import merge_lse
+
+CPU = torch.device("cpu")
+
+
+def _sdpa(q, k, v, lens_q, lens_k, causal, scale):  # type: ignore[no-untyped-def]
+    """Per-segment SDPA with bottom-right causal alignment; -> out [T_q, Hq, D]."""
+    outs, oq, ok = [], 0, 0
+    for lq, lk in zip(lens_q, lens_k):
+        qs, ks, vs = q[oq:oq + lq], k[ok:ok + lk], v[ok:ok + lk]
+        mask = None
+        if causal:
+            a = torch.arange(lq)[:, None]
+            b = torch.arange(lk)[None, :]
+            mask = b <= a + (lk - lq)
+        outs.append(F.scaled_dot_product_attention(
+            qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), attn_mask=mask, scale=scale,
+            enable_gqa=True).transpose(0, 1))
+        oq, ok = oq + lq, ok + lk
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (6, 1)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_reference_matches_sdpa(causal: bool, hq: int, hkv: int, dtype: torch.dtype, tol: float) -> None:
+    g = torch.Generator().manual_seed(hq * 10 + hkv)
+    lens_q, lens_k = (5, 3, 7, 1), ((5, 3, 7, 1) if causal else (2, 6, 7, 4))
+    tq, tk = sum(lens_q), sum(lens_k)
+    q = torch.randn(tq, hq, 8, dtype=torch.float64, generator=g).requires_grad_(True)
+    k = torch.randn(tk, hkv, 8, dtype=torch.float64, generator=g).requires_grad_(True)
+    v = torch.randn(tk, hkv, 8, dtype=torch.float64, generator=g).requires_grad_(True)
+    dout = torch.randn(tq, hq, 8, dtype=torch.float64, generator=g)
+    ref = _sdpa(q, k, v, lens_q, lens_k, causal, 0.3)
+    ref.backward(dout)
+    kern = ReferenceKernel()
+    batch = VarlenBatch(lens_q=lens_q, lens_k=lens_k, causal=causal, device=CPU)
+    args = [t.detach().to(dtype) for t in (q, k, v)]
+    out, lse = kern.forward(*args, batch, 0.3)
+    assert out.dtype == dtype and lse.shape == (tq, hq)
+    assert (out.double() - ref).abs().max() < tol
+    dq, dk, dv = kern.backward(dout.to(dtype), *args, out, lse, batch, 0.3)
+    for got, want in ((dq, q.grad), (dk, k.grad), (dv, v.grad)):
+        assert got.shape == want.shape and (got.double() - want).abs().max() < 10 * tol
+
+
+def test_reference_bottom_right_and_empty_rows() -> None:
+    """Lq > Lk with a causal mask: the first Lq - Lk queries see nothing (out 0, lse -inf)."""
+    q, k = torch.randn(4, 1, 2, dtype=torch.float64), torch.randn(2, 1, 2, dtype=torch.float64)
+    batch = VarlenBatch(lens_q=(4, 0), lens_k=(2, 3), causal=True, device=CPU)
+    k = torch.cat([k, torch.randn(3, 1, 2, dtype=torch.float64)])
+    out, lse = ReferenceKernel().forward(q, k, k, batch, 1.0)
+    assert torch.all(out[:2] == 0) and torch.all(torch.isinf(lse[:2]))
+    assert torch.isfinite(lse[2:]).all()
+    dq, dk, dv = ReferenceKernel().backward(torch.ones_like(q), q, k, k, out, lse, batch, 1.0)
+    assert torch.isfinite(dq).all() and torch.all(dk[2:] == 0)
+
+
+def test_merge_lse_equals_attention_over_the_union() -> None:
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(6, 2, 4, dtype=torch.float64, generator=g)
+    k = torch.randn(10, 2, 4, dtype=torch.float64, generator=g)
+    v = torch.randn(10, 2, 4, dtype=torch.float64, generator=g)
+    kern = ReferenceKernel()
+    full = VarlenBatch(lens_q=(6,), lens_k=(10,), causal=False, device=CPU)
+    part = VarlenBatch(lens_q=(6,), lens_k=(4,), causal=False, device=CPU)
+    rest = VarlenBatch(lens_q=(6,), lens_k=(6,), causal=False, device=CPU)
+    o, l = kern.forward(q, k, v, full, 0.5)
+    o1, l1 = kern.forward(q, k[:4], v[:4], part, 0.5)
+    o2, l2 = kern.forward(q, k[4:], v[4:], rest, 0.5)
+    om, lm = merge_lse(o1, l1, o2, l2)
+    assert (om - o).abs().max() < 1e-13 and (lm - l).abs().max() < 1e-13
+
+
+def test_registry() -> None:
+    assert get_kernel(None, CPU, torch.float32).name == "reference"
+    assert get_kernel("reference", CPU, torch.bfloat16).name == "reference"
+    avail = available_backends(CPU, torch.float16)
+    assert avail["reference"] is None and avail["torch_varlen"] is not None
+    with pytest.raises(BackendUnavailableError, match="'flash_attn' is unavailable on cpu"):
+        get_kernel("flash_attn", CPU, torch.float16)
+    with pytest.raises(BackendUnavailableError, match="unknown attention backend 'nope'"):
+        get_kernel("nope", CPU, torch.float16)

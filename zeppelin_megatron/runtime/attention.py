@@ -1,0 +1,112 @@
+"""``zeppelin_attention``: the public entry point of the runtime.
+
+Per call (one attention layer, one step)::
+
+    check inputs and plan agreement        (one small all_reduce)
+    [q | k | v] --remap--> attention layout (one all_to_all_single)
+    engine: inter-node rings, intra-node rings, local sequences
+    out --remap--> linear layout            (one all_to_all_single)
+
+Everything is differentiable with respect to ``q``, ``k`` and ``v``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..planner.plan import StepPlan
+from .comm import check_plan_agreement
+from .engine import AttentionEngine, EngineFunction
+from .errors import RuntimeInputError
+from .group import ZeppelinGroup
+from .kernels import get_kernel
+from .remap import to_attention, to_linear
+
+__all__ = ["zeppelin_attention", "validate_inputs"]
+
+
+def validate_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: StepPlan, group: ZeppelinGroup
+) -> str | None:
+    """The first problem with this rank's inputs, as a message naming the values; None if fine."""
+    rank = group.rank
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            return f"{name} must be a torch.Tensor, got {type(t).__name__}"
+        if t.dim() != 3:
+            return f"{name} must be [tokens, heads, head_dim], got shape {tuple(t.shape)}"
+    if not (q.dtype == k.dtype == v.dtype):
+        return f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+    if not q.dtype.is_floating_point:
+        return f"q, k and v must be floating point, got {q.dtype}"
+    if not (q.device == k.device == v.device):
+        return f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}"
+    if k.shape != v.shape:
+        return f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
+    if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        return f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on tokens and head_dim"
+    hq, hkv = q.shape[1], k.shape[1]
+    if hkv < 1 or hq % hkv:
+        return f"the query heads Hq={hq} must be a multiple of the key/value heads Hkv={hkv}"
+    if group.size != plan.world_size or group.gpus_per_node != plan.gpus_per_node:
+        return (
+            f"the plan is for {plan.nodes} x {plan.gpus_per_node} = {plan.world_size} ranks but the "
+            f"Zeppelin group is {group.nodes} x {group.gpus_per_node} = {group.size}"
+        )
+    expected = plan.tokens(rank, "linear")
+    if q.shape[0] != expected:
+        return (
+            f"rank {rank}: q, k and v hold {q.shape[0]} tokens but the plan's linear layout gives this rank "
+            f"{expected} tokens ({len(plan.linear_layout[rank])} ranges)"
+        )
+    return None
+
+
+def zeppelin_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: StepPlan,
+    group: ZeppelinGroup,
+    softmax_scale: float | None = None,
+    *,
+    backend: str | None = None,
+    routing: bool = True,
+    check_plan: bool = True,
+) -> torch.Tensor:
+    """Causal attention within each sequence of ``plan``, executed across ``group``.
+
+    ``q`` [T_r, Hq, D], ``k``, ``v`` [T_r, Hkv, D]: this rank's tokens in the
+    plan's linear layout (``linear_layout[rank]`` ranges concatenated in order).
+    Returns ``out`` [T_r, Hq, D] in the same layout and dtype.
+
+    ``softmax_scale``: defaults to ``1 / sqrt(D)``. ``backend``: kernel name
+    (``reference``, ``torch_varlen``, ``flash_attn``, ``te``) or None for the
+    best available. ``routing``: False sends every ring hop directly, ignoring
+    the plan's routes. ``check_plan``: verify with one small all_reduce that all
+    ranks hold the same plan and accept their inputs (on by default; when off,
+    input errors are raised locally and plan mismatches go undetected).
+    Every rank of the group must call this with the same plan.
+    """
+    if not isinstance(plan, StepPlan):
+        raise RuntimeInputError(f"plan must be a StepPlan, got {type(plan).__name__}")
+    if not isinstance(group, ZeppelinGroup):
+        raise RuntimeInputError(f"group must be a ZeppelinGroup, got {type(group).__name__}")
+    problem = validate_inputs(q, k, v, plan, group)
+    if check_plan:
+        device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
+        check_plan_agreement(plan, group, device, problem)
+    elif problem:
+        raise RuntimeInputError(problem)
+    hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    engine = AttentionEngine(
+        plan, group, kernel=get_kernel(backend, q.device, q.dtype), scale=scale,
+        routes=plan.routing if routing else (), hkv=hkv, head_dim=d, dtype=q.dtype, device=q.device,
+    )
+    qkv = to_attention(torch.cat([q, k, v], dim=1), plan, group)
+    q_a, k_a, v_a = torch.split(qkv, [hq, hkv, hkv], dim=1)
+    out_a = EngineFunction.apply(q_a.contiguous(), k_a.contiguous(), v_a.contiguous(), engine)
+    return to_linear(out_a, plan, group)
