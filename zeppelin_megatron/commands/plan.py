@@ -1,0 +1,128 @@
+"""``zeppelin plan``: plan one global batch, print the per-rank table, write JSON and a plot."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from pathlib import Path
+
+from ..planner import (
+    CostModel,
+    PlanError,
+    StepPlan,
+    load_cluster,
+    load_model,
+    load_profile,
+    plan_step,
+)
+from ..planner.predict import attention_time
+
+__all__ = ["HELP", "add_arguments", "run", "read_lengths", "plot_plan"]
+
+HELP = "plan one global batch and print the per-rank table"
+
+
+def read_lengths(path: str | Path) -> list[int]:
+    """One positive integer per line; blank lines and ``#`` comments skipped."""
+    p = Path(path)
+    if not p.is_file():
+        raise PlanError(f"lengths file {str(path)!r} does not exist")
+    out = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            out.append(int(text))
+        except ValueError:
+            raise PlanError(f"{p}:{n}: {text!r} is not an integer length") from None
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lengths", required=True, help="text file, one sequence length per line")
+    p.add_argument("--cluster", required=True,
+                   help="NODESxGPUS (H100 defaults), a cluster YAML, or NODESxGPUS@YAML")
+    p.add_argument("--model", default=None, help="model YAML (default: Llama-7B shape)")
+    p.add_argument("--profile", default=None, help="cost profile JSON (default: bundled H100 bf16)")
+    p.add_argument("--tokens-per-gpu", type=int, default=None, help="override the cluster's token capacity")
+    p.add_argument("--tensor-parallel", type=int, default=1, help="TP size (heads split across TP ranks)")
+    p.add_argument("--no-routing", action="store_true", help="plan without NIC-aware routing")
+    p.add_argument("--no-remap", action="store_true", help="linear layout = attention layout")
+    p.add_argument("--json", default=None, help="write the zeppelin-plan/1 JSON here")
+    p.add_argument("--plot", default=None, help="write a PNG of per-rank load here")
+
+
+def _table(plan: StepPlan) -> str:
+    pred = plan.predicted
+    assert pred is not None
+    placements: list[Counter[str]] = [Counter() for _ in range(plan.world_size)]
+    for s in plan.sequences:
+        for r in s.ranks:
+            placements[r][s.placement] += 1
+    head = (f"{'rank':>4} {'node':>4} {'att tok':>8} {'lin tok':>8} {'attn ms':>9} {'linear ms':>9} "
+            f"{'exposed ms':>10} {'intra MB':>9} {'inter MB':>9}  local/intra/inter")
+    lines = [head, "-" * len(head)]
+    for r in range(plan.world_size):
+        c = placements[r]
+        lines.append(
+            f"{r:>4} {r // plan.gpus_per_node:>4} {plan.tokens(r, 'attention'):>8} {plan.tokens(r, 'linear'):>8} "
+            f"{pred.attention_ms[r]:>9.1f} {pred.linear_ms[r]:>9.1f} {pred.exposed_comm_ms[r]:>10.1f} "
+            f"{pred.intra_MB[r]:>9.1f} {pred.inter_MB[r]:>9.1f}  "
+            f"{c['local']}/{c['intra_node']}/{c['inter_node']}"
+        )
+    att = attention_time(pred)
+    mean = sum(att) / len(att)
+    kinds = Counter(s.placement for s in plan.sequences)
+    lines += [
+        "",
+        f"sequences: {len(plan.sequences)} ({kinds['local']} local, {kinds['intra_node']} intra_node, "
+        f"{kinds['inter_node']} inter_node), tokens: {plan.total_tokens}, routed hops: {len(plan.routing)}",
+        f"predicted step: {pred.step_ms:.1f} ms (cost model), remap {pred.remap_ms:.1f} ms, "
+        f"attention max/mean: {max(att) / mean if mean else 1.0:.3f}",
+    ]
+    return "\n".join(lines)
+
+
+def plot_plan(plan: StepPlan, path: str | Path) -> None:
+    """PNG of per-rank predicted load: stacked attention, linear, exposed communication."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlanError("--plot needs matplotlib: pip install 'zeppelin_megatron[plot]'") from None
+    pred = plan.predicted
+    assert pred is not None
+    ranks = list(range(plan.world_size))
+    remap = [pred.remap_ms] * len(ranks)
+    exposed = [e + m for e, m in zip(pred.exposed_comm_ms, remap)]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.25 * len(ranks) + 2), 4))
+    ax.bar(ranks, pred.attention_ms, label="attention compute", color="#3b7dd8")
+    ax.bar(ranks, pred.linear_ms, bottom=pred.attention_ms, label="linear", color="#9bc53d")
+    bottom = [a + b for a, b in zip(pred.attention_ms, pred.linear_ms)]
+    ax.bar(ranks, exposed, bottom=bottom, label="exposed comm (ring waits + remap)", color="#e55934")
+    ax.axhline(pred.step_ms, color="black", lw=1, ls="--", label=f"step {pred.step_ms:.0f} ms")
+    ax.set_xlabel("rank")
+    ax.set_ylabel("predicted ms per step (cost model)")
+    ax.set_title(f"Zeppelin plan: {plan.nodes} x {plan.gpus_per_node} GPUs, {plan.total_tokens} tokens")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    cluster = load_cluster(args.cluster, tokens_per_gpu=args.tokens_per_gpu)
+    cost = CostModel(model=load_model(args.model), cluster=cluster, profile=load_profile(args.profile),
+                     tensor_parallel=args.tensor_parallel)
+    plan = plan_step(read_lengths(args.lengths), cluster, cost, routing=not args.no_routing,
+                     remap=not args.no_remap)
+    print(_table(plan))
+    if args.json:
+        Path(args.json).write_text(plan.to_json(indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot_plan(plan, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
