@@ -1,0 +1,13 @@
+"""Zeppelin's data path for Megatron: documents, token-budget micro-steps, per-rank batches.
+
+* :mod:`.indexed`: whole documents of a Megatron indexed dataset (``.bin``/``.idx``),
+  truncated at ``seq_length`` inputs (``document_lengths``, ``DocumentDataset``);
+* :mod:`.sampler`: deterministic epochs cut into micro-steps of at most a token
+  budget (``TokenBudgetSampler``);
+* :mod:`.iterator`: plans each micro-step and hands a rank its linear-layout tokens,
+  labels, loss mask and positions (``ZeppelinDataIterator``, ``ZeppelinBatch``),
+  resumable from Megatron's consumed-samples counter.
+
+Submodules are imported on demand: ``indexed`` imports megatron.core lazily,
+``iterator`` imports torch.
+"""

@@ -1,0 +1,220 @@
+"""Document-level view of a Megatron indexed dataset (``PREFIX.bin`` / ``PREFIX.idx``).
+
+This is the only module of zeppelin_megatron that reads Megatron's indexed
+format; it goes through ``megatron.core.datasets.indexed_dataset.IndexedDataset``.
+
+Megatron's index holds *sequences* (items written by ``tools/preprocess_data.py``:
+one per document, or one per sentence with ``--split-sentences``) and
+``document_indices``: document ``j`` is sequences
+``[document_indices[j], document_indices[j + 1])``. Here a document is that
+whole group, its tokens the concatenation of its sequences.
+
+Training sequences. Megatron trains on ``seq_length`` inputs whose labels are
+the next tokens, so a sample reads ``seq_length + 1`` tokens. A document of
+``L`` tokens gives one training sequence of ``n = min(L, seq_length + 1) - 1``
+inputs: ``tokens = doc[0:n]``, ``labels = doc[1:n + 1]``. Every input has a
+label, nothing is padded; tokens past ``seq_length + 1`` are dropped (the
+document is *truncated*, counted in ``truncated_documents`` and
+``truncated_tokens``). Documents with ``L < 2`` have no (input, label) pair and
+are skipped (``skipped_documents``).
+
+Worked example, ``seq_length = 4``, documents of lengths ``[7, 5, 1, 3]``:
+``n = [4, 4, -, 2]``; sequences map to documents ``[0, 1, 3]``; document 0 is
+truncated (7 > 5, 2 tokens dropped), document 1 fits exactly (5 = 4 + 1),
+document 2 is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DataError", "DocumentDataset", "document_lengths", "single_prefix"]
+
+
+class DataError(ValueError):
+    """Bad data input: a missing or malformed dataset, an out-of-range request."""
+
+
+def _open(prefix: str) -> Any:
+    """``IndexedDataset(prefix)`` with a clear error when the files are missing."""
+    missing = [p for p in (prefix + ".bin", prefix + ".idx") if not os.path.isfile(p)]
+    if missing:
+        raise DataError(
+            f"Megatron indexed dataset {prefix!r}: missing {missing} (give the prefix, without .bin/.idx, "
+            "of files written by Megatron's tools/preprocess_data.py)"
+        )
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    return IndexedDataset(prefix, multimodal=False, mmap=True)
+
+
+def _document_layout(indexed: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(doc_lengths, seq_cumsum)``: tokens per document and the cumulative sequence lengths.
+
+    ``seq_cumsum[i]`` is the token offset of sequence ``i`` from the start of
+    the ``.bin`` file, in tokens (``seq_cumsum[0] = 0``); a document's length
+    is ``seq_cumsum[end] - seq_cumsum[begin]`` over its sequence range (this
+    also gives 0 for a document with no sequences).
+    """
+    seq_lengths = np.asarray(indexed.sequence_lengths, dtype=np.int64)
+    doc_idx = np.asarray(indexed.document_indices, dtype=np.int64)
+    if doc_idx.ndim != 1 or doc_idx.size < 1 or doc_idx[0] != 0 or doc_idx[-1] != seq_lengths.size:
+        raise DataError(
+            f"{indexed.path_prefix}.idx: document_indices must run from 0 to the {seq_lengths.size} sequences, "
+            f"got first {doc_idx[:1].tolist()} and last {doc_idx[-1:].tolist()}"
+        )
+    if np.any(np.diff(doc_idx) < 0):
+        raise DataError(f"{indexed.path_prefix}.idx: document_indices are not non-decreasing")
+    seq_cumsum = np.zeros(seq_lengths.size + 1, dtype=np.int64)
+    np.cumsum(seq_lengths, out=seq_cumsum[1:])
+    return seq_cumsum[doc_idx[1:]] - seq_cumsum[doc_idx[:-1]], seq_cumsum
+
+
+def document_lengths(prefix: str) -> np.ndarray:
+    """Tokens per document of the indexed dataset at ``prefix`` (``int64 [num_documents]``).
+
+    Reads the ``.idx`` index only (the ``.bin`` file is opened, no token is read).
+    """
+    lengths, _ = _document_layout(_open(prefix))
+    return lengths
+
+
+def single_prefix(data_path: str | list[str] | tuple[str, ...]) -> str:
+    """The one dataset prefix of a Megatron ``--data-path`` value.
+
+    Accepts ``"PREFIX"``, ``["PREFIX"]`` or ``["WEIGHT", "PREFIX"]``. Blending
+    several datasets is not supported: more than one prefix is an error.
+    """
+    items = [data_path] if isinstance(data_path, str) else list(data_path)
+    if len(items) == 2:
+        try:
+            float(items[0])
+            items = items[1:]
+        except ValueError:
+            pass
+    if len(items) != 1:
+        raise DataError(
+            f"zeppelin data reads exactly one indexed dataset; --data-path has {len(items)} entries "
+            f"{items!r} (blending several datasets is not supported: merge them with Megatron's "
+            "tools/merge_datasets.py)"
+        )
+    return items[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DocumentDataset:
+    """Whole documents of one indexed dataset, truncated at ``seq_length`` inputs.
+
+    Attributes (set in ``__post_init__``):
+        lengths: ``int64 [num_sequences]``, inputs of each training sequence
+            (``1 <= n_i <= seq_length``).
+        documents: ``int64 [num_sequences]``, the document index of each sequence.
+        num_documents: documents in the index.
+        truncated_documents: documents longer than ``seq_length + 1`` tokens.
+        truncated_tokens: tokens dropped by truncation.
+        skipped_documents: documents with fewer than 2 tokens.
+    """
+
+    prefix: str
+    seq_length: int
+    lengths: np.ndarray = field(init=False, repr=False)
+    documents: np.ndarray = field(init=False, repr=False)
+    num_documents: int = field(init=False)
+    truncated_documents: int = field(init=False)
+    truncated_tokens: int = field(init=False)
+    skipped_documents: int = field(init=False)
+    _indexed: Any = field(init=False, repr=False, compare=False)
+    _doc_start: np.ndarray = field(init=False, repr=False, compare=False)
+    _seq_cumsum: np.ndarray = field(init=False, repr=False, compare=False)
+    _first_item: np.ndarray = field(init=False, repr=False, compare=False)
+    def __post_init__(self) -> None:
+        if not isinstance(self.prefix, str) or not self.prefix:
+            raise DataError(f"prefix must be a non-empty path prefix string, got {self.prefix!r}")
+        if isinstance(self.seq_length, bool) or not isinstance(self.seq_length, int) or self.seq_length < 1:
+            raise DataError(f"seq_length must be a positive integer, got {self.seq_length!r}")
+        indexed = _open(self.prefix)
+        doc_len, seq_cumsum = _document_layout(indexed)
+        doc_idx = np.asarray(indexed.document_indices, dtype=np.int64)
+        keep = np.flatnonzero(doc_len >= 2)
+        over = doc_len - (self.seq_length + 1)
+        set_ = object.__setattr__
+        set_(self, "_indexed", indexed)
+        set_(self, "_seq_cumsum", seq_cumsum)
+        set_(self, "documents", keep.astype(np.int64))
+        set_(self, "lengths", np.minimum(doc_len[keep], self.seq_length + 1) - 1)
+        set_(self, "_doc_start", seq_cumsum[doc_idx[keep]])  # token offset of each sequence's document
+        set_(self, "_first_item", doc_idx[keep])  # first Megatron sequence (item) of each document
+        set_(self, "num_documents", int(doc_len.size))
+        set_(self, "truncated_documents", int(np.count_nonzero(over > 0)))
+        set_(self, "truncated_tokens", int(over[over > 0].sum()))
+        set_(self, "skipped_documents", int(doc_len.size - keep.size))
+        self.lengths.setflags(write=False)
+        self.documents.setflags(write=False)
+
+    def __len__(self) -> int:
+        return int(self.lengths.size)
+
+    @property
+    def total_tokens(self) -> int:
+        """Input tokens over all training sequences (one epoch)."""
+        return int(self.lengths.sum())
+
+    def summary(self) -> dict[str, int]:
+        """What the data path reports: counts of documents, sequences, tokens, truncations."""
+        return {
+            "documents": self.num_documents,
+            "sequences": len(self),
+            "tokens": self.total_tokens,
+            "truncated_documents": self.truncated_documents,
+            "truncated_tokens": self.truncated_tokens,
+            "skipped_documents": self.skipped_documents,
+        }
+
+    def read(self, seq: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens ``[start, end)`` of training sequence ``seq`` and their labels.
+
+        Returns ``(tokens, labels)``, both ``int64 [end - start]``: document
+        ``documents[seq]``'s tokens ``doc[start:end]`` and ``doc[start+1:end+1]``.
+        Only those ``end - start + 1`` tokens are read from the ``.bin`` file.
+        """
+        n = len(self)
+        if isinstance(seq, bool) or not isinstance(seq, (int, np.integer)) or not 0 <= seq < n:
+            raise DataError(f"sequence index {seq!r} is outside [0, {n})")
+        length = int(self.lengths[seq])
+        if not 0 <= start < end <= length:
+            raise DataError(
+                f"range [{start}, {end}) of sequence {seq} is empty or outside [0, {length})"
+            )
+        span = self._read_span(int(seq), int(start), int(end) + 1)
+        return span[:-1], span[1:]
+
+    def _read_span(self, seq: int, start: int, end: int) -> np.ndarray:
+        """Document tokens ``[start, end)`` as ``int64``, read item by item.
+
+        A document may span several Megatron items (``--split-sentences``):
+        item ``i`` holds document tokens ``[cum[i] - doc0, cum[i + 1] - doc0)``
+        with ``cum = _seq_cumsum`` and ``doc0`` the document's first offset.
+        Example: items of lengths ``[3, 4]``, span ``[2, 5)`` reads item 0
+        ``offset 2, length 1`` and item 1 ``offset 0, length 2``.
+        """
+        doc0 = int(self._doc_start[seq])
+        item = int(self._first_item[seq])
+        cum = self._seq_cumsum
+        if cum[item + 1] - doc0 >= end:  # one item holds the whole span (the usual case)
+            return np.asarray(self._indexed.get(item, offset=start, length=end - start), dtype=np.int64)
+        parts = []
+        # first item overlapping the span: largest i with cum[i] - doc0 <= start
+        i = int(np.searchsorted(cum, doc0 + start, side="right")) - 1
+        pos = start
+        while pos < end:
+            item_begin, item_end = int(cum[i]) - doc0, int(cum[i + 1]) - doc0
+            take = min(end, item_end) - pos
+            if take > 0:
+                parts.append(self._indexed.get(i, offset=pos - item_begin, length=take))
+                pos += take
+            i += 1
+        return np.concatenate(parts).astype(np.int64, copy=False)
