@@ -1,0 +1,127 @@
+"""Strategies: Zeppelin, its ablations and the baselines, all as :class:`StepPlan` s.
+
+``plan_with(name, lengths, cluster, cost_model, **options)`` returns a
+:class:`StrategyPlan`: the plan plus how its attention communicates
+(``ring``: zigzag ring P2P, what the runtime executes; ``allgather``: K/V
+all-gathered over each group; ``ulysses``: head-scattering all-to-alls over
+each group). The simulator reads ``attention_comm`` to model each group's
+traffic; for non-ring kinds a "ring" of the plan is simply a group of ranks
+sharing sequences.
+
+``lower-bound`` is not a plan: it is computed by
+:func:`zeppelin_megatron.sim.bounds.lower_bound_ms` and listed in
+:data:`BOUND_NAMES`, not in :data:`STRATEGY_NAMES`; ``plan_with("lower-bound")``
+raises ``ValueError`` saying so.
+
+Options (keyword, all optional): ``cp_size`` (te-cp, te-cp-routing,
+allgather-cp, wlb-llm: a fixed CP size instead of the per-batch best),
+``max_seqlen_per_rank`` (hybrid-dp), ``max_group`` (flexsp), ``milp_node_limit``
+(flexsp). Unknown options raise ``TypeError``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Sequence
+
+from ..planner.api import check_lengths, plan_step
+from ..planner.cluster import Cluster
+from ..planner.cost_model import CostModel
+from ..planner.plan import StepPlan
+
+__all__ = ["StrategyPlan", "STRATEGY_NAMES", "BOUND_NAMES", "ATTENTION_COMMS", "plan_with", "describe"]
+
+AttentionComm = Literal["ring", "allgather", "ulysses"]
+ATTENTION_COMMS: tuple[str, ...] = ("ring", "allgather", "ulysses")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyPlan:
+    """A strategy's plan for one step and how its attention groups communicate."""
+
+    name: str
+    plan: StepPlan
+    attention_comm: AttentionComm
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.attention_comm not in ATTENTION_COMMS:
+            raise ValueError(f"attention_comm is {self.attention_comm!r}, expected one of {list(ATTENTION_COMMS)}")
+        if not isinstance(self.plan, StepPlan):
+            raise ValueError(f"plan must be a StepPlan, got {type(self.plan).__name__}")
+
+
+def _zeppelin(**kw: Any) -> Callable[..., StrategyPlan]:
+    def make(name: str, lengths: list[int], cluster: Cluster, cost: CostModel) -> StrategyPlan:
+        plan = plan_step(lengths, cluster, cost, **kw)
+        return StrategyPlan(name=name, plan=plan, attention_comm="ring",
+                            note=", ".join(f"{k}={v}" for k, v in kw.items()))
+    return make
+
+
+def _te_cp(routing: bool) -> Callable[..., StrategyPlan]:
+    def make(name: str, lengths: list[int], cluster: Cluster, cost: CostModel,
+             cp_size: int | None = None) -> StrategyPlan:
+        from .te_cp import te_cp_plan
+        plan, cp = te_cp_plan(lengths, cluster, cost, cp_size=cp_size, routing=routing)
+        how = "fixed" if cp_size is not None else "best predicted power of two for this batch"
+        return StrategyPlan(name=name, plan=plan, attention_comm="ring", note=f"cp={cp} ({how})")
+    return make
+
+
+_DESCRIPTIONS: dict[str, str] = {
+    "zeppelin": "Zeppelin: hierarchical partitioning + routing + remapping",
+    "zeppelin-no-routing": "Zeppelin without NIC-aware routing",
+    "zeppelin-no-remap": "Zeppelin without remapping (linear modules on the attention layout)",
+    "zeppelin-partition-only": "Zeppelin partitioning + engine only (no routing, no remapping)",
+    "zeppelin-no-inter": "Zeppelin with local and intra-node placements only",
+    "zeppelin-local-only": "Zeppelin with the local placement only (sequences too long for a GPU still split)",
+    "te-cp": "TE CP: fixed CP groups, every sequence zigzag-split over its group, packed by tokens",
+    "te-cp-routing": "TE CP plus Zeppelin's NIC-aware routing of cross-node ring hops (routing alone)",
+}
+
+_MAKERS: dict[str, Callable[..., StrategyPlan]] = {
+    "zeppelin": _zeppelin(),
+    "zeppelin-no-routing": _zeppelin(routing=False),
+    "zeppelin-no-remap": _zeppelin(remap=False),
+    "zeppelin-partition-only": _zeppelin(routing=False, remap=False),
+    "zeppelin-no-inter": _zeppelin(placements=("local", "intra_node")),
+    "zeppelin-local-only": _zeppelin(placements=("local",)),
+    "te-cp": _te_cp(routing=False),
+    "te-cp-routing": _te_cp(routing=True),
+}
+
+STRATEGY_NAMES: tuple[str, ...] = tuple(_MAKERS)
+BOUND_NAMES: tuple[str, ...] = ("lower-bound",)
+
+
+def describe(name: str) -> str:
+    """One line saying what strategy (or bound) ``name`` is."""
+    if name == "lower-bound":
+        return "lower bound: total work / GPUs, no exposed communication (computed, not planned)"
+    _check_name(name)
+    return _DESCRIPTIONS[name]
+
+
+def _check_name(name: str) -> None:
+    if name in BOUND_NAMES:
+        raise ValueError(f"{name!r} is computed, not planned: use zeppelin_megatron.sim.bounds.lower_bound_ms")
+    if name not in _MAKERS:
+        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGY_NAMES)}")
+
+
+def plan_with(
+    name: str, lengths: Sequence[int], cluster: Cluster, cost_model: CostModel, **options: Any
+) -> StrategyPlan:
+    """Plan one step of ``lengths`` on ``cluster`` with strategy ``name``.
+
+    Raises:
+        ValueError: unknown ``name`` (the message lists the known ones).
+        PlanError: lengths the strategy cannot place (empty, ``<= 0``, beyond capacity).
+        TypeError: an option the strategy does not take.
+    """
+    _check_name(name)
+    if cost_model.cluster != cluster:
+        raise ValueError("cost_model was built for another cluster; build it with this cluster")
+    lengths = check_lengths(lengths, cluster)
+    return _MAKERS[name](name, lengths, cluster, cost_model, **options)

@@ -1,0 +1,123 @@
+"""Transformer Engine context parallelism (TE CP) and its all-gather variant: fixed CP groups.
+
+The ``P`` GPUs form ``P / cp`` data-parallel groups of ``cp`` consecutive ranks
+(Megatron's rank order puts CP innermost after TP). Sequences are packed into
+the groups by tokens (longest first, into the group holding the fewest tokens
+that has room; ties: lower group), and every sequence of a group is
+zigzag-split over all ``cp`` ranks of its group (TE's THD layout with
+``cu_seqlens`` per document). All sequences of a group share one ring and one
+kernel call per ring step, as in TE's ``AttnFuncWithCPAndKVP2P``.
+
+Deviation, in TE CP's favour: TE pads every sequence to a multiple of
+``2 cp`` tokens; a ``StepPlan`` cannot split a sequence shorter than ``2 cp``,
+so such a sequence is kept whole on the group rank holding the fewest tokens
+(no padding compute, no ring traffic).
+
+``cp_size=None`` picks, per batch, the power of two ``cp`` (dividing ``P``,
+large enough for the longest sequence) whose plan the cost model
+(:func:`~zeppelin_megatron.planner.predict.predict`) predicts fastest: the most
+favourable fixed CP size for every batch (ties: the smaller ``cp``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ..planner.cluster import Cluster
+from ..planner.cost_model import CostModel
+from ..planner.plan import PlanError, StepPlan
+from .planbuild import build_plan
+
+__all__ = ["cp_groups", "te_cp_plan", "cp_candidates", "pack_by_tokens"]
+
+
+def cp_candidates(lengths: Sequence[int], cluster: Cluster) -> list[int]:
+    """Powers of two ``cp`` dividing the world size whose GPUs can hold the longest sequence."""
+    world, cap = cluster.world_size, cluster.tokens_per_gpu
+    out = []
+    cp = 1
+    while cp <= world:
+        if world % cp == 0 and -(-max(lengths) // cp) <= cap:
+            out.append(cp)
+        cp *= 2
+    if not out:
+        raise PlanError(f"no CP size up to {world} GPUs holds the longest sequence ({max(lengths)} tokens, "
+                        f"{cap} tokens per GPU)")
+    return out
+
+
+def pack_by_tokens(lengths: Sequence[int], bins: int, capacity: int) -> list[int]:
+    """Bin of each sequence: longest first into the emptiest bin with room (ties: lower bin).
+
+    Example: lengths ``[5, 4, 3, 3]``, 2 bins of capacity 8 -> ``[0, 1, 1, 0]``
+    (5 -> bin 0; 4 -> bin 1; 3 -> bin 1 (4 < 5); 3 -> bin 0 (5 < 7)).
+    """
+    load = [0] * bins
+    where = [-1] * len(lengths)
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        s = lengths[i]
+        best = -1
+        for b in range(bins):
+            if load[b] + s <= capacity and (best < 0 or load[b] < load[best]):
+                best = b
+        if best < 0:
+            raise PlanError(f"sequence {i} ({s} tokens) fits in no group: {bins} groups of {capacity} tokens "
+                            f"hold {sorted(load)} already")
+        where[i] = best
+        load[best] += s
+    return where
+
+
+def cp_groups(lengths: Sequence[int], cluster: Cluster, cp: int) -> list[tuple[int, ...]]:
+    """Ranks of each sequence under TE CP with CP size ``cp`` (see module docstring)."""
+    world = cluster.world_size
+    if cp < 1 or world % cp:
+        raise PlanError(f"cp_size = {cp} must be a positive divisor of the world size {world}")
+    where = pack_by_tokens(lengths, world // cp, cp * cluster.tokens_per_gpu)
+    held = [0] * world
+    groups: list[tuple[int, ...]] = [()] * len(lengths)
+    for i, s in enumerate(lengths):
+        ranks = tuple(range(where[i] * cp, (where[i] + 1) * cp))
+        if cp > 1 and s >= 2 * cp:
+            groups[i] = ranks
+            for r in ranks:
+                held[r] += s // cp
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):  # short ones: whole
+        if not groups[i]:
+            base = where[i] * cp
+            r = min(range(base, base + cp), key=lambda r: (held[r], r))
+            groups[i] = (r,)
+            held[r] += lengths[i]
+    return groups
+
+
+def te_cp_plan(
+    lengths: Sequence[int],
+    cluster: Cluster,
+    cost: CostModel,
+    *,
+    cp_size: int | None = None,
+    routing: bool = False,
+    score: Callable[[StepPlan, int], float] | None = None,
+) -> tuple[StepPlan, int]:
+    """TE CP plan and the CP size used (auto when ``cp_size`` is None; see module docstring).
+
+    ``score(plan, cp)`` ranks candidate sizes (lower is better); default: the
+    cost model's predicted step time.
+    """
+    candidates = [cp_size] if cp_size is not None else cp_candidates(lengths, cluster)
+    best: tuple[float, int, StepPlan] | None = None
+    for cp in candidates:
+        try:
+            plan = build_plan(lengths, cp_groups(lengths, cluster, cp), cluster, cost, routing=routing)
+        except PlanError:
+            if cp_size is not None:
+                raise
+            continue
+        value = score(plan, cp) if score is not None else plan.predicted.step_ms  # type: ignore[union-attr]
+        if best is None or value < best[0] - 1e-9:
+            best = (value, cp, plan)
+    if best is None:
+        raise PlanError(f"no CP size in {candidates} can pack {len(lengths)} sequences "
+                        f"({sum(lengths)} tokens) on {cluster.world_size} GPUs")
+    return best[2], best[1]
