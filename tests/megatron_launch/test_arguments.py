@@ -1,0 +1,133 @@
+"""Our flags on a plain argparse parser, and the start-up checks on Megatron-like namespaces."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from zeppelin_megatron.megatron.arguments import (
+    ZeppelinArgsError,
+    ZeppelinConfig,
+    ZeppelinParallel,
+    add_zeppelin_args,
+    check_megatron_args,
+    zeppelin_config_from_args,
+    zeppelin_requested,
+)
+
+from .helpers import megatron_namespace
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    return add_zeppelin_args(argparse.ArgumentParser(allow_abbrev=False)).parse_args(argv)
+
+
+def test_flags_defaults_and_negations() -> None:
+    a = _parse(["--zeppelin", "--zeppelin-cluster", "2x8"])
+    cfg = zeppelin_config_from_args(a)
+    assert cfg == ZeppelinConfig(cluster="2x8")
+    assert cfg.routing and cfg.remap and cfg.check_plan and cfg.metrics and cfg.backend is None
+    b = _parse(["--zeppelin", "--zeppelin-cluster", "2x8", "--no-zeppelin-routing", "--no-zeppelin-remap",
+                "--zeppelin-tokens-per-gpu", "4096", "--zeppelin-backend", "reference",
+                "--zeppelin-placements", "local,intra_node", "--no-zeppelin-metrics"])
+    cfg = zeppelin_config_from_args(b)
+    assert (cfg.routing, cfg.remap, cfg.metrics) == (False, False, False)
+    assert cfg.tokens_per_gpu == 4096 and cfg.backend == "reference"
+    assert cfg.placements == ("local", "intra_node")
+
+
+def test_unknown_backend_rejected_by_parser() -> None:
+    with pytest.raises(SystemExit):
+        _parse(["--zeppelin", "--zeppelin-backend", "nope"])
+
+
+def test_zeppelin_requested() -> None:
+    assert zeppelin_requested(["x.py", "--zeppelin", "--seq-length", "8"])
+    assert not zeppelin_requested(["x.py", "--zeppelin-cluster", "2x8"])
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--zeppelin"], "needs --zeppelin-cluster"),
+        (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-tokens-per-gpu", "0"], "positive integer, got 0"),
+        (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-placements", "local,ring"], "ring"),
+        (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-slack", "1.5"], "slack must be in"),
+        (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-prefetch", "-1"], "prefetch"),
+    ],
+)
+def test_bad_flags(argv: list[str], match: str) -> None:
+    with pytest.raises(ZeppelinArgsError, match=match):
+        zeppelin_config_from_args(_parse(argv))
+
+
+def test_typical_run_shape() -> None:
+    p = check_megatron_args(megatron_namespace(tensor_model_parallel_size=2, sequence_parallel=True,
+                                               global_batch_size=64), world_size=32, gpus_per_node=8)
+    assert (p.nodes, p.zeppelin_ranks, p.zeppelin_ranks_per_node) == (4, 16, 4)
+    assert p.token_budget == 1 * 32768 * 16
+    assert p.num_micro_batches == 64 // 16
+    assert p.pad_to_multiple == 2
+
+
+def test_default_global_batch_is_one_micro_batch_per_rank() -> None:
+    p = check_megatron_args(megatron_namespace(global_batch_size=None, micro_batch_size=2),
+                            world_size=16, gpus_per_node=8)
+    assert p.global_batch_size == 32 and p.num_micro_batches == 1
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"pipeline_model_parallel_size": 2}, "--pipeline-model-parallel-size 2"),
+        ({"context_parallel_size": 2}, "--context-parallel-size 2"),
+        ({"num_experts": 8}, "MoE"),
+        ({"calculate_per_token_loss": False}, "--calculate-per-token-loss"),
+        ({"dataloader_type": "single"}, "--dataloader-type single"),
+        ({"spec": ["megatron.core.models.gpt.gpt_layer_specs", "x"]}, "drop --spec"),
+        ({"data_path": None}, "needs --data-path"),
+        ({"data_path": ["0.5", "a", "0.5", "b"]}, "not a blend"),
+        ({"eval_iters": 10}, "--valid-data-path"),
+        ({"use_legacy_models": True}, "--use-legacy-models"),
+        ({"rampup_batch_size": ["16", "16", "1000"]}, "--rampup-batch-size"),
+        ({"reset_position_ids": True}, "--reset-position-ids"),
+        ({"mock_data": True}, "--mock-data"),
+    ],
+)
+def test_unservable_megatron_settings(overrides: dict, match: str) -> None:
+    with pytest.raises(ZeppelinArgsError, match=match):
+        check_megatron_args(megatron_namespace(**overrides), world_size=32, gpus_per_node=8)
+
+
+def test_all_problems_reported_together() -> None:
+    with pytest.raises(ZeppelinArgsError) as exc:
+        check_megatron_args(megatron_namespace(pipeline_model_parallel_size=2, context_parallel_size=4),
+                            world_size=32, gpus_per_node=8)
+    assert "pipeline" in str(exc.value) and "context" in str(exc.value)
+
+
+def test_attention_backend_local_rejected() -> None:
+    class Local:  # stands in for megatron's AttnBackend.local enum member
+        name = "local"
+
+    with pytest.raises(ZeppelinArgsError, match="attention-backend local"):
+        check_megatron_args(megatron_namespace(attention_backend=Local()), world_size=32, gpus_per_node=8)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(world_size=12, gpus_per_node=8), "world size 12 is not a multiple of 8"),
+        (dict(world_size=24, gpus_per_node=6, tensor_parallel=4), "does not divide the 6 GPUs"),
+        (dict(world_size=16, gpus_per_node=8, global_batch_size=24, micro_batch_size=1),
+         "--global-batch-size 24 is not a multiple"),
+        (dict(world_size=16, gpus_per_node=8, seq_length=None), "--seq-length must be a positive integer"),
+    ],
+)
+def test_parallel_shape_errors(kwargs: dict, match: str) -> None:
+    full = dict(world_size=16, gpus_per_node=8, tensor_parallel=1, micro_batch_size=1, global_batch_size=32,
+                seq_length=4096)
+    full.update(kwargs)
+    with pytest.raises(ZeppelinArgsError, match=match):
+        ZeppelinParallel(**full)

@@ -1,0 +1,120 @@
+"""Per-step metrics: summaries of real plans, aggregation, the recorder's step timing, the writers."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeppelin_megatron.megatron.metrics import (
+    MetricsWriter,
+    StepMetricsRecorder,
+    format_step,
+    plan_metrics,
+    scalars,
+    step_metrics,
+)
+from zeppelin_megatron.planner import CostModel, load_cluster, plan_step
+from zeppelin_megatron.planner.model import LLAMA_7B
+from zeppelin_megatron.planner.predict import attention_time
+
+from .helpers import H100_YAML
+
+
+@pytest.fixture(scope="module")
+def plans():
+    cluster = load_cluster(f"2x8@{H100_YAML}")
+    cost = CostModel(model=LLAMA_7B, cluster=cluster)
+    batches = [[60_000, 30_000] + [2_000] * 100, [4_096] * 64, [100_000, 500, 700, 9_000] + [1_000] * 50]
+    return [plan_step(b, cluster, cost) for b in batches]
+
+
+def test_plan_metrics_counts_and_bytes(plans) -> None:
+    p = plans[0]
+    m = plan_metrics(p)
+    assert m.sequences == 102 and m.tokens == 290_000
+    assert m.local + m.intra_node + m.inter_node == 102
+    assert m.local == sum(1 for s in p.sequences if s.placement == "local")
+    assert m.inter_node == sum(1 for s in p.sequences if s.placement == "inter_node") >= 1
+    assert m.routed_hops == len(p.routing)
+    assert m.predicted_ms == p.predicted.step_ms
+    att = attention_time(p.predicted)
+    assert m.attention_max_ms == max(att) and m.attention_mean_ms == pytest.approx(sum(att) / 16)
+    assert m.inter_node_MB == pytest.approx(sum(p.predicted.inter_MB)) and m.inter_node_MB > 0
+    assert m.intra_node_MB == pytest.approx(sum(p.predicted.intra_MB))
+    assert m.tokens_max == max(p.tokens(r) for r in range(16))
+
+
+def test_plan_without_prediction_rejected(plans) -> None:
+    from dataclasses import replace
+    with pytest.raises(ValueError, match="plan.predicted"):
+        plan_metrics(replace(plans[0], predicted=None, validate=False))
+
+
+def test_step_metrics_aggregates(plans) -> None:
+    ms = [plan_metrics(p) for p in plans]
+    s = step_metrics(3, ms, measured_ms=2000.0)
+    assert s.micro_steps == 3 and s.sequences == sum(m.sequences for m in ms)
+    assert s.predicted_ms == pytest.approx(sum(m.predicted_ms for m in ms))
+    assert s.attention_imbalance == pytest.approx(
+        sum(m.attention_max_ms for m in ms) / sum(m.attention_mean_ms for m in ms))
+    assert s.attention_imbalance >= 1.0 and s.token_imbalance >= 1.0
+    assert s.measured_over_predicted == pytest.approx(2000.0 / s.predicted_ms)
+    sc = scalars(s)
+    assert sc["zeppelin/measured_ms"] == 2000.0 and sc["zeppelin/inter_node_MB"] == s.inter_node_MB
+    line = format_step(s)
+    assert line.startswith("zeppelin step 3 |") and "measured 2000.0 ms" in line and "(cost model)" in line
+    assert "zeppelin/measured_ms" not in scalars(step_metrics(3, ms))
+    with pytest.raises(ValueError, match="no micro-step plans"):
+        step_metrics(1, [])
+
+
+class _TB:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float, int]] = []
+
+    def add_scalar(self, name: str, value: float, step: int) -> None:
+        self.calls.append((name, value, step))
+
+
+class _WB:
+    def __init__(self) -> None:
+        self.calls: list[tuple[dict, int]] = []
+
+    def log(self, values: dict, step: int) -> None:
+        self.calls.append((values, step))
+
+
+def test_recorder_times_complete_steps(plans) -> None:
+    t = [0.0]
+    lines: list[str] = []
+    tb, wb = _TB(), _WB()
+    syncs = []
+    writer = MetricsWriter(log=lines.append, tensorboard=tb, wandb=wb, log_interval=2, scalar_interval=1)
+    rec = StepMetricsRecorder(num_micro_batches=2, writer=writer, clock=lambda: t[0], sync=lambda: syncs.append(1))
+    out = []
+    for micro, at in [(0, 0.0), (1, 0.4), (1, 0.5), (2, 1.5), (3, 1.6), (4, 4.0)]:
+        t[0] = at
+        out.append(rec.record(micro, plans[micro % 3]))
+    # step 1 (micro 0,1) ends when micro 2 starts at 1.5 s; step 2 (micro 2,3) when micro 4 starts at 4.0 s
+    assert [o is not None for o in out] == [False, False, False, True, False, True]
+    s1, s2 = out[3], out[5]
+    assert (s1.iteration, s1.micro_steps, s1.measured_ms) == (1, 2, pytest.approx(1500.0))
+    assert (s2.iteration, s2.measured_ms) == (2, pytest.approx(2500.0))
+    assert len(syncs) == 3  # once per step boundary
+    assert len(lines) == 1 and lines[0].startswith("zeppelin step 2 ")  # log_interval 2
+    assert {c[2] for c in tb.calls} == {1, 2} and [c[1] for c in wb.calls] == [1, 2]
+
+
+def test_recorder_skips_partial_first_step(plans) -> None:
+    # Resuming mid-step (micro 3 of M=2 -> step 1 index 1): step 1 is incomplete, not reported.
+    rec = StepMetricsRecorder(num_micro_batches=2, clock=lambda: 0.0)
+    assert rec.record(3, plans[0]) is None
+    assert rec.record(4, plans[1]) is None
+    assert rec.record(5, plans[1]) is None
+    assert rec.record(6, plans[2]).iteration == 3
+
+
+def test_writer_validation() -> None:
+    with pytest.raises(ValueError, match="log_interval"):
+        MetricsWriter(log_interval=0)
+    with pytest.raises(ValueError, match="num_micro_batches"):
+        StepMetricsRecorder(num_micro_batches=0)

@@ -1,0 +1,139 @@
+"""Model shape from Megatron flags, the TP-reduced cluster, cost model and planner at start-up."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from zeppelin_megatron.megatron.arguments import ZeppelinArgsError, check_megatron_args, zeppelin_config_from_args
+from zeppelin_megatron.megatron.planning import (
+    build_setup,
+    build_zeppelin_cluster,
+    make_planner,
+    model_shape_from_args,
+    reduce_cluster_for_tp,
+)
+from zeppelin_megatron.planner import Cluster, load_cluster, plan_step
+from zeppelin_megatron.planner.model import LLAMA_7B
+
+from .helpers import A800_YAML, H100_YAML, megatron_namespace
+
+
+def _setup(world_size: int = 32, gpus_per_node: int = 8, **overrides):
+    args = megatron_namespace(**overrides)
+    cfg = zeppelin_config_from_args(args)
+    par = check_megatron_args(args, world_size=world_size, gpus_per_node=gpus_per_node)
+    return build_setup(cfg, par, model_shape_from_args(args))
+
+
+def test_model_shape_llama7b() -> None:
+    m = model_shape_from_args(megatron_namespace())
+    assert (m.layers, m.hidden, m.q_heads, m.kv_heads, m.ffn, m.head_dim) == (32, 4096, 32, 32, 11008, 128)
+    assert m.linear_params_per_layer() == LLAMA_7B.linear_params_per_layer()
+
+
+def test_model_shape_gqa_and_default_ffn() -> None:
+    m = model_shape_from_args(megatron_namespace(group_query_attention=True, num_query_groups=8,
+                                                 ffn_hidden_size=None))
+    assert m.kv_heads == 8
+    assert m.ffn == int((4 * 4096 * 2 / 3) / 64) * 64 == 10880  # Megatron's swiglu default
+
+
+def test_model_shape_plain_mlp_has_equal_weights() -> None:
+    # Plain GELU MLP of width 4h = 16384: 2 * h * 16384 weights = a gated MLP of width 2/3 * 16384.
+    m = model_shape_from_args(megatron_namespace(swiglu=False, ffn_hidden_size=None, hidden_size=1536,
+                                                 num_attention_heads=12))
+    assert 3 * m.ffn * 1536 == 2 * 4 * 1536 * 1536
+
+
+def test_model_shape_missing_flag() -> None:
+    with pytest.raises(ZeppelinArgsError, match="--num-layers is required"):
+        model_shape_from_args(megatron_namespace(num_layers=None))
+
+
+def test_reduce_h100_tp2_keeps_own_rails() -> None:
+    c = load_cluster(f"4x8@{H100_YAML}")
+    r, share = reduce_cluster_for_tp(c, 2)
+    assert (r.gpus_per_node, r.nics_per_node, r.gpu_nic, share) == (4, 4, (0, 1, 2, 3), 1.0)
+    assert r.nic_Gbps == c.nic_Gbps and r.nodes == 4 and r.world_size == 16
+
+
+def test_reduce_a800_tp2_halves_nic_bandwidth() -> None:
+    c = load_cluster(f"2x8@{A800_YAML}")  # gpu_nic [0,0,1,1,2,2,3,3]
+    r, share = reduce_cluster_for_tp(c, 2)
+    assert r.gpu_nic == (0, 1, 2, 3) and share == 0.5 and r.nic_Gbps == c.nic_Gbps / 2
+    r4, share4 = reduce_cluster_for_tp(c, 4)  # TP rank 0 -> GPUs 0, 4 -> NICs 0, 2
+    assert r4.gpu_nic == (0, 1) and r4.nics_per_node == 2 and share4 == 0.5
+
+
+def test_reduce_tp_equal_to_node_gives_one_rank_per_node() -> None:
+    r, share = reduce_cluster_for_tp(load_cluster(f"4x8@{H100_YAML}"), 8)
+    assert (r.gpus_per_node, r.gpu_nic, share) == (1, (0,), 1.0)
+
+
+def test_reduce_rejects_tp_dependent_nic_map() -> None:
+    c = Cluster(nodes=2, gpus_per_node=4, nics_per_node=3, gpu_nic=(0, 1, 1, 2), nvlink_GBps=450.0,
+                nic_Gbps=400.0, tokens_per_gpu=8192, name="odd")
+    # TP 2: TP rank 0 -> GPUs 0, 2 -> NICs 0, 1 (map [0,1]); TP rank 1 -> GPUs 1, 3 -> NICs 1, 2 (map [0,1]).
+    assert reduce_cluster_for_tp(c, 2)[0].gpu_nic == (0, 1)
+    c2 = replace(c, gpu_nic=(0, 0, 1, 2))  # rank 0 -> NICs 0, 1 -> [0,1]; rank 1 -> NICs 0, 2 -> [0,1]
+    assert reduce_cluster_for_tp(c2, 2)[0].gpu_nic == (0, 1)
+    c3 = replace(c, gpus_per_node=6, gpu_nic=(0, 0, 1, 2, 2, 2))
+    # TP 2: rank 0 -> GPUs 0,2,4 -> NICs 0,1,2 -> [0,1,2]; rank 1 -> GPUs 1,3,5 -> NICs 0,2,2 -> [0,1,1]
+    with pytest.raises(ZeppelinArgsError, match="different NIC maps"):
+        reduce_cluster_for_tp(c3, 2)
+
+
+def test_cluster_must_match_world_size() -> None:
+    cfg = zeppelin_config_from_args(megatron_namespace(zeppelin_cluster=str(H100_YAML)))  # file says 4 nodes
+    with pytest.raises(ZeppelinArgsError, match=r"32 GPUs but the job has world size 16.*2x8@"):
+        build_zeppelin_cluster(cfg, world_size=16, gpus_per_node=8, tensor_parallel=1)
+    with pytest.raises(ZeppelinArgsError, match="8 GPUs per node but the job runs 4"):
+        build_zeppelin_cluster(cfg, world_size=16, gpus_per_node=4, tensor_parallel=1)
+    assert build_zeppelin_cluster(cfg, world_size=32, gpus_per_node=8, tensor_parallel=4).gpus_per_node == 2
+
+
+def test_missing_files_fail_at_startup(tmp_path) -> None:
+    with pytest.raises(ZeppelinArgsError, match="--zeppelin-cluster nope.yaml"):
+        _setup(zeppelin_cluster="nope.yaml")
+    with pytest.raises(ZeppelinArgsError, match="--zeppelin-profile .*does not exist"):
+        _setup(zeppelin_profile=str(tmp_path / "missing.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "other"}))
+    with pytest.raises(ZeppelinArgsError, match="--zeppelin-profile"):
+        _setup(zeppelin_profile=str(bad))
+
+
+def test_capacity_check() -> None:
+    with pytest.raises(ZeppelinArgsError, match="2 x --seq-length 65536 = 131072 tokens"):
+        _setup(micro_batch_size=2, seq_length=65536)
+    s = _setup(micro_batch_size=2, seq_length=65536, zeppelin_tokens_per_gpu=131072)
+    assert s.cluster.tokens_per_gpu == 131072
+
+
+def test_heads_not_divisible_by_tp() -> None:
+    with pytest.raises(ZeppelinArgsError, match="not divisible by tensor_parallel"):
+        _setup(num_attention_heads=12, hidden_size=1536, ffn_hidden_size=4096, tensor_model_parallel_size=8,
+               global_batch_size=4)
+
+
+def test_setup_planner_matches_plan_step() -> None:
+    s = _setup(tensor_model_parallel_size=2, global_batch_size=64)
+    assert s.cluster.world_size == s.parallel.zeppelin_ranks == 16
+    assert "16 Zeppelin ranks (4 per node" in s.describe()
+    lengths = [812, 40_000, 95_000, 2_048] + [4096] * 30
+    plan = s.planner(lengths)
+    assert plan.world_size == 16
+    assert plan.to_json() == plan_step(lengths, s.cluster, s.cost).to_json()
+    assert plan.to_json() == s.planner(lengths).to_json()  # deterministic
+
+
+def test_planner_options_bound() -> None:
+    s = _setup(zeppelin_routing=False, zeppelin_remap=False, zeppelin_placements="local,intra_node")
+    p = make_planner(s.config, s.cluster, s.cost)
+    assert (p.routing, p.remap, p.placements) == (False, False, ("local", "intra_node"))
+    plan = p([30_000, 1000, 1000, 5000, 20_000])
+    assert plan.routing == () and plan.linear_layout == plan.attention_layout
+    assert all(sp.placement != "inter_node" for sp in plan.sequences)

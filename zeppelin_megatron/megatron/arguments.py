@@ -1,0 +1,306 @@
+"""Zeppelin's Megatron-LM flags and the start-up checks of a Zeppelin run.
+
+:func:`add_zeppelin_args` is an ``extra_args_provider`` for
+``megatron.training.pretrain``; :func:`zeppelin_config_from_args` reads the
+flags into a frozen :class:`ZeppelinConfig`; :func:`check_megatron_args`
+rejects Megatron settings Zeppelin cannot serve and returns the
+:class:`ZeppelinParallel` shape of the run. Everything here works on a plain
+``argparse.Namespace`` carrying Megatron's attribute names (no Megatron import),
+so the checks run before ``torch.distributed`` is initialised and in CI.
+
+Rank arithmetic of a run (pipeline and context parallelism are rejected)::
+
+    world = 32 GPUs on 4 nodes of 8, --tensor-model-parallel-size 2
+    Zeppelin ranks N        = world / TP            = 16   (Megatron's DP ranks of one TP rank)
+    Zeppelin ranks per node = gpus_per_node / TP    = 4
+    micro-step token budget = micro_batch_size * seq_length * N
+    micro-steps per step    = global_batch_size / (micro_batch_size * N)
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+from ..planner.plan import PLACEMENTS
+
+__all__ = [
+    "ZeppelinArgsError",
+    "ZeppelinConfig",
+    "ZeppelinParallel",
+    "add_zeppelin_args",
+    "zeppelin_config_from_args",
+    "check_megatron_args",
+    "zeppelin_requested",
+    "ZEPPELIN_SPEC_MODULE",
+]
+
+ZEPPELIN_SPEC_MODULE = "zeppelin_megatron.megatron.spec"
+"""Module holding Zeppelin's layer specs (``--spec`` may name it; nothing else is accepted)."""
+
+
+class ZeppelinArgsError(ValueError):
+    """A command line Zeppelin cannot run; raised at start-up, before any step."""
+
+
+def zeppelin_requested(argv: list[str]) -> bool:
+    """Whether a command line asks for Zeppelin (``--zeppelin`` present)."""
+    return "--zeppelin" in argv
+
+
+def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``--zeppelin*`` flags (an ``extra_args_provider``; returns ``parser``)."""
+    from ..runtime.kernels import BACKENDS
+
+    g = parser.add_argument_group("zeppelin", "Zeppelin sequence partitioning (arXiv 2509.21841)")
+    g.add_argument("--zeppelin", action="store_true",
+                   help="Train with Zeppelin: per-step placement of variable-length sequences.")
+    g.add_argument("--zeppelin-cluster", type=str, default=None,
+                   help="Cluster for the planner: NODESxGPUS@file.yaml (e.g. 4x8@configs/clusters/h100.yaml), "
+                        "a YAML file, or NODESxGPUS (H100 defaults). Must match the job's nodes and GPUs.")
+    g.add_argument("--zeppelin-profile", type=str, default=None,
+                   help="Cost profile JSON (zeppelin-profile/1); default: the bundled H100 bf16 measurements.")
+    g.add_argument("--zeppelin-tokens-per-gpu", type=int, default=None,
+                   help="Attention-layout tokens one Zeppelin rank may hold (overrides the cluster file).")
+    g.add_argument("--zeppelin-routing", action=argparse.BooleanOptionalAction, default=True,
+                   help="Spread cross-node ring hops over idle NICs through proxy GPUs (default: on).")
+    g.add_argument("--zeppelin-remap", action=argparse.BooleanOptionalAction, default=True,
+                   help="Keep linear modules on a token-balanced layout (default: on).")
+    g.add_argument("--zeppelin-backend", type=str, default=None, choices=sorted(BACKENDS),
+                   help="Attention kernel backend (default: the best usable one).")
+    g.add_argument("--zeppelin-check-plan", action=argparse.BooleanOptionalAction, default=True,
+                   help="Check once per attention call that all ranks run the same plan (default: on).")
+    g.add_argument("--zeppelin-placements", type=str, default=",".join(PLACEMENTS),
+                   help="Comma-separated placements the planner may use (ablations), "
+                        f"subset of {','.join(PLACEMENTS)}; too-long sequences still split.")
+    g.add_argument("--zeppelin-slack", type=float, default=0.02,
+                   help="Fraction by which a GPU may exceed its attention target before a split.")
+    g.add_argument("--zeppelin-min-ratio", type=float, default=1.0,
+                   help="Compute/communication ratio a split needs.")
+    g.add_argument("--zeppelin-prefetch", type=int, default=2,
+                   help="Micro-steps planned ahead of training by the data iterator.")
+    g.add_argument("--zeppelin-metrics", action=argparse.BooleanOptionalAction, default=True,
+                   help="Per-step Zeppelin metrics in the log, tensorboard and wandb (default: on).")
+    return parser
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeppelinConfig:
+    """The ``--zeppelin*`` flags, validated."""
+
+    cluster: str
+    profile: str | None = None
+    tokens_per_gpu: int | None = None
+    routing: bool = True
+    remap: bool = True
+    backend: str | None = None
+    check_plan: bool = True
+    placements: tuple[str, ...] = PLACEMENTS
+    slack: float = 0.02
+    min_ratio: float = 1.0
+    prefetch: int = 2
+    metrics: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cluster, str) or not self.cluster.strip():
+            raise ZeppelinArgsError(
+                "--zeppelin needs --zeppelin-cluster (e.g. 4x8@configs/clusters/h100.yaml)"
+            )
+        tpg = self.tokens_per_gpu
+        if tpg is not None and (isinstance(tpg, bool) or not isinstance(tpg, int) or tpg < 1):
+            raise ZeppelinArgsError(f"--zeppelin-tokens-per-gpu must be a positive integer, got {tpg!r}")
+        object.__setattr__(self, "placements", tuple(self.placements))
+        bad = [p for p in self.placements if p not in PLACEMENTS]
+        if bad or not self.placements or len(set(self.placements)) != len(self.placements):
+            raise ZeppelinArgsError(
+                f"--zeppelin-placements {','.join(self.placements)!r}: expected distinct names from "
+                f"{','.join(PLACEMENTS)}"
+            )
+        if not 0.0 <= self.slack < 1.0:
+            raise ZeppelinArgsError(f"--zeppelin-slack must be in [0, 1), got {self.slack}")
+        if not self.min_ratio > 0.0:
+            raise ZeppelinArgsError(f"--zeppelin-min-ratio must be > 0, got {self.min_ratio}")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 0:
+            raise ZeppelinArgsError(f"--zeppelin-prefetch must be an integer >= 0, got {self.prefetch!r}")
+
+
+def zeppelin_config_from_args(args: argparse.Namespace) -> ZeppelinConfig:
+    """Read the ``--zeppelin*`` flags of a parsed command line."""
+    if not getattr(args, "zeppelin", False):
+        raise ZeppelinArgsError("zeppelin_config_from_args called without --zeppelin")
+    return ZeppelinConfig(
+        cluster=args.zeppelin_cluster or "",
+        profile=args.zeppelin_profile,
+        tokens_per_gpu=args.zeppelin_tokens_per_gpu,
+        routing=args.zeppelin_routing,
+        remap=args.zeppelin_remap,
+        backend=args.zeppelin_backend,
+        check_plan=args.zeppelin_check_plan,
+        placements=tuple(p.strip() for p in args.zeppelin_placements.split(",") if p.strip()),
+        slack=args.zeppelin_slack,
+        min_ratio=args.zeppelin_min_ratio,
+        prefetch=args.zeppelin_prefetch,
+        metrics=args.zeppelin_metrics,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeppelinParallel:
+    """Shape of a Zeppelin run derived from Megatron's flags and the job size."""
+
+    world_size: int
+    gpus_per_node: int
+    tensor_parallel: int
+    micro_batch_size: int
+    global_batch_size: int
+    seq_length: int
+    sequence_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        for attr, what in (("world_size", "the world size (WORLD_SIZE)"),
+                           ("gpus_per_node", "GPUs per node"),
+                           ("tensor_parallel", "--tensor-model-parallel-size"),
+                           ("micro_batch_size", "--micro-batch-size"),
+                           ("global_batch_size", "--global-batch-size"),
+                           ("seq_length", "--seq-length")):
+            v = getattr(self, attr)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ZeppelinArgsError(f"{what} must be a positive integer, got {v!r}")
+        if self.world_size % self.gpus_per_node:
+            raise ZeppelinArgsError(
+                f"world size {self.world_size} is not a multiple of {self.gpus_per_node} GPUs per node"
+            )
+        if self.gpus_per_node % self.tensor_parallel:
+            raise ZeppelinArgsError(
+                f"--tensor-model-parallel-size {self.tensor_parallel} does not divide the "
+                f"{self.gpus_per_node} GPUs of a node: Zeppelin needs whole TP groups inside a node"
+            )
+        per_step = self.micro_batch_size * self.zeppelin_ranks
+        if self.global_batch_size % per_step:
+            raise ZeppelinArgsError(
+                f"--global-batch-size {self.global_batch_size} is not a multiple of --micro-batch-size "
+                f"{self.micro_batch_size} x {self.zeppelin_ranks} Zeppelin ranks = {per_step}"
+            )
+
+    @property
+    def nodes(self) -> int:
+        return self.world_size // self.gpus_per_node
+
+    @property
+    def zeppelin_ranks(self) -> int:
+        """N: ranks of one Zeppelin group (Megatron's data-parallel ranks of one TP rank)."""
+        return self.world_size // self.tensor_parallel
+
+    @property
+    def zeppelin_ranks_per_node(self) -> int:
+        return self.gpus_per_node // self.tensor_parallel
+
+    @property
+    def token_budget(self) -> int:
+        """Tokens of one micro-step over all Zeppelin ranks: ``mbs * seq_length * N``."""
+        return self.micro_batch_size * self.seq_length * self.zeppelin_ranks
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.zeppelin_ranks)
+
+    @property
+    def pad_to_multiple(self) -> int:
+        """Sequence parallelism splits each rank's tokens over TP: pad to a multiple of TP."""
+        return self.tensor_parallel if self.sequence_parallel else 1
+
+
+def _flag(args: argparse.Namespace, name: str, default: Any = None) -> Any:
+    return getattr(args, name, default)
+
+
+def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_node: int) -> ZeppelinParallel:
+    """Reject Megatron settings a Zeppelin run cannot serve; return the run's shape.
+
+    ``args`` is Megatron's parsed namespace (before or after Megatron's own
+    ``validate_args``); ``world_size`` and ``gpus_per_node`` come from the job
+    (``WORLD_SIZE`` and the cluster / ``LOCAL_WORLD_SIZE``). Every error names
+    the flag, its value and what Zeppelin needs.
+    """
+    problems: list[str] = []
+    pp = _flag(args, "pipeline_model_parallel_size", 1) or 1
+    if pp > 1:
+        problems.append(f"--pipeline-model-parallel-size {pp}: Zeppelin does not support pipeline "
+                        "parallelism; use 1 (scale with data and tensor parallelism)")
+    vpp = _flag(args, "num_layers_per_virtual_pipeline_stage") or _flag(args, "num_virtual_stages_per_pipeline_rank")
+    if vpp:
+        problems.append("virtual pipeline stages are not supported with --zeppelin")
+    cp = _flag(args, "context_parallel_size", 1) or 1
+    if cp > 1:
+        problems.append(f"--context-parallel-size {cp}: Zeppelin replaces context parallelism (it splits "
+                        "long sequences itself over its ranks); use 1")
+    if _flag(args, "hybrid_context_parallel", False):
+        problems.append("--hybrid-context-parallel cannot be combined with --zeppelin")
+    ep = _flag(args, "expert_model_parallel_size", 1) or 1
+    if _flag(args, "num_experts") or ep > 1:
+        problems.append("MoE (--num-experts / --expert-model-parallel-size) is not supported with --zeppelin yet")
+    if _flag(args, "use_legacy_models", False):
+        problems.append("--use-legacy-models: Zeppelin needs megatron-core models")
+    for name, flag in (("multi_latent_attention", "--multi-latent-attention"),
+                       ("experimental_attention_variant", "--experimental-attention-variant"),
+                       ("heterogeneous_layers_config_path", "--heterogeneous-layers-config-path"),
+                       ("mtp_num_layers", "--mtp-num-layers"),
+                       ("yaml_cfg", "--yaml-cfg"),
+                       ("rampup_batch_size", "--rampup-batch-size"),
+                       ("reset_position_ids", "--reset-position-ids"),
+                       ("reset_attention_mask", "--reset-attention-mask"),
+                       ("sft", "--sft"),
+                       ("fim_data", "--fim-data"),
+                       ("mock_data", "--mock-data")):
+        if _flag(args, name):
+            problems.append(f"{flag} is not supported with --zeppelin")
+    spec = _flag(args, "spec")
+    if spec and spec[0] != ZEPPELIN_SPEC_MODULE:
+        problems.append(f"--spec {' '.join(spec)}: Zeppelin builds its own layer spec; drop --spec")
+    backend = _flag(args, "attention_backend")
+    if backend is not None and getattr(backend, "name", str(backend)) == "local":
+        problems.append("--attention-backend local: Megatron requires --spec local with it, which replaces "
+                        "Zeppelin's core attention; keep the default (auto)")
+    if _flag(args, "position_embedding_type", "rope") not in ("rope", "learned_absolute", "none", None):
+        problems.append(f"--position-embedding-type {args.position_embedding_type}: Zeppelin supports rope, "
+                        "learned_absolute and none")
+    dl = _flag(args, "dataloader_type")
+    if dl not in (None, "external"):
+        problems.append(f"--dataloader-type {dl}: Zeppelin feeds Megatron its own iterator; "
+                        "use --dataloader-type external (the launcher sets it)")
+    if not _flag(args, "calculate_per_token_loss", False):
+        problems.append("Zeppelin needs --calculate-per-token-loss (tokens move between ranks, so the "
+                        "loss must be normalised by the global token count; the launcher sets it)")
+    data_path = _flag(args, "data_path")
+    train_path = _flag(args, "train_data_path")
+    if data_path and train_path:
+        problems.append("give --data-path or --train-data-path, not both")
+    paths = train_path or data_path
+    if not paths:
+        problems.append("Zeppelin needs --data-path PREFIX (an indexed dataset made by tools/preprocess_data.py)")
+    elif len(paths) != 1:
+        problems.append(f"--data-path {' '.join(paths)}: Zeppelin reads one dataset prefix, not a blend")
+    if (_flag(args, "eval_iters", 0) or 0) > 0 and _flag(args, "eval_interval") and not _flag(args, "valid_data_path"):
+        problems.append(f"--eval-iters {args.eval_iters}: Zeppelin evaluates on --valid-data-path PREFIX; "
+                        "give it, or --eval-iters 0")
+    for name, flag in (("valid_data_path", "--valid-data-path"), ("test_data_path", "--test-data-path")):
+        p = _flag(args, name)
+        if p and len(p) != 1:
+            problems.append(f"{flag} {' '.join(p)}: Zeppelin reads one dataset prefix, not a blend")
+    if problems:
+        raise ZeppelinArgsError("cannot run --zeppelin:\n  - " + "\n  - ".join(problems))
+    mbs = _flag(args, "micro_batch_size")
+    gbs = _flag(args, "global_batch_size")
+    tp = _flag(args, "tensor_model_parallel_size", 1) or 1
+    if gbs is None:  # Megatron's default: one micro-batch per data-parallel rank
+        gbs = (mbs or 1) * (world_size // tp)
+    return ZeppelinParallel(
+        world_size=world_size,
+        gpus_per_node=gpus_per_node,
+        tensor_parallel=tp,
+        micro_batch_size=mbs,
+        global_batch_size=gbs,
+        seq_length=_flag(args, "seq_length"),
+        sequence_parallel=bool(_flag(args, "sequence_parallel", False)),
+    )
