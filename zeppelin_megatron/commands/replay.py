@@ -1,0 +1,160 @@
+"""``zeppelin replay``: run each rank's planned compute on this device; measured vs predicted.
+
+For every strategy (or one plan JSON), every rank's attention kernel calls
+(the runtime engine's, forward then backward) and linear GEMMs run one rank
+after another on the local device with the real kernel backend. Printed per
+rank: MEASURED ms next to the cost model's PREDICTED ms (one layer), the
+prediction error, and the rank's total against perfect balance
+(total / ranks). Communication is not replayed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from .profile import add_model_arguments, model_from_args
+
+__all__ = ["HELP", "add_arguments", "run", "parse_ranks"]
+
+HELP = "replay each rank's planned attention and linear work on this device: measured vs predicted"
+
+REPLAY_SCHEMA = "zeppelin-replay/1"
+
+
+def parse_ranks(text: str, world: int) -> tuple[int, ...]:
+    """``"0-3,7"`` -> ``(0, 1, 2, 3, 7)``; every rank in ``[0, world)``."""
+    out: list[int] = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            lo, _, hi = item.partition("-")
+            a, b = int(lo), int(hi) if hi else int(lo)
+        except ValueError:
+            raise ValueError(f"--ranks: {item!r} is not a rank or a range a-b") from None
+        if not 0 <= a <= b < world:
+            raise ValueError(f"--ranks: {item!r} is outside [0, {world}) or reversed")
+        out += range(a, b + 1)
+    if not out:
+        raise ValueError(f"--ranks: no ranks in {text!r}")
+    return tuple(sorted(set(out)))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--plan", default=None, help="a zeppelin-plan/1 JSON (replayed as a ring plan)")
+    src.add_argument("--lengths", default=None, help="text file, one sequence length per line (plans each strategy)")
+    p.add_argument("--cluster", default=None,
+                   help="NODESxGPUS, a cluster YAML or NODESxGPUS@YAML (required with --lengths; with --plan "
+                        "default: the plan's NODESxGPUS with H100 defaults)")
+    p.add_argument("--strategies", default="zeppelin",
+                   help="comma-separated strategies (zeppelin_megatron.sim.strategies), e.g. zeppelin,te-cp")
+    p.add_argument("--profile", default=None,
+                   help="cost profile JSON for the predictions (default: bundled H100 bf16; on another device "
+                        "pass one measured there with `zeppelin profile`)")
+    add_model_arguments(p)
+    p.add_argument("--tokens-per-gpu", type=int, default=None, help="override the cluster's token capacity")
+    p.add_argument("--tensor-parallel", type=int, default=1, help="TP size: heads and GEMMs per rank divided by it")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--dtype", default=None, help="bf16 | fp16 | float32 | float64 (default: bf16 on CUDA, float32 "
+                                                 "on CPU)")
+    p.add_argument("--backend", default=None, help="attention backend (default: best usable)")
+    p.add_argument("--ranks", default=None, help="replay only these ranks, e.g. 0-7,12 (default: all)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repetitions per rank (median is kept)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs per rank before timing")
+    p.add_argument("--json", default=None, help="write machine-readable results (zeppelin-replay/1) here")
+    p.add_argument("--quiet", action="store_true", help="no per-rank progress lines")
+
+
+def _plans(args: argparse.Namespace, cost, cluster) -> list[tuple[str, object, str, str]]:  # noqa: ANN001
+    """(name, StepPlan, attention_comm, note) for each strategy of ``--strategies``."""
+    from ..planner import plan_step
+    from .plan import read_lengths
+
+    lengths = read_lengths(args.lengths)
+    names = [n.strip() for n in args.strategies.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"--strategies: no names in {args.strategies!r}")
+    try:
+        from ..sim.strategies import plan_with
+    except ImportError:  # the simulator package is optional here: Zeppelin's own planner still works
+        plan_with = None
+    out = []
+    for name in names:
+        if plan_with is None:
+            if name != "zeppelin":
+                raise ValueError(f"strategy {name!r} needs zeppelin_megatron.sim.strategies, which is not importable")
+            out.append((name, plan_step(lengths, cluster, cost), "ring", ""))
+        else:
+            sp = plan_with(name, lengths, cluster, cost)
+            out.append((sp.name, sp.plan, sp.attention_comm, sp.note))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..measure.replay import replay_plan
+    from ..measure.report import format_comparison, format_replay
+    from ..measure.timing import parse_dtype, resolve_device
+    from ..planner import CostModel, StepPlan, load_cluster, load_profile
+    from ..planner.predict import predict
+    from ..runtime.kernels import get_kernel
+
+    device = resolve_device(args.device)
+    dtype, dtype_name = parse_dtype(args.dtype, device)
+    model = model_from_args(args)
+    profile = load_profile(args.profile)
+    if args.plan is not None:
+        path = Path(args.plan)
+        if not path.is_file():
+            raise ValueError(f"plan file {args.plan!r} does not exist")
+        plan = StepPlan.from_json(path.read_text())
+        cluster = load_cluster(args.cluster or f"{plan.nodes}x{plan.gpus_per_node}", tokens_per_gpu=args.tokens_per_gpu)
+        if (cluster.nodes, cluster.gpus_per_node) != (plan.nodes, plan.gpus_per_node):
+            raise ValueError(f"the plan is for {plan.nodes}x{plan.gpus_per_node} GPUs but --cluster is "
+                             f"{cluster.nodes}x{cluster.gpus_per_node}")
+        cost = CostModel(model=model, cluster=cluster, profile=profile, tensor_parallel=args.tensor_parallel)
+        note = f"from {path}"
+        if plan.predicted is None or not plan.predicted.attention_ms:
+            plan = replace(plan, predicted=predict(plan, cost), validate=False)
+            note += " (predictions recomputed with --model/--profile)"
+        items = [("plan", plan, "ring", note)]
+    else:
+        if args.cluster is None:
+            raise ValueError("--lengths needs --cluster (NODESxGPUS, a YAML, or NODESxGPUS@YAML)")
+        cluster = load_cluster(args.cluster, tokens_per_gpu=args.tokens_per_gpu)
+        cost = CostModel(model=model, cluster=cluster, profile=profile, tensor_parallel=args.tensor_parallel)
+        items = _plans(args, cost, cluster)
+
+    kernel = get_kernel(args.backend, device, dtype)
+    print(f"replaying on {device} ({dtype_name}, backend {kernel.name}); predictions from profile "
+          f"{args.profile or 'bundled H100 bf16'} measured on {profile.device or 'unknown device'}"
+          " (compare only when that is this device)")
+    results = []
+    for name, plan, comm, note in items:
+        ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None  # type: ignore[attr-defined]
+        res = replay_plan(plan, model=model, kernel=kernel, dtype=dtype, device=device,  # type: ignore[arg-type]
+                          tensor_parallel=args.tensor_parallel, warmup=args.warmup, repeats=args.repeats,
+                          strategy=name, attention_comm=comm, note=note, ranks=ranks,
+                          progress=None if args.quiet else print)
+        print(format_replay(res, plan.gpus_per_node))  # type: ignore[attr-defined]
+        results.append(res)
+    if len(results) > 1:
+        print(format_comparison(results))
+    if args.json:
+        doc = {
+            "schema": REPLAY_SCHEMA,
+            "device": str(device), "dtype": dtype_name, "backend": kernel.name,
+            "profile": {"path": args.profile, "device": profile.device},
+            "model": {k: getattr(model, k) for k in ("name", "layers", "hidden", "q_heads", "kv_heads", "head_dim",
+                                                     "ffn")},
+            "tensor_parallel": args.tensor_parallel,
+            "cluster": f"{cluster.nodes}x{cluster.gpus_per_node}",
+            "strategies": [r.to_dict() for r in results],
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0

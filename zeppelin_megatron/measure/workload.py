@@ -1,0 +1,134 @@
+"""Each rank's planned attention kernel calls, as the runtime engine would make them.
+
+For ``attention_comm == "ring"`` (Zeppelin, TE CP) the calls come from the
+runtime itself: :func:`~zeppelin_megatron.runtime.engine.build_program` gives
+the rank's rings in queue order and its local sequences; for each ring the
+rank is a member of, step ``j`` calls the kernel on
+``RingCache.batch(layout.source(pos, j))`` (the exact :class:`VarlenBatch` of
+:func:`~zeppelin_megatron.runtime.ring.ring_forward`); then the local
+sequences form one causal call. Ranks that only relay routed traffic compute
+nothing, so routes are ignored here.
+
+Worked example: a ring over ranks (4, 1) holding one sequence of 8 tokens
+(chunks of 2). Rank 1 is position 1 and holds chunks 1, 2 (tokens [2, 6)):
+step 0 is ``ring_diag`` (causal, q = k = 4 tokens); step 1 has src = 0 < 1,
+``ring_early`` (q = 4 tokens against src's early chunk, 2 keys, full mask).
+Rank 4 (position 0, tokens [0, 2) + [6, 8)): step 0 ``ring_diag`` (4 x 4
+causal), step 1 src = 1 > 0, ``ring_late`` (q = its late chunk, 2 tokens,
+against src's 4 keys).
+
+Plans of other strategies (:mod:`zeppelin_megatron.sim.strategies`) keep the
+zigzag attention layout but communicate differently inside a group of ranks
+sharing sequences; their kernel calls, one per group:
+
+* ``allgather`` (K/V all-gathered over the group, as TE's all-gather CP): the
+  rank's early and late chunk of every sequence attend all keys up to their
+  own end, causal (bottom-right). Above, rank 4: segments q = [0, 2) vs k =
+  [0, 2) and q = [6, 8) vs k = [0, 8).
+* ``ulysses`` (all-to-all from token-split to head-split): every rank of a
+  group of ``g`` computes every sequence of the group whole, causal, with
+  ``Hq / g`` query and ``Hkv / g`` K/V heads (both must divide by ``g``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..planner.plan import StepPlan
+from ..runtime.engine import build_program
+from ..runtime.kernels import VarlenBatch
+from ..planner.zigzag import zigzag_ranges
+from ..runtime.ring import RingCache, RingLayout
+from .attention import KernelCall
+
+__all__ = ["RankWork", "rank_work", "ATTENTION_COMMS"]
+
+ATTENTION_COMMS: tuple[str, ...] = ("ring", "allgather", "ulysses")
+
+
+class _MembersOnly:
+    """Stand-in for the runtime's Router in :func:`build_program`: ring participants = ring members.
+
+    (A real Router adds relay ranks of routed hops; relays run no kernels.)
+    """
+
+    def participants(self, ring: tuple[int, ...]) -> frozenset[int]:
+        return frozenset(ring)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankWork:
+    """One rank's kernel calls (engine order) and its linear-layout token count."""
+
+    rank: int
+    calls: tuple[KernelCall, ...]
+    attention_tokens: int
+    linear_tokens: int
+
+
+def rank_work(
+    plan: StepPlan, rank: int, *, q_heads: int, kv_heads: int, device: torch.device, attention_comm: str = "ring",
+) -> RankWork:
+    """The kernel calls rank ``rank`` makes for one layer's attention under ``plan``."""
+    if attention_comm not in ATTENTION_COMMS:
+        raise ValueError(
+            f"replay of attention_comm={attention_comm!r} is not supported (supported: {list(ATTENTION_COMMS)})")
+    if not 0 <= rank < plan.world_size:
+        raise ValueError(f"rank {rank} is outside the plan's [0, {plan.world_size})")
+    program = build_program(plan, rank, _MembersOnly())  # type: ignore[arg-type]
+    calls: list[KernelCall] = []
+    queue = 0
+    for task in program.rings:
+        if task.position is None:
+            continue
+        if attention_comm == "ring":
+            calls += _ring_calls(task.layout, task.position, queue, q_heads, kv_heads, device)
+        elif attention_comm == "allgather":
+            calls.append(_allgather_call(task.layout, task.position, queue, q_heads, kv_heads, device))
+        else:
+            calls.append(_ulysses_call(task.layout, queue, q_heads, kv_heads, device))
+        queue += 1
+    if program.local_lens:
+        batch = VarlenBatch(lens_q=program.local_lens, lens_k=program.local_lens, causal=True, device=device)
+        calls.append(KernelCall(queue=queue, kind="local", step=0, batch=batch, q_heads=q_heads, kv_heads=kv_heads))
+    return RankWork(rank=rank, calls=tuple(calls), attention_tokens=program.tokens,
+                    linear_tokens=plan.tokens(rank, "linear"))
+
+
+def _ring_calls(layout: RingLayout, pos: int, queue: int, q_heads: int, kv_heads: int,
+                device: torch.device) -> list[KernelCall]:
+    """One call per ring step, the batch :func:`ring_forward` uses (``RingCache.batch``)."""
+    cache = RingCache(layout=layout, position=pos, device=device)
+    out = []
+    for step in range(layout.size):
+        src = layout.source(pos, step)
+        kind = "ring_diag" if src == pos else ("ring_early" if src < pos else "ring_late")
+        out.append(KernelCall(queue=queue, kind=kind, step=step, batch=cache.batch(src),
+                              q_heads=q_heads, kv_heads=kv_heads))
+    return out
+
+
+def _allgather_call(layout: RingLayout, pos: int, queue: int, q_heads: int, kv_heads: int,
+                    device: torch.device) -> KernelCall:
+    """Each held chunk attends keys ``[0, chunk end)`` of the gathered sequence (bottom-right causal)."""
+    lens_q: list[int] = []
+    lens_k: list[int] = []
+    for n in layout.lengths:
+        for start, end in zigzag_ranges(n, layout.size, pos):
+            lens_q.append(end - start)
+            lens_k.append(end)
+    batch = VarlenBatch(lens_q=tuple(lens_q), lens_k=tuple(lens_k), causal=True, device=device)
+    return KernelCall(queue=queue, kind="allgather", step=0, batch=batch, q_heads=q_heads, kv_heads=kv_heads)
+
+
+def _ulysses_call(layout: RingLayout, queue: int, q_heads: int, kv_heads: int, device: torch.device) -> KernelCall:
+    """Whole sequences of the group with ``1/g`` of the heads."""
+    g = layout.size
+    if q_heads % g or kv_heads % g:
+        raise ValueError(f"ulysses over a group of {g} ranks needs q_heads ({q_heads}) and kv_heads ({kv_heads}) "
+                         f"divisible by {g}")
+    batch = VarlenBatch(lens_q=layout.lengths, lens_k=layout.lengths, causal=True, device=device)
+    return KernelCall(queue=queue, kind="ulysses", step=0, batch=batch, q_heads=q_heads // g,
+                      kv_heads=kv_heads // g)
