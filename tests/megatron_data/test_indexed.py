@@ -33,6 +33,10 @@ def test_lengths_and_counts(written: WrittenDataset) -> None:
         "documents": len(lens), "sequences": len(kept), "tokens": int(ds.lengths.sum()),
         "truncated_documents": len(over), "truncated_tokens": sum(over), "skipped_documents": ds.skipped_documents,
     }
+    line = ds.describe()
+    assert f"{len(lens)} documents -> {len(kept)} sequences" in line
+    assert f"{len(over)} documents truncated at seq_length {SEQ_LENGTH} + 1 ({sum(over)} tokens dropped)" in line
+    assert f"{ds.skipped_documents} documents skipped" in line
     # a document of exactly seq_length + 1 tokens is whole, not truncated
     assert lens[3] == SEQ_LENGTH + 1 and ds.lengths[kept.index(3)] == SEQ_LENGTH
 

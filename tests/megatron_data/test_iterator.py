@@ -15,8 +15,6 @@ from zeppelin_megatron.megatron.data.iterator import (
     ZeppelinBatch,
     ZeppelinDataIterator,
     from_consumed_samples,
-    micro_step_budget,
-    micro_steps_per_step,
 )
 from zeppelin_megatron.megatron.data.sampler import TokenBudgetSampler
 
@@ -41,7 +39,7 @@ def dataset(written: WrittenDataset) -> DocumentDataset:
 # Two set-ups: Megatron's arithmetic (budget = mbs * seq_length * N = 512 tokens, all sequences
 # placed whole), and a tight capacity (56 tokens per GPU < seq_length) that forces zigzag splits.
 SETUPS = {
-    "megatron": (micro_step_budget(SEQ_LENGTH, MBS, N), 2 * MBS * SEQ_LENGTH),
+    "megatron": (MBS * SEQ_LENGTH * N, 2 * MBS * SEQ_LENGTH),
     "splits": (160, 56),
 }
 
@@ -74,6 +72,7 @@ def test_union_over_ranks_is_the_micro_step(written: WrittenDataset, dataset: Do
         b0 = batches[0]
         assert all(b.step == k and b.seq_ids == b0.seq_ids for b in batches)
         assert len({b.plan.digest() for b in batches}) == 1  # every rank computed the same plan
+        assert make_iter(dataset, setup, 0, prefetch=False).plan_for(k).digest() == b0.plan.digest()
         split_seen |= any(s.placement != "local" for s in b0.plan.sequences)
         expected = Counter()
         for sid in b0.seq_ids:
@@ -133,8 +132,8 @@ def test_resume_from_consumed_samples(dataset: DocumentDataset, prefetch: bool) 
     """Train k steps, 'checkpoint' consumed_train_samples, restart: the following batches are identical,
     and within each epoch no sequence is lost or repeated across the restart."""
     gbs = 2 * MBS * N  # 2 micro-steps per Megatron step
-    per_step = micro_steps_per_step(gbs, MBS, N)
-    sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=micro_step_budget(SEQ_LENGTH, MBS, N), seed=17)
+    per_step = gbs // (MBS * N)
+    sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=SETUPS["megatron"][0], seed=17)
     epoch0 = sampler.steps_per_epoch(0)
     total_steps = (epoch0 + 6) // per_step + 2  # run past the first epoch boundary
     for rank in (0, 2):
@@ -153,19 +152,15 @@ def test_resume_from_consumed_samples(dataset: DocumentDataset, prefetch: bool) 
     assert sorted(before + after) == list(range(len(dataset)))
 
 
-def test_budget_helpers() -> None:
-    assert micro_step_budget(8192, 1, 32) == 262144
-    assert micro_steps_per_step(128, 1, 32) == 4
-    assert from_consumed_samples(1280, 1, 32) == 40
+def test_from_consumed_samples() -> None:
+    assert from_consumed_samples(1280, 1, 32) == 40  # the worked example of iterator.py
     assert from_consumed_samples(0, 2, 4) == 0
     with pytest.raises(DataError, match=r"consumed_samples = 12 is not a multiple of .* 2 x 4 = 8"):
         from_consumed_samples(12, 2, 4)
-    with pytest.raises(DataError, match=r"global_batch_size = 20 is not divisible by .* 2 x 4 = 8"):
-        micro_steps_per_step(20, 2, 4)
     with pytest.raises(DataError, match="consumed_samples must be a non-negative integer"):
         from_consumed_samples(-8, 2, 4)
     with pytest.raises(DataError, match="n_ranks must be a positive integer, got 0"):
-        micro_step_budget(8, 1, 0)
+        from_consumed_samples(8, 1, 0)
 
 
 class Boom(RuntimeError):

@@ -174,6 +174,15 @@ class DocumentDataset:
             "skipped_documents": self.skipped_documents,
         }
 
+    def describe(self) -> str:
+        """One log line: documents, sequences, tokens, truncations, skips."""
+        return (
+            f"zeppelin data: {self.prefix}: {self.num_documents} documents -> {len(self)} sequences, "
+            f"{self.total_tokens} tokens; {self.truncated_documents} documents truncated at "
+            f"seq_length {self.seq_length} + 1 ({self.truncated_tokens} tokens dropped); "
+            f"{self.skipped_documents} documents skipped (fewer than 2 tokens)"
+        )
+
     def read(self, seq: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """Tokens ``[start, end)`` of training sequence ``seq`` and their labels.
 

@@ -7,6 +7,8 @@ global budget of ``micro_batch_size * seq_length * N`` tokens, and a Megatron
 step runs ``global_batch_size / (micro_batch_size * N)`` micro-steps.
 Megatron's ``consumed_train_samples`` grows by ``global_batch_size`` per step,
 so training resumes at micro-step ``consumed_samples // (micro_batch_size * N)``.
+(The run's budget and micro-step count are ``ZeppelinParallel.token_budget`` and
+``.num_micro_batches`` in :mod:`zeppelin_megatron.megatron.arguments`.)
 
 Worked example: ``seq_length = 8192``, ``micro_batch_size = 1``, DP 4 x CP 8
 (``N = 32``), ``global_batch_size = 128``: budget ``1 * 8192 * 32 = 262144``
@@ -34,34 +36,13 @@ from .sampler import TokenBudgetSampler
 if TYPE_CHECKING:
     from ...planner import StepPlan
 
-__all__ = [
-    "ZeppelinBatch", "ZeppelinDataIterator", "from_consumed_samples", "micro_step_budget",
-    "micro_steps_per_step",
-]
+__all__ = ["ZeppelinBatch", "ZeppelinDataIterator", "from_consumed_samples"]
 
 
 def _positive(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise DataError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
-
-
-def micro_step_budget(seq_length: int, micro_batch_size: int, n_ranks: int) -> int:
-    """Tokens of one micro-step: ``micro_batch_size * seq_length * n_ranks``."""
-    return _positive("seq_length", seq_length) * _positive("micro_batch_size", micro_batch_size) * \
-        _positive("n_ranks", n_ranks)
-
-
-def micro_steps_per_step(global_batch_size: int, micro_batch_size: int, n_ranks: int) -> int:
-    """Micro-steps of one Megatron step: ``global_batch_size / (micro_batch_size * n_ranks)``."""
-    gbs, per = _positive("global_batch_size", global_batch_size), \
-        _positive("micro_batch_size", micro_batch_size) * _positive("n_ranks", n_ranks)
-    if gbs % per:
-        raise DataError(
-            f"global_batch_size = {gbs} is not divisible by micro_batch_size x zeppelin ranks = "
-            f"{micro_batch_size} x {n_ranks} = {per}"
-        )
-    return gbs // per
 
 
 def from_consumed_samples(consumed_samples: int, micro_batch_size: int, n_ranks: int) -> int:
