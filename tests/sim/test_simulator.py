@@ -1,0 +1,136 @@
+"""Simulator against hand-computed cases: one flow, shared NIC, max-min, ring, overlap."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from zeppelin_megatron.planner import Cluster, CostModel, load_model
+from zeppelin_megatron.sim.network import Flow, FluidNetwork
+from zeppelin_megatron.sim.planbuild import build_plan
+from zeppelin_megatron.sim.program import Hop, LayerProgram, Op, Transfer
+from zeppelin_megatron.sim.simulator import link_capacities, simulate, simulate_program
+
+
+def _run(net: FluidNetwork) -> dict[object, float]:
+    done = {}
+    while True:
+        t = net.next_event_time()
+        if t == math.inf:
+            return done
+        for f in net.advance(t):
+            done[f.tag] = f.done_at
+
+
+def test_one_flow_is_latency_plus_bytes_over_bandwidth() -> None:
+    net = FluidNetwork({"a": 10.0})
+    net.start(Flow(50.0, ("a",), 0.5, tag="x"))
+    assert _run(net)["x"] == pytest.approx(0.5 + 5.0)
+
+
+def test_two_flows_share_a_resource_equally() -> None:
+    net = FluidNetwork({"nic": 10.0})
+    net.start(Flow(50.0, ("nic",), 0.0, tag="x"))
+    net.start(Flow(50.0, ("nic",), 0.0, tag="y"))
+    done = _run(net)
+    assert done["x"] == pytest.approx(10.0) and done["y"] == pytest.approx(10.0)
+
+
+def test_max_min_fair_progressive_filling() -> None:
+    # A uses r1 (cap 10) and r2 (cap 4); B uses r2; C uses r1.
+    # r2 is the bottleneck: A = B = 2; C gets the rest of r1: 8.
+    # A, B move 20 bytes: done at 10. C moves 40 bytes: 8/ms until A leaves r1
+    # at t = 10 (40 bytes would take 5 ms) -> C done at 5.
+    net = FluidNetwork({"r1": 10.0, "r2": 4.0})
+    net.start(Flow(20.0, ("r1", "r2"), 0.0, tag="A"))
+    net.start(Flow(20.0, ("r2",), 0.0, tag="B"))
+    net.start(Flow(40.0, ("r1",), 0.0, tag="C"))
+    done = _run(net)
+    assert done["C"] == pytest.approx(5.0)
+    assert done["A"] == pytest.approx(10.0) and done["B"] == pytest.approx(10.0)
+
+
+def test_rates_rise_when_a_flow_leaves() -> None:
+    # Two flows on one 10 B/ms link: 10 and 30 bytes. Both at 5 until t = 2
+    # (first done), then the second alone at 10: 30 - 10 = 20 left -> t = 4.
+    net = FluidNetwork({"l": 10.0})
+    net.start(Flow(10.0, ("l",), 0.0, tag="s"))
+    net.start(Flow(30.0, ("l",), 0.0, tag="t"))
+    done = _run(net)
+    assert done["s"] == pytest.approx(2.0) and done["t"] == pytest.approx(4.0)
+
+
+def _cluster(nodes: int, gpus: int, nics: int, gpu_nic: tuple[int, ...]) -> Cluster:
+    return Cluster(nodes=nodes, gpus_per_node=gpus, nics_per_node=nics, gpu_nic=gpu_nic, nvlink_GBps=400.0,
+                   nic_Gbps=400.0, tokens_per_gpu=1 << 20, nvlink_latency_us=5.0, nic_latency_us=10.0)
+
+
+def _cost(cluster: Cluster, layers: int = 1) -> CostModel:
+    model = load_model(None)
+    from dataclasses import replace
+    return CostModel(model=replace(model, layers=layers), cluster=cluster)
+
+
+def test_nic_shared_by_two_gpus_gives_each_half() -> None:
+    # 2 nodes x 2 GPUs, one NIC per node: GPUs 0 and 1 send 1 GB each to 2 and 3.
+    cl = _cluster(2, 2, 1, (0, 0))
+    cost = _cost(cl)
+    nbytes = 1e9
+    t = Transfer(("x",), "ring", [[Hop(0, 2, nbytes, "nic")], [Hop(1, 3, nbytes, "nic")]])
+    ops = [[Op("post", key=("x",)), Op("wait", key=("x",), kind="ring")] for _ in range(4)]
+    res = simulate_program(LayerProgram(ops, {("x",): t}), cost)
+    _, nic = link_capacities(cost)
+    assert nic == pytest.approx(50e6)  # 400 Gb/s = 50 GB/s = 5e7 bytes/ms
+    expected = 10e-3 + 2 * nbytes / nic  # latency, then half of the NIC each
+    assert res.layer_ms == pytest.approx(expected)
+    # And alone: half the time.
+    t1 = Transfer(("x",), "ring", [[Hop(0, 2, nbytes, "nic")]])
+    res1 = simulate_program(LayerProgram(ops, {("x",): t1}), cost)
+    assert res1.layer_ms == pytest.approx(10e-3 + nbytes / nic)
+    assert res.nic_util[(0, 0)] == pytest.approx(2 * nbytes / nic / expected)
+
+
+def test_full_overlap_and_no_overlap() -> None:
+    cl = _cluster(1, 2, 2, (0, 1))
+    cost = _cost(cl)
+    nvl, _ = link_capacities(cost)
+    nbytes = 10.0 * nvl  # 10 ms on NVLink (+ 5 us latency)
+    comm = 5e-3 + 10.0
+    t = {("x",): Transfer(("x",), "ring", [[Hop(0, 1, nbytes, "nvl")]])}
+    overlap = [[Op("post", key=("x",)), Op("compute", 25.0, "attention"), Op("wait", key=("x",), kind="ring")]
+               for _ in range(2)]
+    res = simulate_program(LayerProgram(overlap, t), cost)
+    assert res.layer_ms == pytest.approx(25.0)          # transfer fully hidden
+    assert res.exposed_comm_ms == pytest.approx(0.0)
+    serial = [[Op("post", key=("x",)), Op("wait", key=("x",), kind="group"), Op("compute", 25.0, "attention")]
+              for _ in range(2)]
+    res = simulate_program(LayerProgram(serial, t), cost)
+    assert res.layer_ms == pytest.approx(comm + 25.0)   # nothing hidden
+    assert res.exposed_comm_ms == pytest.approx(comm)
+    assert res.wait_ms == (pytest.approx(comm), pytest.approx(comm))
+    partial = [[Op("post", key=("x",)), Op("compute", 4.0, "attention"), Op("wait", key=("x",), kind="ring")]
+               for _ in range(2)]
+    res = simulate_program(LayerProgram(partial, t), cost)
+    assert res.layer_ms == pytest.approx(comm)           # 4 ms hidden, the rest exposed
+    assert res.exposed_comm_ms == pytest.approx(comm - 4.0)
+
+
+def test_one_ring_matches_hand_computation() -> None:
+    # One sequence of 16 384 tokens over a 2-GPU ring (1 node), no remap.
+    cl = _cluster(1, 2, 2, (0, 1))
+    cost = _cost(cl, layers=3)
+    plan = build_plan([16384], [(0, 1)], cl, cost)
+    res = simulate(plan, cost)
+    o = cost.call_overhead_ms
+    diag, off = cost.ring_compute_profile(16384, 2)
+    nvl, _ = link_capacities(cost)
+    comm = 5e-3 + 3 * cost.ring_step_bytes(16384, 2) / nvl
+    lin = cost.linear_ms(8192)
+    # linear/2, step 0 (transfer overlapped with the diagonal), step 1 (no transfer), linear/2.
+    layer = lin / 2 + max(max(diag, o), comm) + max(off, o) + lin / 2
+    assert res.layer_ms == pytest.approx(layer)
+    assert res.step_ms == pytest.approx(3 * layer)
+    assert res.compute_ms[0] == pytest.approx(3 * (lin + max(diag, o) + max(off, o)))
+    kinds = [e.kind for e in res.events if e.rank == 0]
+    assert kinds[0] == "linear" and kinds[-1] == "linear" and "attention" in kinds
