@@ -2,17 +2,17 @@
 
 Budget arithmetic (Megatron semantics kept). One Megatron *sample* is a budget
 of ``seq_length`` tokens. The Zeppelin group is the ``N`` ranks of one TP rank
-(Megatron's data-parallel ranks; ``rank`` below is the index in it); a Megatron micro-batch across it is one Zeppelin *micro-step* with a
-global budget of ``micro_batch_size * seq_length * N`` tokens, and a Megatron
-step runs ``global_batch_size / (micro_batch_size * N)`` micro-steps.
+(Megatron's data-parallel ranks; ``rank`` below is the index in it). A Megatron
+micro-batch across it is one Zeppelin *micro-step* with a global budget of
+``micro_batch_size * seq_length * N`` tokens, and a Megatron step runs ``global_batch_size / (micro_batch_size * N)`` micro-steps.
 Megatron's ``consumed_train_samples`` grows by ``global_batch_size`` per step,
 so training resumes at micro-step ``consumed_samples // (micro_batch_size * N)``.
 (The run's budget and micro-step count are ``ZeppelinParallel.token_budget`` and
 ``.num_micro_batches`` in :mod:`zeppelin_megatron.megatron.arguments`.)
 
 Worked example: ``seq_length = 8192``, ``micro_batch_size = 1``, 4 nodes x 8
-GPUs at TP 1 (``N = 32``), ``global_batch_size = 128``: budget ``1 * 8192 * 32 = 262144``
-tokens per micro-step, ``128 / 32 = 4`` micro-steps per step; a checkpoint at
+GPUs at TP 1 (``N = 32``), ``global_batch_size = 128``: budget
+``1 * 8192 * 32 = 262144`` tokens per micro-step, ``128 / 32 = 4`` micro-steps per step; a checkpoint at
 ``consumed_train_samples = 1280`` (10 steps) resumes at micro-step ``1280 / 32 = 40``.
 
 Every rank runs the same pure planner on the same micro-step, so all ranks
