@@ -8,8 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("megatron.core")
-
 
 @dataclass(frozen=True)
 class WrittenDataset:
@@ -20,6 +18,7 @@ class WrittenDataset:
 def write_indexed(path: Path, documents: list[np.ndarray], *, items: dict[int, list[int]] | None = None,
                   dtype: type = np.uint16) -> str:
     """Write ``documents`` as ``path.bin``/``path.idx``; ``items[j]`` splits document ``j`` into items."""
+    pytest.importorskip("megatron.core", reason="writing an indexed dataset needs megatron-core")
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     prefix = str(path)

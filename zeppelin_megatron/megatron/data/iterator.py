@@ -4,7 +4,8 @@ Budget arithmetic (Megatron semantics kept). One Megatron *sample* is a budget
 of ``seq_length`` tokens. The Zeppelin group is the ``N`` ranks of one TP rank
 (Megatron's data-parallel ranks; ``rank`` below is the index in it). A Megatron
 micro-batch across it is one Zeppelin *micro-step* with a global budget of
-``micro_batch_size * seq_length * N`` tokens, and a Megatron step runs ``global_batch_size / (micro_batch_size * N)`` micro-steps.
+``micro_batch_size * seq_length * N`` tokens, and a Megatron step runs
+``global_batch_size / (micro_batch_size * N)`` micro-steps.
 Megatron's ``consumed_train_samples`` grows by ``global_batch_size`` per step,
 so training resumes at micro-step ``consumed_samples // (micro_batch_size * N)``.
 (The run's budget and micro-step count are ``ZeppelinParallel.token_budget`` and
