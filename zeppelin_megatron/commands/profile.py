@@ -15,7 +15,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-__all__ = ["HELP", "add_arguments", "run", "parse_int_list", "model_from_args"]
+__all__ = ["HELP", "add_arguments", "run", "parse_int_list", "model_from_args", "apply_threads"]
 
 HELP = "measure the attention/linear/link cost profile of this machine and write its JSON"
 
@@ -37,6 +37,23 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
     if not out:
         raise ValueError(f"{what}: no values in {text!r}")
     return tuple(out)
+
+
+def add_threads_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU intra-op threads for torch (default: torch's choice); 1 gives steadier CPU timings "
+                        "on a busy machine")
+
+
+def apply_threads(threads: int | None) -> None:
+    """Set torch's intra-op thread count (``None``: leave it)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -87,6 +104,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens per attention call: num_seqs = tokens // length (default: 131072 on CUDA, "
                         "the longest length on CPU)")
     add_model_arguments(p)
+    add_threads_argument(p)
     p.add_argument("--repeats", type=int, default=10, help="timed repetitions per row (median is kept)")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs before timing")
     p.add_argument("--no-blocks", action="store_true", help="skip the ring_blocks table")
@@ -110,8 +128,9 @@ def run(args: argparse.Namespace) -> int:
 
     from ..measure.links import measure_links
     from ..measure.profiler import GPU_LENGTHS, GPU_LINEAR_TOKENS, GPU_TOKENS_PER_CALL, ProfileOptions, measure_profile
-    from ..measure.timing import parse_dtype, resolve_device
+    from ..measure.timing import kernel_for, parse_dtype, resolve_device
 
+    apply_threads(args.threads)
     rank, world, local_rank, local_world = _distributed_env()
     if world > 1 and torch.cuda.is_available() and args.device in ("auto", "cuda"):
         torch.cuda.set_device(local_rank)
@@ -127,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
                           dtype=dtype, dtype_name=dtype_name, device=device, backend=args.backend,
                           warmup=args.warmup, repeats=args.repeats, blocks=not args.no_blocks)
 
+    kernel_for(args.backend, device, dtype)  # an unusable backend fails now, not after the link timings
     links = None
     if world > 1:
         dist.init_process_group("nccl" if on_gpu else "gloo")

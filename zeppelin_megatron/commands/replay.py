@@ -15,7 +15,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from .profile import add_model_arguments, model_from_args
+from .profile import add_model_arguments, add_threads_argument, apply_threads, model_from_args
 
 __all__ = ["HELP", "add_arguments", "run", "parse_ranks"]
 
@@ -63,6 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="bf16 | fp16 | float32 | float64 (default: bf16 on CUDA, float32 "
                                                  "on CPU)")
     p.add_argument("--backend", default=None, help="attention backend (default: best usable)")
+    add_threads_argument(p)
     p.add_argument("--ranks", default=None, help="replay only these ranks, e.g. 0-7,12 (default: all)")
     p.add_argument("--repeats", type=int, default=3, help="timed repetitions per rank (median is kept)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per rank before timing")
@@ -98,14 +99,15 @@ def _plans(args: argparse.Namespace, cost, cluster) -> list[tuple[str, object, s
 def run(args: argparse.Namespace) -> int:
     from ..measure.replay import replay_plan
     from ..measure.report import format_comparison, format_replay
-    from ..measure.timing import parse_dtype, resolve_device
+    from ..measure.timing import kernel_for, parse_dtype, resolve_device
     from ..planner import CostModel, StepPlan, load_cluster, load_profile
     from ..planner.predict import predict
-    from ..runtime.kernels import get_kernel
 
+    apply_threads(args.threads)
     device = resolve_device(args.device)
     dtype, dtype_name = parse_dtype(args.dtype, device)
     model = model_from_args(args)
+    kernel = kernel_for(args.backend, device, dtype)
     profile = load_profile(args.profile)
     if args.plan is not None:
         path = Path(args.plan)
@@ -129,7 +131,6 @@ def run(args: argparse.Namespace) -> int:
         cost = CostModel(model=model, cluster=cluster, profile=profile, tensor_parallel=args.tensor_parallel)
         items = _plans(args, cost, cluster)
 
-    kernel = get_kernel(args.backend, device, dtype)
     print(f"replaying on {device} ({dtype_name}, backend {kernel.name}); predictions from profile "
           f"{args.profile or 'bundled H100 bf16'} measured on {profile.device or 'unknown device'}"
           " (compare only when that is this device)")

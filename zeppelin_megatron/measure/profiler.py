@@ -31,11 +31,11 @@ import torch
 
 from ..planner.model import ModelShape
 from ..planner.profile import PROFILE_SCHEMA, parse_profile
-from ..runtime.kernels import VarlenBatch, get_kernel
+from ..runtime.kernels import VarlenBatch
 from .attention import AttentionWork, KernelCall
 from .linear import LinearWork
 from .links import LinkResult
-from .timing import time_ms
+from .timing import kernel_for, time_ms
 
 __all__ = ["ProfileOptions", "measure_profile", "GPU_LENGTHS", "GPU_LINEAR_TOKENS", "GPU_TOKENS_PER_CALL"]
 
@@ -97,7 +97,7 @@ def measure_profile(
     """Measure and return the profile document (already validated by :func:`parse_profile`)."""
     say = progress or (lambda _msg: None)
     dev, m = opts.device, opts.model
-    kernel = get_kernel(opts.backend, dev, opts.dtype)
+    kernel = kernel_for(opts.backend, dev, opts.dtype)
     hq, hkv, d = m.q_heads, m.kv_heads, m.head_dim
 
     def attention_ms(lens_q: tuple[int, ...], lens_k: tuple[int, ...], causal: bool) -> float:
@@ -158,7 +158,8 @@ def measure_profile(
         "software": {"torch": torch.__version__, "python": platform.python_version(),
                      "cuda": torch.version.cuda, "platform": sys.platform},
         "measurement": {"backend": kernel.name, "warmup": opts.warmup, "repeats": opts.repeats,
-                        "statistic": "median", "timer": timing, "tokens_per_call": opts.tokens_per_call},
+                        "statistic": "median", "timer": timing, "tokens_per_call": opts.tokens_per_call,
+                        "cpu_threads": torch.get_num_threads()},
     }
     if block_rows:
         doc["ring_blocks"] = {"q_heads": hq, "kv_heads": hkv, "head_dim": d, "rows": block_rows}

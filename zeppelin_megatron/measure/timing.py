@@ -17,7 +17,10 @@ from typing import Callable
 
 import torch
 
-__all__ = ["Timing", "time_ms", "synchronize", "resolve_device", "parse_dtype", "DTYPE_NAMES"]
+from ..runtime.errors import BackendUnavailableError
+from ..runtime.kernels import AttentionKernel, get_kernel
+
+__all__ = ["Timing", "time_ms", "synchronize", "resolve_device", "parse_dtype", "kernel_for", "DTYPE_NAMES"]
 
 # CLI name -> (torch dtype, profile dtype string understood by planner.profile)
 DTYPE_NAMES: dict[str, tuple[torch.dtype, str]] = {
@@ -120,3 +123,11 @@ def parse_dtype(name: str | None, device: torch.device) -> tuple[torch.dtype, st
     if hit is None:
         raise ValueError(f"dtype {name!r} is not one of {sorted(DTYPE_NAMES)}")
     return hit
+
+
+def kernel_for(name: str | None, device: torch.device, dtype: torch.dtype) -> AttentionKernel:
+    """:func:`get_kernel`, with an unusable backend reported as a ``ValueError`` (a bad-input error)."""
+    try:
+        return get_kernel(name, device, dtype)
+    except BackendUnavailableError as exc:
+        raise ValueError(str(exc)) from None

@@ -1,0 +1,213 @@
+"""`zeppelin replay` on CPU: each rank replays exactly its planned work; report structure; strategies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from zeppelin_megatron.cli import main
+from zeppelin_megatron.measure import format_comparison, format_replay, rank_work, replay_plan
+from zeppelin_megatron.measure.attention import call_pairs
+from zeppelin_megatron.planner import CostModel, StepPlan, load_cluster, load_model, plan_step
+from zeppelin_megatron.runtime.kernels import get_kernel
+from zeppelin_megatron.sim.planbuild import build_plan
+from zeppelin_megatron.sim.strategies import plan_with
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs/models/tiny.yaml"
+CPU = torch.device("cpu")
+# A long-tailed batch for 2 nodes x 4 GPUs: a few long sequences that get split, many short ones.
+LENGTHS = [700, 260, 150, 90, 60, 40, 33, 30, 24, 20, 17, 16, 12, 9, 8, 6, 5, 3, 2, 1]
+
+
+@pytest.fixture(scope="module")
+def setup() -> tuple[Any, CostModel]:
+    cluster = load_cluster("2x4", tokens_per_gpu=400)
+    return cluster, CostModel(model=load_model(str(TINY)), cluster=cluster)
+
+
+def expected_head_pairs(plan: StepPlan, rank: int, heads: int) -> int:
+    """Independent of the engine: each held query token t attends keys 0..t of its sequence (t + 1 pairs)."""
+    return heads * sum((end * (end + 1) - start * (start + 1)) // 2 for _, start, end in plan.attention_layout[rank])
+
+
+def check_ring_work(plan: StepPlan, heads: int, kv_heads: int) -> None:
+    total = 0
+    for r in range(plan.world_size):
+        work = rank_work(plan, r, q_heads=heads, kv_heads=kv_heads, device=CPU)
+        rings = [ring for ring in plan.rings if r in ring.ranks]
+        has_local = any(s.placement == "local" and s.ranks == (r,) for s in plan.sequences)
+        # one call per ring step of every ring the rank is in, then one local call
+        assert len(work.calls) == sum(len(ring.ranks) for ring in rings) + has_local
+        assert [c.kind for c in work.calls].count("local") == has_local
+        # diagonal steps + the local call cover the rank's attention-layout tokens exactly once
+        own = [c for c in work.calls if c.kind in ("ring_diag", "local")]
+        assert sum(c.q_tokens for c in own) == plan.tokens(r, "attention") == work.attention_tokens
+        assert work.linear_tokens == plan.tokens(r, "linear")
+        # all steps together compute exactly the causal (query, key) pairs of the rank's tokens
+        head_pairs = sum(call_pairs(c.batch) * c.q_heads for c in work.calls)
+        assert head_pairs == expected_head_pairs(plan, r, heads)
+        total += head_pairs
+    assert total == heads * sum(s.length * (s.length + 1) // 2 for s in plan.sequences)
+
+
+def test_zeppelin_plan_work_covers_exactly_the_planned_tokens(setup: tuple[Any, CostModel]) -> None:
+    cluster, cost = setup
+    plan = plan_step(LENGTHS, cluster, cost)
+    assert {s.placement for s in plan.sequences} >= {"local", "intra_node"}
+    check_ring_work(plan, 2, 1)
+
+
+def test_te_cp_plan_work_covers_exactly_the_planned_tokens(setup: tuple[Any, CostModel]) -> None:
+    cluster, cost = setup
+    sp = plan_with("te-cp", LENGTHS, cluster, cost, cp_size=8)
+    assert sp.attention_comm == "ring" and any(len(s.ranks) == 8 for s in sp.plan.sequences)
+    check_ring_work(sp.plan, 2, 1)
+
+
+def test_allgather_and_ulysses_calls_cover_the_causal_work(setup: tuple[Any, CostModel]) -> None:
+    cluster, cost = setup
+    lengths = [96, 40, 33, 7, 3]
+    groups = [(0, 1, 4, 5), (2, 3), (2, 3), (6,), (7,)]
+    plan = build_plan(lengths, groups, cluster, cost)
+    full = sum(s * (s + 1) // 2 for s in lengths)
+    for comm, heads, kv in (("allgather", 2, 1), ("ulysses", 8, 4)):
+        total = 0
+        for r in range(plan.world_size):
+            work = rank_work(plan, r, q_heads=heads, kv_heads=kv, device=CPU, attention_comm=comm)
+            pairs = sum(call_pairs(c.batch) * c.q_heads for c in work.calls)
+            if comm == "allgather":  # each rank: its own queries against all earlier keys
+                assert pairs == expected_head_pairs(plan, r, heads)
+            total += pairs
+        assert total == heads * full, comm
+    # ulysses on rank 2 (group of 2 holding sequences 40 and 33): both whole, half the heads
+    (call,) = rank_work(plan, 2, q_heads=8, kv_heads=4, device=CPU, attention_comm="ulysses").calls
+    assert call.batch.lens_q == (40, 33) and (call.q_heads, call.kv_heads) == (4, 2)
+    with pytest.raises(ValueError, match=r"needs q_heads \(2\) and kv_heads \(1\) divisible by 2"):
+        rank_work(plan, 2, q_heads=2, kv_heads=1, device=CPU, attention_comm="ulysses")
+    with pytest.raises(ValueError, match="attention_comm='bogus' is not supported"):
+        rank_work(plan, 0, q_heads=2, kv_heads=1, device=CPU, attention_comm="bogus")
+
+
+class Recorder:
+    """Reference kernel that records every call (direction, batch, tensor shapes)."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.inner = get_kernel("reference", CPU, torch.float32)
+        self.log: list[tuple[str, Any, tuple[int, ...], tuple[int, ...]]] = []
+
+    def forward(self, q, k, v, batch, scale):  # type: ignore[no-untyped-def]
+        self.log.append(("fwd", batch, tuple(q.shape), tuple(k.shape)))
+        return self.inner.forward(q, k, v, batch, scale)
+
+    def backward(self, dout, q, k, v, out, lse, batch, scale):  # type: ignore[no-untyped-def]
+        assert out.shape == q.shape and lse.shape == q.shape[:2]
+        self.log.append(("bwd", batch, tuple(q.shape), tuple(k.shape)))
+        return self.inner.backward(dout, q, k, v, out, lse, batch, scale)
+
+
+def test_replay_runs_each_ranks_calls_forward_then_backward(setup: tuple[Any, CostModel]) -> None:
+    cluster, cost = setup
+    model = cost.model
+    plan = plan_step(LENGTHS, cluster, cost)
+    rec = Recorder()
+    res = replay_plan(plan, model=model, kernel=rec, dtype=torch.float32, device=CPU, warmup=0, repeats=1)
+    assert len(res.ranks) == 8 and res.attention_comm == "ring" and res.layers == model.layers
+    pos = 0
+    for row in res.ranks:
+        work = rank_work(plan, row.rank, q_heads=2, kv_heads=1, device=CPU)
+        n = len(work.calls)
+        fwd, bwd = rec.log[pos:pos + n], rec.log[pos + n:pos + 2 * n]
+        pos += 2 * n
+        assert [e[0] for e in fwd] == ["fwd"] * n and [e[0] for e in bwd] == ["bwd"] * n
+        for call, f, b in zip(work.calls, fwd, bwd):
+            assert f[1].lens_q == b[1].lens_q == call.batch.lens_q
+            assert f[1].lens_k == b[1].lens_k == call.batch.lens_k and f[1].causal == call.batch.causal
+            assert f[2] == (call.q_tokens, 2, 16) and f[3] == (call.k_tokens, 1, 16)
+        assert row.calls == n and row.attention_tokens == plan.tokens(row.rank, "attention")
+        assert row.linear_tokens == plan.tokens(row.rank, "linear")
+        assert row.head_pairs == expected_head_pairs(plan, row.rank, 2)
+        assert row.attention_ms >= 0 and row.linear_ms > 0
+        assert row.predicted_attention_ms == pytest.approx(plan.predicted.attention_ms[row.rank] / model.layers)
+        assert row.predicted_linear_ms == pytest.approx(plan.predicted.linear_ms[row.rank] / model.layers)
+        if row.predicted_attention_ms > 0:
+            assert row.error("attention") == pytest.approx(row.attention_ms / row.predicted_attention_ms - 1)
+        else:  # a rank without attention work: nothing to compare against
+            assert row.calls == 0 and row.error("attention") is None
+    assert pos == len(rec.log)
+    s = res.summary()
+    totals = [r.total_ms for r in res.ranks]
+    assert s["total"]["max_ms"] == max(totals) and s["total"]["perfect_balance_ms"] == pytest.approx(sum(totals) / 8)
+    assert s["total"]["slowest_rank"] == totals.index(max(totals))
+    assert s["attention"]["max_over_mean"] >= 1.0
+    text = format_replay(res, 4)
+    assert "communication (ring hops, routing, remap all-to-alls) is not replayed" in text
+    assert "predicted: cost model" in text and len([ln for ln in text.splitlines() if ln[:4].strip().isdigit()]) == 8
+    assert "comparison" in format_comparison([res, res])
+
+
+def test_replay_cli_strategies_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(map(str, [300, 120, 40, 30, 20, 12, 9, 5, 3, 1])) + "\n")
+    out = tmp_path / "replay.json"
+    rc = main(["replay", "--lengths", str(lengths), "--cluster", "2x4", "--tokens-per-gpu", "200",
+               "--model", str(TINY), "--strategies", "zeppelin,te-cp", "--device", "cpu", "--repeats", "1",
+               "--warmup", "0", "--json", str(out), "--quiet"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "== zeppelin" in text and "== te-cp" in text and "== comparison" in text
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "zeppelin-replay/1" and doc["cluster"] == "2x4" and doc["model"]["name"] == "tiny"
+    assert [s["strategy"] for s in doc["strategies"]] == ["zeppelin", "te-cp"]
+    for strat in doc["strategies"]:
+        assert "not replayed" in strat["communication"] and len(strat["ranks"]) == 8
+        assert sum(r["attention_tokens"] for r in strat["ranks"]) == 540
+        assert set(strat["summary"]) == {"attention", "linear", "total"}
+        for r in strat["ranks"]:
+            assert r["predicted_attention_ms"] is not None and r["error_total"] is not None
+
+
+def test_replay_cli_plan_json_without_prediction(tmp_path: Path, setup: tuple[Any, CostModel],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    cluster, cost = setup
+    plan = plan_step([200, 50, 20, 9, 4], cluster, cost)
+    doc = plan.to_dict()
+    del doc["predicted"]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "r.json"
+    assert main(["replay", "--plan", str(path), "--model", str(TINY), "--device", "cpu", "--ranks", "0-2,6",
+                 "--repeats", "1", "--warmup", "0", "--json", str(out), "--quiet"]) == 0
+    res = json.loads(out.read_text())["strategies"][0]
+    assert [r["rank"] for r in res["ranks"]] == [0, 1, 2, 6]
+    assert "predictions recomputed" in res["note"]
+    assert all(r["predicted_attention_ms"] is not None for r in res["ranks"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--strategies", "nope"], "unknown strategy 'nope'"),
+    (["--ranks", "0-9"], "--ranks: '0-9' is outside [0, 8)"),
+    (["--backend", "flash_attn"], "needs a CUDA device"),
+    (["--tensor-parallel", "2"], "kv_heads = 1 is not divisible by tensor_parallel = 2"),
+])
+def test_replay_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           args: list[str], message: str) -> None:
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("40\n8\n")
+    rc = main(["replay", "--lengths", str(lengths), "--cluster", "2x4", "--model", str(TINY), "--device", "cpu",
+               "--repeats", "1", "--warmup", "0", "--quiet", *args])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+
+
+def test_replay_needs_cluster_with_lengths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("40\n")
+    assert main(["replay", "--lengths", str(lengths), "--model", str(TINY), "--device", "cpu"]) == 2
+    assert "--lengths needs --cluster" in capsys.readouterr().err
