@@ -54,7 +54,7 @@ def test_zeppelin_requested() -> None:
         (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-tokens-per-gpu", "0"], "positive integer, got 0"),
         (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-placements", "local,ring"], "ring"),
         (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-slack", "1.5"], "slack must be in"),
-        (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-prefetch", "-1"], "prefetch"),
+        (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-prefetch", "3"], "prefetch must be 0, 1 or 2"),
     ],
 )
 def test_bad_flags(argv: list[str], match: str) -> None:

@@ -79,7 +79,7 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-min-ratio", type=float, default=1.0,
                    help="Compute/communication ratio a split needs.")
     g.add_argument("--zeppelin-prefetch", type=int, default=2,
-                   help="Micro-steps planned ahead of training by the data iterator.")
+                   help="Micro-steps planned and read ahead in a background thread (0, 1 or 2; default 2).")
     g.add_argument("--zeppelin-metrics", action=argparse.BooleanOptionalAction, default=True,
                    help="Per-step Zeppelin metrics in the log, tensorboard and wandb (default: on).")
     return parser
@@ -121,8 +121,8 @@ class ZeppelinConfig:
             raise ZeppelinArgsError(f"--zeppelin-slack must be in [0, 1), got {self.slack}")
         if not self.min_ratio > 0.0:
             raise ZeppelinArgsError(f"--zeppelin-min-ratio must be > 0, got {self.min_ratio}")
-        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 0:
-            raise ZeppelinArgsError(f"--zeppelin-prefetch must be an integer >= 0, got {self.prefetch!r}")
+        if isinstance(self.prefetch, bool) or self.prefetch not in (0, 1, 2):
+            raise ZeppelinArgsError(f"--zeppelin-prefetch must be 0, 1 or 2, got {self.prefetch!r}")
 
 
 def zeppelin_config_from_args(args: argparse.Namespace) -> ZeppelinConfig:
@@ -211,6 +211,18 @@ class ZeppelinParallel:
         return self.tensor_parallel if self.sequence_parallel else 1
 
 
+def _is_single_prefix(value: Any) -> bool:
+    """``PREFIX`` or ``[PREFIX]`` or ``[WEIGHT, PREFIX]`` (what the data side's ``single_prefix`` accepts)."""
+    items = [value] if isinstance(value, str) else list(value)
+    if len(items) == 2:
+        try:
+            float(items[0])
+        except ValueError:
+            return False
+        return True
+    return len(items) == 1
+
+
 def _flag(args: argparse.Namespace, name: str, default: Any = None) -> Any:
     return getattr(args, name, default)
 
@@ -276,18 +288,17 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
     train_path = _flag(args, "train_data_path")
     if data_path and train_path:
         problems.append("give --data-path or --train-data-path, not both")
-    paths = train_path or data_path
-    if not paths:
+    if not (data_path or train_path):
         problems.append("Zeppelin needs --data-path PREFIX (an indexed dataset made by tools/preprocess_data.py)")
-    elif len(paths) != 1:
-        problems.append(f"--data-path {' '.join(paths)}: Zeppelin reads one dataset prefix, not a blend")
-    if (_flag(args, "eval_iters", 0) or 0) > 0 and _flag(args, "eval_interval") and not _flag(args, "valid_data_path"):
+    for name, flag in (("data_path", "--data-path"), ("train_data_path", "--train-data-path"),
+                       ("valid_data_path", "--valid-data-path"), ("test_data_path", "--test-data-path")):
+        value = _flag(args, name)
+        if value and not _is_single_prefix(value):
+            problems.append(f"{flag} {' '.join(value)}: Zeppelin reads one dataset prefix, not a blend "
+                            "(merge datasets with Megatron's tools/merge_datasets.py)")
+    if (_flag(args, "eval_iters", 0) or 0) > 0 and not _flag(args, "valid_data_path"):
         problems.append(f"--eval-iters {args.eval_iters}: Zeppelin evaluates on --valid-data-path PREFIX; "
                         "give it, or --eval-iters 0")
-    for name, flag in (("valid_data_path", "--valid-data-path"), ("test_data_path", "--test-data-path")):
-        p = _flag(args, name)
-        if p and len(p) != 1:
-            problems.append(f"{flag} {' '.join(p)}: Zeppelin reads one dataset prefix, not a blend")
     if problems:
         raise ZeppelinArgsError("cannot run --zeppelin:\n  - " + "\n  - ".join(problems))
     mbs = _flag(args, "micro_batch_size")

@@ -1,0 +1,127 @@
+"""Runs in a subprocess with a Megatron-LM checkout first on sys.path; prints one JSON object.
+
+Usage: python checkout_worker.py MEGATRON_LM REPO. Checks our flags and start-up
+checks against the checkout's real parser and ``validate_args`` (CPU flags from
+docs: NullTokenizer, local transformer impl, no fusions).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+
+def typical_argv(repo: str, **extra: str) -> list[str]:
+    flags = {
+        "--num-layers": "4", "--hidden-size": "512", "--num-attention-heads": "8",
+        "--group-query-attention": None, "--num-query-groups": "4", "--swiglu": None,
+        "--normalization": "RMSNorm", "--position-embedding-type": "rope", "--seq-length": "8192",
+        "--max-position-embeddings": "8192", "--micro-batch-size": "1", "--global-batch-size": "64",
+        "--tensor-model-parallel-size": "2", "--sequence-parallel": None, "--train-iters": "10",
+        "--lr": "1e-4", "--bf16": None, "--tokenizer-type": "NullTokenizer", "--vocab-size": "32000",
+        "--data-path": "/data/corpus_text_document", "--split": "100,0,0", "--eval-iters": "0",
+        "--transformer-impl": "local", "--no-rope-fusion": None, "--no-persist-layer-norm": None,
+        "--no-gradient-accumulation-fusion": None, "--untie-embeddings-and-output-weights": None,
+        "--zeppelin": None, "--zeppelin-cluster": f"4x8@{repo}/configs/clusters/h100.yaml",
+    }
+    flags.update(extra)
+    argv = ["pretrain_gpt.py"]
+    for k, v in flags.items():
+        if v == "__drop__":
+            continue
+        argv.append(k)
+        if v is not None:
+            argv.extend(v.split())
+    return argv
+
+
+def main() -> None:
+    megatron_lm, repo = sys.argv[1], sys.argv[2]
+    sys.path.insert(0, megatron_lm)
+    sys.path.insert(0, repo)
+    os.environ.update(WORLD_SIZE="32", LOCAL_WORLD_SIZE="8", RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    try:
+        import megatron.training.arguments as megatron_arguments
+    except ImportError as exc:  # e.g. triton missing: megatron.training imports it on any machine
+        print(f"SKIP megatron.training from {megatron_lm} does not import here: {exc!r}")
+        return
+    from megatron.training.arguments import parse_args, validate_args
+
+    # CPU accommodation (this worker only): validate_args asks the GPU's architecture when TP > 1.
+    megatron_arguments.get_device_arch_version = lambda: 9  # Hopper
+
+    from zeppelin_megatron.megatron.arguments import ZeppelinArgsError
+    from zeppelin_megatron.megatron.planning import model_shape_from_args
+    from zeppelin_megatron.megatron.pretrain import check_startup, extra_args_provider, setup_from_args
+
+    out: dict = {}
+    env = dict(os.environ)
+    argv = check_startup(typical_argv(repo), env=env, exit_on_error=False)
+    out["prepared_tail"] = argv[-3:]
+    # What Megatron does inside pretrain(): its parse_args with our provider, then its validate_args.
+    sys.argv = argv
+    args = parse_args(extra_args_provider=extra_args_provider(), ignore_unknown_args=False)
+    raw_shape = model_shape_from_args(args)
+    validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+    setup = setup_from_args(args, world_size=args.world_size, local_world_size=8)
+    out["megatron"] = {
+        "world_size": args.world_size, "data_parallel_size": args.data_parallel_size,
+        "calculate_per_token_loss": args.calculate_per_token_loss, "dataloader_type": args.dataloader_type,
+        "zeppelin_routing": args.zeppelin_routing, "ffn_hidden_size": args.ffn_hidden_size,
+    }
+    out["setup"] = {
+        "zeppelin_ranks": setup.parallel.zeppelin_ranks, "ranks_per_node": setup.cluster.gpus_per_node,
+        "num_micro_batches": setup.parallel.num_micro_batches, "pad_to_multiple": setup.parallel.pad_to_multiple,
+        "kv_heads": setup.model.kv_heads, "ffn": setup.model.ffn,
+        "raw_shape_equals_validated": raw_shape == model_shape_from_args(args),
+    }
+    sys.argv = argv + ["--no-zeppelin-routing", "--no-zeppelin-remap"]
+    args2 = parse_args(extra_args_provider=extra_args_provider(), ignore_unknown_args=False)
+    out["negation_parses"] = [args2.zeppelin_routing, args2.zeppelin_remap]
+
+    errors = {
+        "pp": ({"--pipeline-model-parallel-size": "2"}, {}),
+        "cp": ({"--context-parallel-size": "2"}, {}),
+        "cluster": ({}, {"WORLD_SIZE": "16"}),
+        "profile": ({"--zeppelin-profile": "/nonexistent/profile.json"}, {}),
+        "eval": ({"--eval-iters": "5"}, {}),
+        "dataloader": ({"--dataloader-type": "cyclic"}, {}),
+        "attention_backend": ({"--attention-backend": "local"}, {}),
+    }
+    out["errors"] = {}
+    for name, (flags, env_over) in errors.items():
+        try:
+            check_startup(typical_argv(repo, **flags), env={**env, **env_over}, exit_on_error=False)
+            out["errors"][name] = None
+        except ZeppelinArgsError as exc:
+            out["errors"][name] = str(exc)
+    out["recipe"] = recipe_check(repo, env, check_startup, parse_args, extra_args_provider, validate_args)
+    print("RESULT " + json.dumps(out))
+
+
+def recipe_check(repo, env, check_startup, parse_args, extra_args_provider, validate_args) -> dict:
+    """Source configs/recipes/llama7b_4x8_h100.sh as the launchers do; its flags must pass every check."""
+    import subprocess
+
+    renv = dict(env, NNODES="4", GPUS_PER_NODE="8", DATA_PREFIX="/data/corpus_text_document",
+                TOKENIZER_MODEL="gpt2", CKPT_DIR="/tmp/ckpt")
+    r = subprocess.run(["bash", "-c", 'source "$0" && printf "%s\\0" "${RECIPE_ARGS[@]}"',
+                        f"{repo}/configs/recipes/llama7b_4x8_h100.sh"], env=renv, capture_output=True, text=True,
+                       check=True)
+    flags = [a for a in r.stdout.split("\0") if a]
+    argv = check_startup(["pretrain_gpt.py", *flags], env=renv, exit_on_error=False)
+    sys.argv = argv
+    args = parse_args(extra_args_provider=extra_args_provider(), ignore_unknown_args=False)
+    validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+    return {"n_flags": len(flags), "cluster": args.zeppelin_cluster, "global_batch_size": args.global_batch_size,
+            "data_parallel_size": args.data_parallel_size, "seq_length": args.seq_length}
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)

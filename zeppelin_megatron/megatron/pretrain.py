@@ -1,0 +1,396 @@
+"""Zeppelin's parts for Megatron-LM's ``pretrain()``: start-up check, model builder, data, forward step.
+
+Used by ``scripts/pretrain_gpt_zeppelin.py`` and by a ``pretrain_gpt.py``
+patched with ``patches/pretrain_gpt.patch``; both do::
+
+    sys.argv = check_startup(sys.argv)   # before torch.distributed: exits on a config Zeppelin cannot serve
+    pretrain(train_valid_test_datasets_provider,
+             partial(model_provider, zeppelin_gpt_builder),   # Megatron-LM's model_provider
+             ModelType.encoder_or_decoder, forward_step,
+             extra_args_provider=extra_args_provider(...), ...)
+
+Start-up, in order (all before the first training step):
+
+1. :func:`check_startup` (every rank, before Megatron parses): adds
+   ``--calculate-per-token-loss`` and ``--dataloader-type external`` when
+   absent, parses the command line with Megatron's parser plus ours, and runs
+   every Zeppelin check (flags, parallelism, data paths, cluster vs. world
+   size, profile, capacity). On error it prints what is wrong and exits 2.
+2. Megatron's ``initialize_megatron`` (parse, ``validate_args``, distributed init).
+3. :func:`zeppelin_gpt_builder`, Megatron's first call into our code: runs the
+   checks again on Megatron's validated arguments, creates the Zeppelin process
+   group (collective), then builds the GPT with Zeppelin's layer spec.
+4. :func:`train_valid_test_datasets_provider`: one :class:`ZeppelinDataIterator`
+   per split (``--dataloader-type external`` hands it to the training loop),
+   resuming at ``consumed_train_samples``.
+
+The ``megatron.training`` imports are inside the functions: this module
+imports with megatron-core alone (CI), and needs the Megatron-LM checkout only
+when the functions run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+
+from .arguments import (
+    ZeppelinArgsError,
+    add_zeppelin_args,
+    check_megatron_args,
+    zeppelin_config_from_args,
+)
+from .metrics import MetricsWriter, StepMetricsRecorder
+from .planning import ZeppelinSetup, build_setup, model_shape_from_args
+
+__all__ = [
+    "REQUIRED_FLAGS",
+    "prepare_argv",
+    "setup_from_args",
+    "check_startup",
+    "extra_args_provider",
+    "zeppelin_gpt_builder",
+    "build_zeppelin_gpt",
+    "train_valid_test_datasets_provider",
+    "forward_step",
+    "loss_func",
+]
+
+REQUIRED_FLAGS: tuple[tuple[str, ...], ...] = (("--calculate-per-token-loss",), ("--dataloader-type", "external"))
+"""Megatron flags every Zeppelin run needs; :func:`prepare_argv` adds those that are absent."""
+
+
+def prepare_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` with :data:`REQUIRED_FLAGS` appended where absent.
+
+    A conflicting value (``--dataloader-type single``) is left in place; the
+    checks then reject it with a message.
+    """
+    out = list(argv)
+    for flag in REQUIRED_FLAGS:
+        if flag[0] not in out and not any(a.startswith(flag[0] + "=") for a in out):
+            out.extend(flag)
+    return out
+
+
+def _gpus_per_node(args: argparse.Namespace, local_world_size: int | None) -> int:
+    if local_world_size is not None:
+        return local_world_size
+    from ..planner import ClusterError, load_cluster
+
+    try:  # no launcher told us: trust the cluster file (checked against the world size later)
+        return load_cluster(args.zeppelin_cluster or "").gpus_per_node
+    except ClusterError as exc:
+        raise ZeppelinArgsError(f"--zeppelin-cluster {args.zeppelin_cluster}: {exc}") from None
+
+
+def setup_from_args(args: argparse.Namespace, *, world_size: int, local_world_size: int | None) -> ZeppelinSetup:
+    """All Zeppelin checks on Megatron's parsed ``args``; the run's setup (cluster, cost model, planner).
+
+    ``local_world_size``: processes per node (torchrun's ``LOCAL_WORLD_SIZE``);
+    ``None`` takes the cluster file's GPUs per node.
+    """
+    cfg = zeppelin_config_from_args(args)
+    parallel = check_megatron_args(args, world_size=world_size,
+                                   gpus_per_node=_gpus_per_node(args, local_world_size))
+    return build_setup(cfg, parallel, model_shape_from_args(args))
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ZeppelinArgsError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def _megatron_parser(extra: Callable[[argparse.ArgumentParser], argparse.ArgumentParser] | None
+                     ) -> argparse.ArgumentParser:
+    from megatron.training.arguments import add_megatron_arguments
+
+    parser = add_megatron_arguments(argparse.ArgumentParser(description="Megatron-LM Arguments", allow_abbrev=False))
+    parser = add_zeppelin_args(parser)
+    return extra(parser) if extra is not None else parser
+
+
+def check_startup(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    other_args_provider: Callable[[argparse.ArgumentParser], argparse.ArgumentParser] | None = None,
+    exit_on_error: bool = True,
+) -> list[str]:
+    """Check a Zeppelin command line before Megatron starts; return the argv to run with.
+
+    ``argv`` is ``sys.argv`` (program name first). Parses ``prepare_argv(argv)``
+    as Megatron will (its parser, ours, ``other_args_provider``'s), reads
+    ``WORLD_SIZE`` / ``LOCAL_WORLD_SIZE`` / ``RANK`` from ``env`` (default
+    ``os.environ``) and runs :func:`setup_from_args`. On a
+    :class:`ZeppelinArgsError` it prints the reasons (in full on rank 0) and
+    raises ``SystemExit(2)``; ``exit_on_error=False`` re-raises instead.
+    """
+    env = os.environ if env is None else env
+    out = prepare_argv(argv)
+    try:
+        args = _megatron_parser(other_args_provider).parse_args(out[1:])
+        if not args.zeppelin:
+            raise ZeppelinArgsError("check_startup: the command line has no --zeppelin")
+        world = _env_int(env, "WORLD_SIZE") or 1
+        setup = setup_from_args(args, world_size=world, local_world_size=_env_int(env, "LOCAL_WORLD_SIZE"))
+    except ZeppelinArgsError as exc:
+        if not exit_on_error:
+            raise
+        rank = env.get("RANK", "0")
+        if rank in ("0", ""):
+            print(f"zeppelin: {exc}", file=sys.stderr, flush=True)
+        else:
+            print(f"zeppelin: rank {rank}: start-up check failed (see rank 0)", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    if env.get("RANK", "0") in ("0", ""):
+        print(setup.describe(), flush=True)
+    return out
+
+
+def extra_args_provider(
+    other: Callable[[argparse.ArgumentParser], argparse.ArgumentParser] | None = None,
+) -> Callable[[argparse.ArgumentParser], argparse.ArgumentParser]:
+    """Megatron ``extra_args_provider`` adding our flags, then ``other``'s (e.g. ModelOpt's)."""
+
+    def provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        parser = add_zeppelin_args(parser)
+        return other(parser) if other is not None else parser
+
+    return provider
+
+
+# -- run state: built once, on Megatron's first call into our code -----------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Run:
+    setup: ZeppelinSetup
+    group: Any  # runtime.group.ZeppelinGroup
+    recorder: StepMetricsRecorder | None
+
+
+_RUN: _Run | None = None
+
+
+def _run() -> _Run:
+    """The run's setup and Zeppelin group (collective on first call: every rank must reach it)."""
+    global _RUN
+    if _RUN is not None:
+        return _RUN
+    from megatron.training import get_args, get_tensorboard_writer, get_wandb_writer, print_rank_0, print_rank_last
+
+    from .groups import zeppelin_group_from_megatron
+
+    args = get_args()
+    setup = setup_from_args(args, world_size=args.world_size,
+                            local_world_size=_env_int(os.environ, "LOCAL_WORLD_SIZE"))
+    group = zeppelin_group_from_megatron(setup.parallel.gpus_per_node)
+    if (group.size, group.gpus_per_node) != (setup.cluster.world_size, setup.cluster.gpus_per_node):
+        raise ZeppelinArgsError(
+            f"the Zeppelin process group has {group.size} ranks, {group.gpus_per_node} per node, but the "
+            f"planner's cluster has {setup.cluster.world_size}, {setup.cluster.gpus_per_node} per node"
+        )
+    recorder = None
+    if setup.config.metrics:
+        writer = MetricsWriter(log=print_rank_last, tensorboard=get_tensorboard_writer(), wandb=get_wandb_writer(),
+                               log_interval=max(1, args.log_interval),
+                               scalar_interval=max(1, getattr(args, "tensorboard_log_interval", 1) or 1))
+        sync = torch.cuda.synchronize if torch.cuda.is_available() else None
+        recorder = StepMetricsRecorder(num_micro_batches=setup.parallel.num_micro_batches, writer=writer, sync=sync)
+    print_rank_0(setup.describe())
+    _RUN = _Run(setup=setup, group=group, recorder=recorder)
+    return _RUN
+
+
+# -- model ----------------------------------------------------------------------------------
+
+
+def build_zeppelin_gpt(args: argparse.Namespace, pre_process: bool = True, post_process: bool = True,
+                       vp_stage: int | None = None, config: Any = None, pg_collection: Any = None) -> Any:
+    """A megatron-core ``GPTModel`` from Megatron's ``args`` with Zeppelin's layer spec, prepared.
+
+    The dense path of Megatron-LM's ``gpt_builder`` (core_v0.16.1) with the
+    layer spec from :func:`~zeppelin_megatron.megatron.spec.get_gpt_layer_zeppelin_spec`
+    (local or Transformer Engine modules by ``--transformer-impl``); the
+    features that path has and Zeppelin rejects (MoE, MLA, MTP, legacy models,
+    heterogeneous layers) were refused at start-up.
+    """
+    from megatron.core.models.gpt import GPTModel
+    from megatron.training.arguments import core_transformer_config_from_args
+
+    from .spec import get_gpt_layer_zeppelin_spec
+    from .step import prepare_model
+
+    if config is None:
+        config = core_transformer_config_from_args(args)
+    impl = args.transformer_impl
+    if impl not in ("local", "transformer_engine"):
+        raise ZeppelinArgsError(f"--transformer-impl {impl}: Zeppelin supports local and transformer_engine")
+    kwargs: dict[str, Any] = {"qk_layernorm": args.qk_layernorm, "qk_l2_norm": args.qk_l2_norm}
+    if impl == "local":
+        kwargs["normalization"] = args.normalization
+    spec = get_gpt_layer_zeppelin_spec(use_te=impl == "transformer_engine", **kwargs)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=args.padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        fp16_lm_cross_entropy=args.fp16_lm_cross_entropy,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type,
+        rotary_percent=args.rotary_percent,
+        rotary_base=args.rotary_base,
+        rope_scaling=args.use_rope_scaling,
+        vp_stage=vp_stage,
+        pg_collection=pg_collection,
+    )
+    prepare_model(model)
+    return model
+
+
+def zeppelin_gpt_builder(args: argparse.Namespace, pre_process: bool = True, post_process: bool = True,
+                         vp_stage: int | None = None, config: Any = None, pg_collection: Any = None) -> Any:
+    """Model builder for Megatron-LM's ``model_provider`` (``partial(model_provider, zeppelin_gpt_builder)``).
+
+    First runs the start-up checks on Megatron's validated args and creates the
+    Zeppelin group (every rank calls the model provider, so the collective is safe).
+    """
+    from megatron.training import print_rank_0
+
+    _run()
+    print_rank_0("building GPT model with Zeppelin attention ...")
+    return build_zeppelin_gpt(args, pre_process, post_process, vp_stage, config=config, pg_collection=pg_collection)
+
+
+# -- data -----------------------------------------------------------------------------------
+
+
+def _iterator(prefix_arg: Any, *, setup: ZeppelinSetup, rank: int, consumed_samples: int, seed: int) -> Iterator[Any]:
+    from .data.indexed import DocumentDataset, single_prefix
+    from .data.iterator import ZeppelinDataIterator, from_consumed_samples
+    from .data.sampler import TokenBudgetSampler
+
+    p = setup.parallel
+    dataset = DocumentDataset(prefix=single_prefix(prefix_arg), seq_length=p.seq_length)
+    sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=p.token_budget, seed=seed)
+    prefetch = setup.config.prefetch
+    return ZeppelinDataIterator(
+        dataset=dataset, sampler=sampler, planner=setup.planner, rank=rank,
+        start_step=from_consumed_samples(consumed_samples, p.micro_batch_size, p.zeppelin_ranks),
+        pad_to_multiple=p.pad_to_multiple, prefetch=prefetch > 0, prefetch_depth=max(1, prefetch),
+    )
+
+
+def train_valid_test_datasets_provider(train_val_test_num_samples: Sequence[int], vp_stage: int | None = None
+                                       ) -> tuple[Any, Any, Any]:
+    """Megatron datasets provider returning Zeppelin iterators (``--dataloader-type external``).
+
+    Every rank (each TP rank too) builds the same deterministic iterator and
+    keeps its own linear-layout tokens, so nothing is broadcast. Train resumes
+    at micro-step ``consumed_train_samples // (micro_batch_size * N)``;
+    validation (``--valid-data-path``) at ``consumed_valid_samples``; test from 0.
+    """
+    from megatron.training import get_args, print_rank_0
+
+    run = _run()
+    args = get_args()
+    rank = run.group.rank
+    print_rank_0("> building Zeppelin data iterators ...")
+    train = _iterator(args.train_data_path or args.data_path, setup=run.setup, rank=rank,
+                      consumed_samples=args.consumed_train_samples, seed=args.seed)
+    valid = test = None
+    if args.valid_data_path and args.eval_iters > 0:
+        valid = _iterator(args.valid_data_path, setup=run.setup, rank=rank,
+                          consumed_samples=args.consumed_valid_samples, seed=args.seed)
+    if args.test_data_path and args.eval_iters > 0:
+        test = _iterator(args.test_data_path, setup=run.setup, rank=rank, consumed_samples=0, seed=args.seed)
+    return train, valid, test
+
+
+train_valid_test_datasets_provider.is_distributed = True  # type: ignore[attr-defined]
+"""Every rank builds its iterator (Megatron otherwise builds data on TP rank 0 only)."""
+
+
+# -- forward step ---------------------------------------------------------------------------
+
+
+def _unwrap(model: Any) -> torch.nn.Module:
+    """The GPTModel inside Megatron's wrappers (DDP, Float16Module: each keeps it as ``.module``)."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    return model
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, model: Any = None
+              ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token loss for ``--calculate-per-token-loss``: ``(sum of masked losses, tokens, report)``.
+
+    ``output_tensor`` and ``loss_mask`` are ``[1, T]``. Megatron sums both parts
+    over micro-steps and ranks and divides once by the global token count.
+    """
+    from .loss import per_token_loss
+
+    loss, num_tokens = per_token_loss(output_tensor, loss_mask)
+    report = {"lm loss": torch.cat([loss.detach().view(1), num_tokens.view(1).to(loss.dtype)])}
+    try:
+        from megatron.training import get_args
+        from megatron.core.rerun_state_machine import get_rerun_state_machine
+        args = get_args()
+    except (ImportError, AssertionError):  # no Megatron-LM globals (unit use)
+        return loss, num_tokens, report
+    if getattr(args, "check_for_nan_in_loss_and_grad", False):
+        machine = get_rerun_state_machine()
+        for reject, what in ((torch.isnan, "NaN"), (torch.isinf, "Inf")):
+            machine.validate_result(result=loss, rejection_func=reject,
+                                    message=f"found {what} in local forward loss calculation",
+                                    tolerance=0.0, fatal=True)
+    return loss, num_tokens, report
+
+
+def forward_step(data_iterator: Iterator[Any], model: Any, return_schedule_plan: bool = False
+                 ) -> tuple[torch.Tensor, Callable[..., Any]]:
+    """Megatron ``forward_step_func``: next Zeppelin batch, bind its plan, run the model.
+
+    ``batch.tokens`` etc. are ``[1, T]`` (this rank's linear-layout tokens,
+    padded to the TP size under sequence parallelism); the model returns the
+    per-token losses ``[1, T]``.
+    """
+    from megatron.training import get_timers
+
+    from .step import ZeppelinStep, bind_step
+
+    if return_schedule_plan:
+        raise ZeppelinArgsError("--overlap-moe-expert-parallel-comm (schedule plans) is not supported with --zeppelin")
+    run = _run()
+    cfg = run.setup.config
+    timers = get_timers()
+    timers("batch-generator", log_level=2).start()
+    batch = next(data_iterator)
+    inner = _unwrap(model)
+    device = next(inner.parameters()).device
+    tokens, labels, loss_mask, position_ids = (
+        t.to(device, non_blocking=True) for t in (batch.tokens, batch.labels, batch.loss_mask, batch.position_ids)
+    )
+    timers("batch-generator").stop()
+    if inner.training and run.recorder is not None:
+        run.recorder.record(batch.step, batch.plan)
+    bind_step(inner, ZeppelinStep(plan=batch.plan, group=run.group, position_ids=position_ids[0],
+                                  real_tokens=batch.real_tokens, backend=cfg.backend, routing=cfg.routing,
+                                  check_plan=cfg.check_plan))
+    output = model(tokens, position_ids, None, labels=labels, loss_mask=loss_mask)
+    return output, partial(loss_func, loss_mask)
