@@ -1,0 +1,27 @@
+"""Zeppelin inside megatron-core on CPU: same loss and gradients as one process running the global batch.
+
+World 4 (TP = 1): 4 Zeppelin ranks as 2 nodes x 2. World 8 (TP = 2): two
+Zeppelin groups of 2 x 2, one per TP rank; once more with every rank's rows padded
+to a multiple of 3 (the padding sequence parallelism needs; real sequence
+parallelism needs TE or apex norms, not available on CPU).
+Plans come from the real planner and hold local, intra-node and inter-node
+sequences; float32, relative 1e-5 (loss and every parameter's gradient).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+from dist_harness import spawn  # noqa: E402
+
+import megatron_workers  # noqa: E402
+
+
+def test_tp1_world4_matches_single_process() -> None:
+    spawn(4, megatron_workers.check_equivalence, 1, (1,))
+
+
+def test_tp2_world8_matches_single_process() -> None:
+    spawn(8, megatron_workers.check_equivalence, 2, (1, 3))
