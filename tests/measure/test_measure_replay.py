@@ -11,6 +11,7 @@ import torch
 
 from zeppelin_megatron.cli import main
 from zeppelin_megatron.measure import format_comparison, format_replay, rank_work, replay_plan
+from zeppelin_megatron.measure.replay import measure_ideal, plan_works
 from zeppelin_megatron.measure.attention import call_pairs
 from zeppelin_megatron.planner import CostModel, StepPlan, load_cluster, load_model, plan_step
 from zeppelin_megatron.runtime.kernels import get_kernel
@@ -158,13 +159,14 @@ def test_replay_cli_strategies_and_json(tmp_path: Path, capsys: pytest.CaptureFi
     out = tmp_path / "replay.json"
     rc = main(["replay", "--lengths", str(lengths), "--cluster", "2x4", "--tokens-per-gpu", "200",
                "--model", str(TINY), "--strategies", "zeppelin,te-cp", "--device", "cpu", "--repeats", "1",
-               "--warmup", "0", "--json", str(out), "--quiet"])
+               "--warmup", "0", "--ideal", "--json", str(out), "--quiet"])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "== zeppelin" in text and "== te-cp" in text and "== comparison" in text
+    assert "== zeppelin" in text and "== te-cp" in text and "== comparison" in text and "ideal (measured)" in text
     doc = json.loads(out.read_text())
     assert doc["schema"] == "zeppelin-replay/1" and doc["cluster"] == "2x4" and doc["model"]["name"] == "tiny"
     assert [s["strategy"] for s in doc["strategies"]] == ["zeppelin", "te-cp"]
+    assert doc["ideal"]["ranks"] == 8 and doc["ideal"]["calls"] == 1 and doc["ideal"]["attention_ms"] > 0
     for strat in doc["strategies"]:
         assert "not replayed" in strat["communication"] and len(strat["ranks"]) == 8
         assert sum(r["attention_tokens"] for r in strat["ranks"]) == 540
@@ -211,3 +213,25 @@ def test_replay_needs_cluster_with_lengths(tmp_path: Path, capsys: pytest.Captur
     lengths.write_text("40\n")
     assert main(["replay", "--lengths", str(lengths), "--model", str(TINY), "--device", "cpu"]) == 2
     assert "--lengths needs --cluster" in capsys.readouterr().err
+
+
+def test_measure_ideal_groups_whole_sequences(setup: tuple[Any, CostModel]) -> None:
+    _, cost = setup
+    kw = dict(model=cost.model, kernel=get_kernel("reference", CPU, torch.float32), dtype=torch.float32, device=CPU,
+              warmup=0, repeats=1)
+    ideal = measure_ideal([8, 5, 4, 1], 4, tokens_per_call=10, **kw)
+    assert ideal.calls == 2 and ideal.ranks == 4 and ideal.total_ms == ideal.attention_ms + ideal.linear_ms
+    assert measure_ideal([30, 8], 2, tokens_per_call=10, **kw).calls == 2  # a longer sequence: a call of its own
+    with pytest.raises(ValueError, match="at least one sequence"):
+        measure_ideal([], 2, **kw)
+
+
+def test_plan_works_fails_before_timing(setup: tuple[Any, CostModel]) -> None:
+    cluster, cost = setup
+    plan = build_plan([40, 33, 7], [(2, 3), (2, 3), (6,)], cluster, cost)
+    with pytest.raises(ValueError, match="divisible by 2"):
+        plan_works(plan, model=cost.model, device=CPU, attention_comm="ulysses")  # tiny: 2 q heads, 1 kv head
+    with pytest.raises(ValueError, match="rank 8 is outside the plan's"):
+        plan_works(plan, model=cost.model, device=CPU, ranks=[8])
+    works = plan_works(plan, model=cost.model, device=CPU, ranks=[2, 6])
+    assert [w.rank for w in works] == [2, 6] and [len(w.calls) for w in works] == [2, 1]

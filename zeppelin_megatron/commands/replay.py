@@ -14,6 +14,10 @@ import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..planner import Cluster, CostModel, StepPlan
 
 from .profile import add_model_arguments, add_threads_argument, apply_threads, model_from_args
 
@@ -67,11 +71,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", default=None, help="replay only these ranks, e.g. 0-7,12 (default: all)")
     p.add_argument("--repeats", type=int, default=3, help="timed repetitions per rank (median is kept)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per rank before timing")
+    p.add_argument("--ideal", action="store_true",
+                   help="also measure the ideal: every sequence whole, total / ranks (same for all strategies)")
+    p.add_argument("--ideal-tokens-per-call", type=int, default=131072,
+                   help="tokens per kernel call when measuring the ideal")
     p.add_argument("--json", default=None, help="write machine-readable results (zeppelin-replay/1) here")
     p.add_argument("--quiet", action="store_true", help="no per-rank progress lines")
 
 
-def _plans(args: argparse.Namespace, cost, cluster) -> list[tuple[str, object, str, str]]:  # noqa: ANN001
+Item = tuple[str, "StepPlan", str, str]  # (name, plan, attention_comm, note)
+
+
+def _plans(args: argparse.Namespace, cost: "CostModel", cluster: "Cluster") -> list[Item]:
     """(name, StepPlan, attention_comm, note) for each strategy of ``--strategies``."""
     from ..planner import plan_step
     from .plan import read_lengths
@@ -84,7 +95,7 @@ def _plans(args: argparse.Namespace, cost, cluster) -> list[tuple[str, object, s
         from ..sim.strategies import plan_with
     except ImportError:  # the simulator package is optional here: Zeppelin's own planner still works
         plan_with = None
-    out = []
+    out: list[Item] = []
     for name in names:
         if plan_with is None:
             if name != "zeppelin":
@@ -97,7 +108,7 @@ def _plans(args: argparse.Namespace, cost, cluster) -> list[tuple[str, object, s
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..measure.replay import replay_plan
+    from ..measure.replay import measure_ideal, plan_works, replay_plan
     from ..measure.report import format_comparison, format_replay
     from ..measure.timing import kernel_for, parse_dtype, resolve_device
     from ..planner import CostModel, StepPlan, load_cluster, load_profile
@@ -123,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         if plan.predicted is None or not plan.predicted.attention_ms:
             plan = replace(plan, predicted=predict(plan, cost), validate=False)
             note += " (predictions recomputed with --model/--profile)"
-        items = [("plan", plan, "ring", note)]
+        items: list[Item] = [("plan", plan, "ring", note)]
     else:
         if args.cluster is None:
             raise ValueError("--lengths needs --cluster (NODESxGPUS, a YAML, or NODESxGPUS@YAML)")
@@ -134,17 +145,30 @@ def run(args: argparse.Namespace) -> int:
     print(f"replaying on {device} ({dtype_name}, backend {kernel.name}); predictions from profile "
           f"{args.profile or 'bundled H100 bf16'} measured on {profile.device or 'unknown device'}"
           " (compare only when that is this device)")
-    results = []
+    # Build every strategy's per-rank work first: a plan that cannot be replayed fails before any timing.
+    prepared = []
     for name, plan, comm, note in items:
-        ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None  # type: ignore[attr-defined]
-        res = replay_plan(plan, model=model, kernel=kernel, dtype=dtype, device=device,  # type: ignore[arg-type]
+        ranks = parse_ranks(args.ranks, plan.world_size) if args.ranks else None
+        works = plan_works(plan, model=model, device=device, tensor_parallel=args.tensor_parallel,
+                           attention_comm=comm, ranks=ranks)
+        prepared.append((name, plan, comm, note, works))
+    results = []
+    for name, plan, comm, note, works in prepared:
+        res = replay_plan(plan, model=model, kernel=kernel, dtype=dtype, device=device,
                           tensor_parallel=args.tensor_parallel, warmup=args.warmup, repeats=args.repeats,
-                          strategy=name, attention_comm=comm, note=note, ranks=ranks,
+                          strategy=name, attention_comm=comm, note=note, works=works,
                           progress=None if args.quiet else print)
-        print(format_replay(res, plan.gpus_per_node))  # type: ignore[attr-defined]
+        print(format_replay(res, plan.gpus_per_node))
         results.append(res)
-    if len(results) > 1:
-        print(format_comparison(results))
+    ideal = None
+    if args.ideal:
+        first = items[0][1]
+        ideal = measure_ideal([s.length for s in first.sequences], first.world_size,
+                              model=model, kernel=kernel, dtype=dtype, device=device,
+                              tensor_parallel=args.tensor_parallel, tokens_per_call=args.ideal_tokens_per_call,
+                              warmup=args.warmup, repeats=args.repeats)
+    if len(results) > 1 or ideal is not None:
+        print(format_comparison(results, ideal))
     if args.json:
         doc = {
             "schema": REPLAY_SCHEMA,
@@ -155,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
             "tensor_parallel": args.tensor_parallel,
             "cluster": f"{cluster.nodes}x{cluster.gpus_per_node}",
             "strategies": [r.to_dict() for r in results],
+            "ideal": ideal.to_dict() if ideal is not None else None,
         }
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.json}")

@@ -22,13 +22,13 @@ import torch
 
 from ..planner.model import ModelShape
 from ..planner.plan import StepPlan
-from ..runtime.kernels import AttentionKernel
-from .attention import AttentionWork, call_pairs
+from ..runtime.kernels import AttentionKernel, VarlenBatch
+from .attention import AttentionWork, KernelCall, call_pairs
 from .linear import LinearWork
 from .timing import time_ms
 from .workload import RankWork, rank_work
 
-__all__ = ["RankReplay", "ReplayResult", "replay_plan", "COMM_NOTE"]
+__all__ = ["RankReplay", "ReplayResult", "replay_plan", "plan_works", "IdealResult", "measure_ideal", "COMM_NOTE"]
 
 COMM_NOTE = ("communication (ring hops, routing, remap all-to-alls) is not replayed: measured times are "
              "kernel/GEMM compute only, ranks run one after another on one device")
@@ -132,6 +132,29 @@ class ReplayResult:
         }
 
 
+def _heads(model: ModelShape, tp: int) -> tuple[int, int]:
+    """(query heads, K/V heads) on one tensor-parallel rank."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tensor_parallel must be a positive integer, got {tp!r}")
+    if model.q_heads % tp or model.kv_heads % tp:
+        raise ValueError(f"q_heads = {model.q_heads} and kv_heads = {model.kv_heads} must be divisible by "
+                         f"tensor_parallel = {tp}")
+    return model.q_heads // tp, model.kv_heads // tp
+
+
+def plan_works(
+    plan: StepPlan, *, model: ModelShape, device: torch.device, tensor_parallel: int = 1,
+    attention_comm: str = "ring", ranks: Sequence[int] | None = None,
+) -> tuple[RankWork, ...]:
+    """Every (or each of ``ranks``') rank's work; raises before anything is timed if one cannot be replayed."""
+    hq, hkv = _heads(model, tensor_parallel)
+    which = list(range(plan.world_size)) if ranks is None else list(ranks)
+    if not which:
+        raise ValueError("no ranks to replay")
+    return tuple(rank_work(plan, r, q_heads=hq, kv_heads=hkv, device=device, attention_comm=attention_comm)
+                 for r in which)
+
+
 def replay_plan(
     plan: StepPlan,
     *,
@@ -146,29 +169,30 @@ def replay_plan(
     attention_comm: str = "ring",
     note: str = "",
     ranks: Sequence[int] | None = None,
+    works: Sequence[RankWork] | None = None,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> ReplayResult:
-    """Time every rank's (or ``ranks``') attention and linear work of one layer; see the module docstring."""
+    """Time every rank's (or ``ranks``') attention and linear work of one layer; see the module docstring.
+
+    ``works``: from :func:`plan_works` (same plan, model, device, comm), when already built.
+    """
     say = progress or (lambda _msg: None)
     tp = tensor_parallel
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tensor_parallel must be a positive integer, got {tp!r}")
-    if model.q_heads % tp or model.kv_heads % tp:
-        raise ValueError(f"q_heads = {model.q_heads} and kv_heads = {model.kv_heads} must be divisible by "
-                         f"tensor_parallel = {tp}")
+    _heads(model, tp)
     pred = plan.predicted
     pred_att = pred.attention_ms if pred is not None and pred.attention_ms else None
     pred_lin = pred.linear_ms if pred is not None and pred.linear_ms else None
     for name, values in (("attention_ms", pred_att), ("linear_ms", pred_lin)):
         if values is not None and len(values) != plan.world_size:
             raise ValueError(f"plan.predicted.{name} has {len(values)} entries for {plan.world_size} ranks")
-    which = list(range(plan.world_size)) if ranks is None else list(ranks)
+    if works is None:
+        works = plan_works(plan, model=model, device=device, tensor_parallel=tp, attention_comm=attention_comm,
+                           ranks=ranks)
     rows: list[RankReplay] = []
     timer = ""
-    for r in which:
-        work: RankWork = rank_work(plan, r, q_heads=model.q_heads // tp, kv_heads=model.kv_heads // tp,
-                                   device=device, attention_comm=attention_comm)
+    for work in works:
+        r = work.rank
         att = AttentionWork(work.calls, head_dim=model.head_dim, kernel=kernel, dtype=dtype, device=device,
                             seed=seed + r)
         t_att = time_ms(att.run, device=device, warmup=warmup, repeats=repeats)
@@ -194,3 +218,70 @@ def replay_plan(
         strategy=strategy, attention_comm=attention_comm, note=note, ranks=tuple(rows), layers=model.layers,
         backend=kernel.name, device=str(device), dtype=str(dtype).replace("torch.", ""), timer=timer,
         warmup=warmup, repeats=repeats)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IdealResult:
+    """MEASURED reference shared by all strategies: every sequence whole, work spread perfectly.
+
+    ``attention_ms``: the kernel time of all sequences as whole causal
+    sequences (calls of at most ``tokens_per_call`` tokens, longest first),
+    divided by ``ranks``; ``linear_ms``: the GEMMs for ``ceil(T / ranks)``
+    tokens (a perfectly token-balanced rank).
+    """
+
+    ranks: int
+    calls: int
+    tokens_per_call: int
+    attention_ms: float
+    linear_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.attention_ms + self.linear_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**vars(self), "total_ms": self.total_ms}
+
+
+def measure_ideal(
+    lengths: Sequence[int],
+    ranks: int,
+    *,
+    model: ModelShape,
+    kernel: AttentionKernel,
+    dtype: torch.dtype,
+    device: torch.device,
+    tensor_parallel: int = 1,
+    tokens_per_call: int = 131072,
+    warmup: int = 1,
+    repeats: int = 3,
+    seed: int = 0,
+) -> IdealResult:
+    """See :class:`IdealResult`. Sequences go, longest first, into the current call until it would exceed
+    ``tokens_per_call`` (a longer sequence is a call of its own); e.g. cap 10, lengths [8, 5, 4, 1] ->
+    calls [8], [5, 4, 1]."""
+    hq, hkv = _heads(model, tensor_parallel)
+    if not lengths or min(lengths) < 1:
+        raise ValueError("measure_ideal needs at least one sequence, all of length >= 1")
+    if ranks < 1 or tokens_per_call < 1:
+        raise ValueError(f"need ranks >= 1 and tokens_per_call >= 1, got {ranks} and {tokens_per_call}")
+    groups: list[list[int]] = []
+    for s in sorted(lengths, reverse=True):
+        if groups and sum(groups[-1]) + s <= tokens_per_call:
+            groups[-1].append(s)
+        else:
+            groups.append([s])
+    total = 0.0
+    for i, g in enumerate(groups):
+        batch = VarlenBatch(lens_q=tuple(g), lens_k=tuple(g), causal=True, device=device)
+        call = KernelCall(queue=0, kind="local", step=0, batch=batch, q_heads=hq, kv_heads=hkv)
+        work = AttentionWork([call], head_dim=model.head_dim, kernel=kernel, dtype=dtype, device=device,
+                             seed=seed + i)
+        total += time_ms(work.run, device=device, warmup=warmup, repeats=repeats).median
+        del work
+    tokens = -(-sum(lengths) // ranks)
+    lin = LinearWork(model, tokens, dtype=dtype, device=device, tensor_parallel=tensor_parallel, seed=seed)
+    t_lin = time_ms(lin.run, device=device, warmup=warmup, repeats=repeats).median
+    return IdealResult(ranks=ranks, calls=len(groups), tokens_per_call=tokens_per_call,
+                       attention_ms=total / ranks, linear_ms=t_lin)

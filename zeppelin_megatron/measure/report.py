@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .replay import COMM_NOTE, ReplayResult
+from .replay import COMM_NOTE, IdealResult, ReplayResult
 
 __all__ = ["format_replay", "format_comparison"]
 
@@ -47,8 +47,8 @@ def format_replay(res: ReplayResult, gpus_per_node: int) -> str:
     return "\n".join(lines)
 
 
-def format_comparison(results: Sequence[ReplayResult]) -> str:
-    """One line per strategy: measured slowest rank and balance, predicted slowest rank."""
+def format_comparison(results: Sequence[ReplayResult], ideal: IdealResult | None = None) -> str:
+    """One line per strategy: measured slowest rank and balance, predicted slowest rank; then the ideal."""
     head = (f"{'strategy':<14} {'attn max ms':>11} {'attn max/mean':>13} {'total max ms':>12} "
             f"{'total max/mean':>14} {'pred total max':>14} {'pred |err|':>10}")
     lines = ["== comparison (measured compute per layer; communication not replayed)", head, "-" * len(head)]
@@ -58,4 +58,11 @@ def format_comparison(results: Sequence[ReplayResult]) -> str:
         lines.append(
             f"{res.strategy:<14} {a['max_ms']:>11.3f} {a['max_over_mean']:>13.3f} {t['max_ms']:>12.3f} "
             f"{t['max_over_mean']:>14.3f} {_f(t['predicted_max_ms']):>14} {_pct(t['prediction_error_mean_abs']):>10}")
+    if ideal is not None:
+        lines.append(
+            f"{'ideal':<14} {ideal.attention_ms:>11.3f} {1.0:>13.3f} {ideal.total_ms:>12.3f} {1.0:>14.3f} "
+            f"{'-':>14} {'-':>10}")
+        lines.append(f"ideal (measured): every sequence whole ({ideal.calls} calls of <= {ideal.tokens_per_call} "
+                     f"tokens), attention total / {ideal.ranks} ranks, plus the GEMMs of a perfectly token-balanced "
+                     "rank")
     return "\n".join(lines)
