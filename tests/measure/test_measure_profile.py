@@ -26,7 +26,7 @@ def test_profile_cli_round_trips_into_the_planner(tmp_path: Path, capsys: pytest
     doc = json.loads(out.read_text())
     assert doc["schema"] == "zeppelin-profile/1" and doc["dtype"] == "float32"
     assert [r["seqlen"] for r in doc["attention"]["rows"]] == [16, 32, 64]
-    assert all(r["causal"] and r["fwd_bwd_ms"] > 0 for r in doc["attention"]["rows"])
+    assert all(r["causal"] and r["fwd_bwd_ms"] > 0 and r["fwd_bwd_tflops"] > 0 for r in doc["attention"]["rows"])
     # num_seqs = tokens_per_call // s with tokens_per_call = longest length on CPU
     assert [r["num_seqs"] for r in doc["attention"]["rows"]] == [4, 2, 1]
     assert [(r["q_len"], r["k_len"]) for r in doc["ring_blocks"]["rows"]] == [
@@ -72,6 +72,7 @@ def test_profile_uses_the_model_yaml_shape(tmp_path: Path) -> None:
     (["--backend", "nope"], "unknown attention backend 'nope'"),
     (["--backend", "torch_varlen"], "needs a CUDA device"),
     (["--repeats", "0"], "repeats >= 1"),
+    (["--tokens-per-call", "0"], "tokens_per_call must be >= 1, got 0"),
     (["--heads", "3", "--kv-heads", "2"], "q_heads = 3 is not divisible by kv_heads = 2"),
 ])
 def test_profile_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     lengths = parse_int_list(args.lengths, "--lengths") if args.lengths else (GPU_LENGTHS if on_gpu else (64, 128, 256))
     lin_tokens = (parse_int_list(args.linear_tokens, "--linear-tokens") if args.linear_tokens
                   else (GPU_LINEAR_TOKENS if on_gpu else lengths))
-    per_call = args.tokens_per_call or (GPU_TOKENS_PER_CALL if on_gpu else max(lengths))
+    per_call = args.tokens_per_call if args.tokens_per_call is not None else (
+        GPU_TOKENS_PER_CALL if on_gpu else max(lengths))
     opts = ProfileOptions(model=model, lengths=lengths, linear_tokens=lin_tokens, tokens_per_call=per_call,
                           dtype=dtype, dtype_name=dtype_name, device=device, backend=args.backend,
                           warmup=args.warmup, repeats=args.repeats, blocks=not args.no_blocks)

@@ -33,7 +33,7 @@ from ..planner.model import ModelShape
 from ..planner.profile import PROFILE_SCHEMA, parse_profile
 from ..runtime.kernels import VarlenBatch
 from .attention import AttentionWork, KernelCall
-from .linear import LinearWork
+from .linear import LinearWork, linear_flops
 from .links import LinkResult
 from .timing import kernel_for, time_ms
 
@@ -106,12 +106,19 @@ def measure_profile(
         work = AttentionWork([call], head_dim=d, kernel=kernel, dtype=opts.dtype, device=dev, seed=opts.seed)
         return time_ms(work.run, device=dev, warmup=opts.warmup, repeats=opts.repeats).median
 
+    def tflops(q_len: int, k_len: int, n: int, causal: bool, ms: float) -> float:
+        """Achieved rate, counting forward+backward as 3.5x forward and causal as half the area."""
+        area = q_len * k_len / (2 if causal else 1)
+        return float(f"{3.5 * 4 * area * hq * d * n / (ms * 1e-3) / 1e12:.4g}")
+
     att_rows = []
     for s in opts.lengths:
         n = max(1, opts.tokens_per_call // s)
         ms = attention_ms((s,) * n, (s,) * n, True)
-        att_rows.append({"seqlen": s, "num_seqs": n, "causal": True, "fwd_bwd_ms": round(ms, 4)})
-        say(f"attention causal s={s} x{n}: {ms:.4f} ms")
+        rate = tflops(s, s, n, True, ms)
+        att_rows.append({"seqlen": s, "num_seqs": n, "causal": True, "fwd_bwd_ms": round(ms, 4),
+                         "fwd_bwd_tflops": rate})
+        say(f"attention causal s={s} x{n}: {ms:.4f} ms ({rate} TFLOP/s)")
 
     block_rows = []
     if opts.blocks:
@@ -119,15 +126,18 @@ def measure_profile(
             n = max(1, opts.tokens_per_call // (2 * s))
             for q_len, k_len in ((s, s // 2), (s // 2, s)):
                 ms = attention_ms((q_len,) * n, (k_len,) * n, False)
-                block_rows.append({"q_len": q_len, "k_len": k_len, "num_seqs": n, "fwd_bwd_ms": round(ms, 4)})
-                say(f"ring block {q_len}x{k_len} x{n}: {ms:.4f} ms")
+                rate = tflops(q_len, k_len, n, False, ms)
+                block_rows.append({"q_len": q_len, "k_len": k_len, "num_seqs": n, "fwd_bwd_ms": round(ms, 4),
+                                   "fwd_bwd_tflops": rate})
+                say(f"ring block {q_len}x{k_len} x{n}: {ms:.4f} ms ({rate} TFLOP/s)")
 
     lin_rows = []
     for t in opts.linear_tokens:
         work = LinearWork(m, t, dtype=opts.dtype, device=dev, seed=opts.seed)
         ms = time_ms(work.run, device=dev, warmup=opts.warmup, repeats=opts.repeats).median
-        lin_rows.append({"tokens": t, "fwd_bwd_ms": round(ms, 4)})
-        say(f"linear t={t}: {ms:.4f} ms")
+        rate = float(f"{linear_flops(m, t) / (ms * 1e-3) / 1e12:.4g}")
+        lin_rows.append({"tokens": t, "fwd_bwd_ms": round(ms, 4), "tflops": rate})
+        say(f"linear t={t}: {ms:.4f} ms ({rate} TFLOP/s)")
         del work
 
     batch = VarlenBatch(lens_q=(OVERHEAD_TOKENS,), lens_k=(OVERHEAD_TOKENS,), causal=True, device=dev)
