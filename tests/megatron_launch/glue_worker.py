@@ -1,0 +1,111 @@
+"""One rank of the end-to-end glue check (CPU, gloo); run as a subprocess per rank.
+
+Usage: python glue_worker.py MEGATRON_LM REPO PREFIX OUT_JSON (env: RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). With the Megatron-LM checkout on sys.path:
+check_startup -> Megatron's parse_args/validate_args/set_global_variables -> our
+zeppelin_gpt_builder (start-up checks, Zeppelin group, model with our spec) ->
+train_valid_test_datasets_provider -> forward_step + loss_func for 3 micro-steps, each
+compared with a plain megatron-core model (local spec, same weights) running the
+micro-step's sequences one at a time. CPU accommodations come from cpu_support only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+
+def main() -> None:
+    megatron_lm, repo, prefix, out_path = sys.argv[1:5]
+    sys.path.insert(0, megatron_lm)
+    sys.path.insert(0, repo)
+    import torch
+    import torch.distributed as dist
+
+    try:
+        from megatron.training.arguments import parse_args, validate_args
+    except ImportError as exc:
+        print(f"SKIP megatron.training does not import here: {exc!r}")
+        return
+    from megatron.training.global_vars import set_global_variables
+
+    from zeppelin_megatron.megatron import pretrain as zp
+    from zeppelin_megatron.megatron.cpu_support import causal_mask, init_parallel_state, megatron_on_cpu
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    argv = ["pretrain_gpt.py", "--zeppelin", "--zeppelin-cluster", f"1x{world}", "--zeppelin-prefetch", "1",
+            "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--group-query-attention",
+            "--num-query-groups", "2", "--ffn-hidden-size", "128", "--swiglu", "--normalization", "RMSNorm",
+            "--position-embedding-type", "rope", "--seq-length", "48", "--max-position-embeddings", "64",
+            "--micro-batch-size", "1", "--global-batch-size", str(world), "--train-iters", "3", "--lr", "1e-4",
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", "500", "--data-path", prefix, "--eval-iters", "0",
+            "--transformer-impl", "local", "--no-rope-fusion", "--no-persist-layer-norm",
+            "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-dropout-fusion",
+            "--use-cpu-initialization", "--attention-dropout", "0", "--hidden-dropout", "0",
+            "--untie-embeddings-and-output-weights", "--seed", "7", "--log-interval", "1",
+            "--zeppelin-backend", "reference"]
+    sys.argv = zp.check_startup(argv, env=dict(os.environ), exit_on_error=False)
+    args = parse_args(extra_args_provider=zp.extra_args_provider(), ignore_unknown_args=False)
+    validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+    set_global_variables(args)
+    dist.init_process_group("gloo")
+    init_parallel_state(1)
+    lines: list[str] = []
+    result: dict = {}
+    with megatron_on_cpu():
+        torch.manual_seed(0)
+        model = zp.zeppelin_gpt_builder(args, True, True)
+        run = zp._run()
+        assert run.recorder is not None
+        run.recorder.writer.log = lines.append  # capture the metric lines (print_rank_last otherwise)
+        train, valid, test = zp.train_valid_test_datasets_provider([6, 0, 0])
+        assert valid is None and test is None
+
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.training.arguments import core_transformer_config_from_args
+
+        ref = GPTModel(config=core_transformer_config_from_args(args), transformer_layer_spec=get_gpt_layer_local_spec(
+            normalization="RMSNorm"), vocab_size=args.padded_vocab_size, max_sequence_length=64,
+            share_embeddings_and_output_weights=False, position_embedding_type="rope")
+        missing = ref.load_state_dict(model.state_dict(), strict=False)
+        assert not missing.missing_keys, missing.missing_keys
+
+        steps = []
+        for _ in range(3):
+            out, loss_fn = zp.forward_step(train, model)
+            loss, ntok, report = loss_fn(out)
+            loss.backward()
+            batch_plan = model._zeppelin_binding.attention[0].step.plan
+            totals = torch.tensor([float(loss), float(ntok)], dtype=torch.float64)
+            dist.all_reduce(totals)
+            # reference: the same micro-step's sequences, one at a time, on a plain megatron-core model
+            seq_ids = train.sampler.micro_step(len(steps))
+            ref_loss = 0.0
+            with torch.no_grad():
+                for s in seq_ids:
+                    n = int(train.dataset.lengths[s])
+                    tok, lab = train.dataset.read(int(s), 0, n)
+                    per_tok = ref(torch.from_numpy(tok)[None], torch.arange(n)[None], causal_mask(n),
+                                  labels=torch.from_numpy(lab)[None])
+                    ref_loss += float(per_tok.double().sum())
+            steps.append({"loss_sum": float(totals[0]), "tokens": int(totals[1]), "ref_loss_sum": ref_loss,
+                          "plan_tokens": batch_plan.total_tokens, "report": [float(x) for x in report["lm loss"]],
+                          "local_tokens": int(ntok)})
+        train.close()
+    result = {"rank": rank, "steps": steps, "metric_lines": lines, "group": [run.group.rank, run.group.size],
+              "describe": run.setup.describe()}
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)
