@@ -235,3 +235,19 @@ def test_plan_works_fails_before_timing(setup: tuple[Any, CostModel]) -> None:
         plan_works(plan, model=cost.model, device=CPU, ranks=[8])
     works = plan_works(plan, model=cost.model, device=CPU, ranks=[2, 6])
     assert [w.rank for w in works] == [2, 6] and [len(w.calls) for w in works] == [2, 1]
+
+
+def test_routed_inter_node_rings_in_any_rank_order(setup: tuple[Any, CostModel]) -> None:
+    cluster, cost = setup
+    # Two inter-node rings sharing ranks (rank 5 in both, ring order not sorted), an intra-node ring, locals.
+    lengths = [333, 200, 120, 64, 50, 9, 4, 1]
+    groups = [(5, 0, 7, 2), (3, 5, 6, 1), (4, 6), (4, 6), (0, 1), (7,), (2,), (3,)]
+    plan = build_plan(lengths, groups, cluster, cost, routing=True)
+    assert {s.placement for s in plan.sequences} == {"local", "intra_node", "inter_node"}
+    check_ring_work(plan, 2, 1)
+    work5 = rank_work(plan, 5, q_heads=2, kv_heads=1, device=CPU)
+    assert [c.queue for c in work5.calls] == [0] * 4 + [1] * 4  # both rings of 4 steps, no local sequence
+    # plan.rings order (by ranks): (3, 5, 6, 1) first, where rank 5 is position 1: sources 1, 0, 3, 2;
+    # then (5, 0, 7, 2), position 0: sources 0, 3, 2, 1 (all later positions -> late-chunk calls)
+    assert [c.kind for c in work5.calls] == ["ring_diag", "ring_early", "ring_late", "ring_late",
+                                             "ring_diag", "ring_late", "ring_late", "ring_late"]
