@@ -88,8 +88,13 @@ def test_allgather_and_ulysses_calls_cover_the_causal_work(setup: tuple[Any, Cos
     # ulysses on rank 2 (group of 2 holding sequences 40 and 33): both whole, half the heads
     (call,) = rank_work(plan, 2, q_heads=8, kv_heads=4, device=CPU, attention_comm="ulysses").calls
     assert call.batch.lens_q == (40, 33) and (call.q_heads, call.kv_heads) == (4, 2)
-    with pytest.raises(ValueError, match=r"needs q_heads \(2\) and kv_heads \(1\) divisible by 2"):
-        rank_work(plan, 2, q_heads=2, kv_heads=1, device=CPU, attention_comm="ulysses")
+    # fewer K/V heads than ranks: one replicated K/V head per rank
+    (call,) = rank_work(plan, 2, q_heads=2, kv_heads=1, device=CPU, attention_comm="ulysses").calls
+    assert (call.q_heads, call.kv_heads) == (1, 1)
+    with pytest.raises(ValueError, match=r"needs q_heads \(2\) divisible by 4"):
+        rank_work(plan, 0, q_heads=2, kv_heads=1, device=CPU, attention_comm="ulysses")
+    with pytest.raises(ValueError, match=r"needs kv_heads \(3\) to divide or be a multiple of 4"):
+        rank_work(plan, 0, q_heads=12, kv_heads=3, device=CPU, attention_comm="ulysses")
     with pytest.raises(ValueError, match="attention_comm='bogus' is not supported"):
         rank_work(plan, 0, q_heads=2, kv_heads=1, device=CPU, attention_comm="bogus")
 
@@ -228,13 +233,13 @@ def test_measure_ideal_groups_whole_sequences(setup: tuple[Any, CostModel]) -> N
 
 def test_plan_works_fails_before_timing(setup: tuple[Any, CostModel]) -> None:
     cluster, cost = setup
-    plan = build_plan([40, 33, 7], [(2, 3), (2, 3), (6,)], cluster, cost)
-    with pytest.raises(ValueError, match="divisible by 2"):
+    plan = build_plan([40, 33, 7], [(2, 3, 4, 5), (2, 3), (6,)], cluster, cost)
+    with pytest.raises(ValueError, match="divisible by 4"):
         plan_works(plan, model=cost.model, device=CPU, attention_comm="ulysses")  # tiny: 2 q heads, 1 kv head
     with pytest.raises(ValueError, match="rank 8 is outside the plan's"):
         plan_works(plan, model=cost.model, device=CPU, ranks=[8])
     works = plan_works(plan, model=cost.model, device=CPU, ranks=[2, 6])
-    assert [w.rank for w in works] == [2, 6] and [len(w.calls) for w in works] == [2, 1]
+    assert [w.rank for w in works] == [2, 6] and [len(w.calls) for w in works] == [4 + 2, 1]
 
 
 def test_routed_inter_node_rings_in_any_rank_order(setup: tuple[Any, CostModel]) -> None:

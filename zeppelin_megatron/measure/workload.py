@@ -27,7 +27,8 @@ sharing sequences; their kernel calls, one per group:
   [0, 2) and q = [6, 8) vs k = [0, 8).
 * ``ulysses`` (all-to-all from token-split to head-split): every rank of a
   group of ``g`` computes every sequence of the group whole, causal, with
-  ``Hq / g`` query and ``Hkv / g`` K/V heads (both must divide by ``g``).
+  ``Hq / g`` query heads and ``Hkv / g`` K/V heads (one replicated K/V head
+  when ``Hkv < g``); ``Hq`` must divide by ``g``.
 """
 
 from __future__ import annotations
@@ -124,11 +125,22 @@ def _allgather_call(layout: RingLayout, pos: int, queue: int, q_heads: int, kv_h
 
 
 def _ulysses_call(layout: RingLayout, queue: int, q_heads: int, kv_heads: int, device: torch.device) -> KernelCall:
-    """Whole sequences of the group with ``1/g`` of the heads."""
+    """Whole sequences of the group with ``1/g`` of the query heads.
+
+    K/V heads: ``Hkv / g`` when ``g`` divides them; with fewer K/V heads than
+    ranks (``g % Hkv == 0``) each rank's query heads fall in one K/V group and
+    that one K/V head is replicated (e.g. Hq = 8, Hkv = 2, g = 4: 2 query heads
+    and 1 K/V head per rank).
+    """
     g = layout.size
-    if q_heads % g or kv_heads % g:
-        raise ValueError(f"ulysses over a group of {g} ranks needs q_heads ({q_heads}) and kv_heads ({kv_heads}) "
-                         f"divisible by {g}")
+    if q_heads % g:
+        raise ValueError(f"ulysses over a group of {g} ranks needs q_heads ({q_heads}) divisible by {g}")
+    if kv_heads % g == 0:
+        kv_local = kv_heads // g
+    elif g % kv_heads == 0:
+        kv_local = 1
+    else:
+        raise ValueError(f"ulysses over a group of {g} ranks needs kv_heads ({kv_heads}) to divide or be a "
+                         f"multiple of {g}")
     batch = VarlenBatch(lens_q=layout.lengths, lens_k=layout.lengths, causal=True, device=device)
-    return KernelCall(queue=queue, kind="ulysses", step=0, batch=batch, q_heads=q_heads // g,
-                      kv_heads=kv_heads // g)
+    return KernelCall(queue=queue, kind="ulysses", step=0, batch=batch, q_heads=q_heads // g, kv_heads=kv_local)
