@@ -285,8 +285,11 @@ def _iterator(prefix_arg: Any, *, setup: ZeppelinSetup, rank: int, consumed_samp
     from .data.iterator import ZeppelinDataIterator, from_consumed_samples
     from .data.sampler import TokenBudgetSampler
 
+    from megatron.training import print_rank_0
+
     p = setup.parallel
     dataset = DocumentDataset(prefix=single_prefix(prefix_arg), seq_length=p.seq_length)
+    print_rank_0(dataset.describe())
     sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=p.token_budget, seed=seed)
     prefetch = setup.config.prefetch
     return ZeppelinDataIterator(
