@@ -1,4 +1,4 @@
-"""Link timing under torch.distributed (gloo on CPU): the measurement, and `zeppelin profile` under torchrun."""
+"""Under torch.distributed (gloo on CPU): link timing, replay vs the real engine, `zeppelin profile` under torchrun."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-import link_workers
+import measure_workers
 from dist_harness import spawn
 from zeppelin_megatron.planner import load_profile
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
 
-def test_measure_links_one_node_and_two_nodes() -> None:
-    spawn(2, link_workers.check_links)
+def test_links_and_replay_matches_the_engine_world_4() -> None:
+    """One spawn of 4 ranks: link timing (1 and 2 nodes) and the engine's real kernel calls vs replay's."""
+    spawn(4, measure_workers.run_all)
 
 
 def _free_port() -> int:
