@@ -1,4 +1,4 @@
-"""Runs in a subprocess with a Megatron-LM checkout first on sys.path; prints one JSON object.
+"""Runs in a subprocess with a Megatron-LM checkout on sys.path (after the installed megatron-core); prints one JSON object.
 
 Usage: python checkout_worker.py MEGATRON_LM REPO. Checks our flags and start-up
 checks against the checkout's real parser and ``validate_args`` (CPU flags from
@@ -39,8 +39,10 @@ def typical_argv(repo: str, **extra: str) -> list[str]:
 
 def main() -> None:
     megatron_lm, repo = sys.argv[1], sys.argv[2]
-    sys.path.insert(0, megatron_lm)
+    # Appended: `megatron` is a namespace package, so megatron.core comes from the installed
+    # megatron-core and only megatron.training (absent from the wheel) from the checkout.
     sys.path.insert(0, repo)
+    sys.path.append(megatron_lm)
     os.environ.update(WORLD_SIZE="32", LOCAL_WORLD_SIZE="8", RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
     try:
         import megatron.training.arguments as megatron_arguments
@@ -56,7 +58,11 @@ def main() -> None:
     from zeppelin_megatron.megatron.planning import model_shape_from_args
     from zeppelin_megatron.megatron.pretrain import check_startup, extra_args_provider, setup_from_args
 
-    out: dict = {}
+    import megatron.core
+    import megatron.training
+
+    out: dict = {"core_file": megatron.core.__file__ or str(list(megatron.core.__path__)),
+                 "training_file": megatron.training.__file__}
     env = dict(os.environ)
     argv = check_startup(typical_argv(repo), env=env, exit_on_error=False)
     out["prepared_tail"] = argv[-3:]

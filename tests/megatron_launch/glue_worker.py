@@ -19,8 +19,10 @@ import traceback
 
 def main() -> None:
     megatron_lm, repo, prefix, out_path = sys.argv[1:5]
-    sys.path.insert(0, megatron_lm)
+    # Appended: `megatron` is a namespace package, so megatron.core comes from the installed
+    # megatron-core and only megatron.training (absent from the wheel) from the checkout.
     sys.path.insert(0, repo)
+    sys.path.append(megatron_lm)
     import torch
     import torch.distributed as dist
 

@@ -71,7 +71,10 @@ def worker_result(megatron_lm: Path) -> dict:
     raise AssertionError(f"worker failed (rc {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
 
 
-def test_flags_parse_and_validate_with_megatron(worker_result: dict) -> None:
+def test_flags_parse_and_validate_with_megatron(worker_result: dict, megatron_lm: Path) -> None:
+    # megatron.core is the installed wheel's; megatron.training the checkout's
+    assert str(megatron_lm) not in worker_result["core_file"]
+    assert worker_result["training_file"].startswith(str(megatron_lm))
     assert worker_result["prepared_tail"] == ["--calculate-per-token-loss", "--dataloader-type", "external"]
     m = worker_result["megatron"]
     assert (m["world_size"], m["data_parallel_size"]) == (32, 16)
