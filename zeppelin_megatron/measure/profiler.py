@@ -82,6 +82,11 @@ class ProfileOptions:
             raise ValueError(f"need warmup >= 0 and repeats >= 1, got warmup={self.warmup}, repeats={self.repeats}")
 
 
+def _sig(x: float) -> float:
+    """Five significant digits (a fixed number of decimals would round a fast row to 0)."""
+    return float(f"{x:.5g}")
+
+
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -116,7 +121,7 @@ def measure_profile(
         n = max(1, opts.tokens_per_call // s)
         ms = attention_ms((s,) * n, (s,) * n, True)
         rate = tflops(s, s, n, True, ms)
-        att_rows.append({"seqlen": s, "num_seqs": n, "causal": True, "fwd_bwd_ms": round(ms, 4),
+        att_rows.append({"seqlen": s, "num_seqs": n, "causal": True, "fwd_bwd_ms": _sig(ms),
                          "fwd_bwd_tflops": rate})
         say(f"attention causal s={s} x{n}: {ms:.4f} ms ({rate} TFLOP/s)")
 
@@ -127,7 +132,7 @@ def measure_profile(
             for q_len, k_len in ((s, s // 2), (s // 2, s)):
                 ms = attention_ms((q_len,) * n, (k_len,) * n, False)
                 rate = tflops(q_len, k_len, n, False, ms)
-                block_rows.append({"q_len": q_len, "k_len": k_len, "num_seqs": n, "fwd_bwd_ms": round(ms, 4),
+                block_rows.append({"q_len": q_len, "k_len": k_len, "num_seqs": n, "fwd_bwd_ms": _sig(ms),
                                    "fwd_bwd_tflops": rate})
                 say(f"ring block {q_len}x{k_len} x{n}: {ms:.4f} ms ({rate} TFLOP/s)")
 
@@ -136,7 +141,7 @@ def measure_profile(
         work = LinearWork(m, t, dtype=opts.dtype, device=dev, seed=opts.seed)
         ms = time_ms(work.run, device=dev, warmup=opts.warmup, repeats=opts.repeats).median
         rate = float(f"{linear_flops(m, t) / (ms * 1e-3) / 1e12:.4g}")
-        lin_rows.append({"tokens": t, "fwd_bwd_ms": round(ms, 4), "tflops": rate})
+        lin_rows.append({"tokens": t, "fwd_bwd_ms": _sig(ms), "tflops": rate})
         say(f"linear t={t}: {ms:.4f} ms ({rate} TFLOP/s)")
         del work
 
@@ -164,7 +169,7 @@ def measure_profile(
         "attention": {"q_heads": hq, "kv_heads": hkv, "head_dim": d, "rows": att_rows},
         "linear": {"hidden": m.hidden, "ffn": m.ffn, "q_heads": hq, "kv_heads": hkv, "head_dim": d,
                    "rows": lin_rows},
-        "call_overhead_ms": round(overhead, 4),
+        "call_overhead_ms": _sig(overhead),
         "software": {"torch": torch.__version__, "python": platform.python_version(),
                      "cuda": torch.version.cuda, "platform": sys.platform},
         "measurement": {"backend": kernel.name, "warmup": opts.warmup, "repeats": opts.repeats,
