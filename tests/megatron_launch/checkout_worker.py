@@ -108,22 +108,27 @@ def main() -> None:
 
 
 def recipe_check(repo, env, check_startup, parse_args, extra_args_provider, validate_args) -> dict:
-    """Source configs/recipes/llama7b_4x8_h100.sh as the launchers do; its flags must pass every check."""
+    """Source every configs/recipes/*.sh as the launchers do (4 nodes x 8 GPUs); its flags must
+    pass our start-up checks and Megatron's validate_args."""
+    import glob
     import subprocess
 
+    out = {}
     renv = dict(env, NNODES="4", GPUS_PER_NODE="8", DATA_PREFIX="/data/corpus_text_document",
                 TOKENIZER_MODEL="gpt2", CKPT_DIR="/tmp/ckpt")
-    r = subprocess.run(["bash", "-c", 'source "$0" && printf "%s\\0" "${RECIPE_ARGS[@]}"',
-                        f"{repo}/configs/recipes/llama7b_4x8_h100.sh"], env=renv, capture_output=True, text=True,
-                       check=True)
-    flags = [a for a in r.stdout.split("\0") if a]
-    argv = check_startup(["pretrain_gpt.py", *flags], env=renv, exit_on_error=False)
-    sys.argv = argv
-    args = parse_args(extra_args_provider=extra_args_provider(), ignore_unknown_args=False)
-    validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
-    return {"n_flags": len(flags), "cluster": args.zeppelin_cluster, "global_batch_size": args.global_batch_size,
-            "data_parallel_size": args.data_parallel_size, "seq_length": args.seq_length}
-
+    for path in sorted(glob.glob(f"{repo}/configs/recipes/*.sh")):
+        r = subprocess.run(["bash", "-c", 'source "$0" && printf "%s\\0" "${RECIPE_ARGS[@]}"', path],
+                           env=renv, capture_output=True, text=True, check=True)
+        flags = [a for a in r.stdout.split("\0") if a]
+        argv = check_startup(["pretrain_gpt.py", *flags], env=renv, exit_on_error=False)
+        sys.argv = argv
+        args = parse_args(extra_args_provider=extra_args_provider(), ignore_unknown_args=False)
+        validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+        out[os.path.basename(path)] = {
+            "cluster": args.zeppelin_cluster, "global_batch_size": args.global_batch_size,
+            "data_parallel_size": args.data_parallel_size, "seq_length": args.seq_length,
+            "tensor_parallel": args.tensor_model_parallel_size, "num_layers": args.num_layers}
+    return out
 
 if __name__ == "__main__":
     try:

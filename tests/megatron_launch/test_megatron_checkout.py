@@ -122,7 +122,12 @@ def test_launcher_exits_before_distributed_init(megatron_lm: Path) -> None:
     assert "initialized" not in r.stdout.lower()  # stopped before torch.distributed
 
 
-def test_llama7b_recipe_passes_megatron_and_zeppelin_checks(worker_result: dict) -> None:
+def test_recipes_pass_megatron_and_zeppelin_checks(worker_result: dict) -> None:
     r = worker_result["recipe"]
-    assert r["cluster"].startswith("4x8@") and r["cluster"].endswith("configs/clusters/h100.yaml")
-    assert (r["global_batch_size"], r["data_parallel_size"], r["seq_length"]) == (64, 32, 65536)
+    assert set(r) == {p.name for p in (REPO / "configs" / "recipes").glob("*.sh")}
+    for name, got in r.items():
+        assert got["cluster"].startswith("4x8@") and got["cluster"].endswith("configs/clusters/h100.yaml"), name
+    seven, thirteen = r["llama7b_4x8_h100.sh"], r["llama13b_4x8_h100_tp2.sh"]
+    assert (seven["global_batch_size"], seven["data_parallel_size"], seven["seq_length"]) == (64, 32, 65536)
+    assert (thirteen["tensor_parallel"], thirteen["data_parallel_size"], thirteen["num_layers"]) == (2, 16, 40)
+    assert thirteen["global_batch_size"] == 32  # 2 micro-steps of 16 Zeppelin ranks

@@ -1,0 +1,52 @@
+# shellcheck shell=bash
+# Recipe: a small GPT (8 layers, hidden 1024) for checking an installation or a cluster in
+# minutes: 50 steps, sequences of up to 16384 tokens, no checkpoints, metrics every step.
+# Works on any node count (the launchers set NNODES and GPUS_PER_NODE).
+#
+#   RECIPE=configs/recipes/smoke_gpt.sh bash scripts/single_node.sh
+#
+# Inputs: DATA_PREFIX, TOKENIZER_MODEL (HuggingFace tokenizer used for DATA_PREFIX).
+
+: "${NNODES:?NNODES must be set by the launcher}"
+: "${GPUS_PER_NODE:?GPUS_PER_NODE must be set by the launcher}"
+: "${DATA_PREFIX:?set DATA_PREFIX to an indexed dataset prefix (path without .bin/.idx)}"
+: "${TOKENIZER_MODEL:?set TOKENIZER_MODEL to the tokenizer used to make DATA_PREFIX}"
+
+RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ZEPPELIN_REPO="${ZEPPELIN_REPO:-$(cd "$RECIPE_DIR/../.." && pwd)}"
+SEQ_LENGTH="${SEQ_LENGTH:-16384}"
+ZEPPELIN_RANKS=$(( NNODES * GPUS_PER_NODE ))
+
+RECIPE_ARGS=(
+    --zeppelin
+    --zeppelin-cluster "${NNODES}x${GPUS_PER_NODE}@${ZEPPELIN_REPO}/configs/clusters/h100.yaml"
+    --num-layers 8
+    --hidden-size 1024
+    --num-attention-heads 16
+    --group-query-attention
+    --num-query-groups 4
+    --ffn-hidden-size 2816
+    --swiglu
+    --normalization RMSNorm
+    --position-embedding-type rope
+    --untie-embeddings-and-output-weights
+    --disable-bias-linear
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
+    --transformer-impl "${TRANSFORMER_IMPL:-local}"
+    --max-position-embeddings "$SEQ_LENGTH"
+    --seq-length "$SEQ_LENGTH"
+    --micro-batch-size 1
+    --global-batch-size "$ZEPPELIN_RANKS"
+    --bf16
+    --data-path "$DATA_PREFIX"
+    --split 100,0,0
+    --tokenizer-type HuggingFaceTokenizer
+    --tokenizer-model "$TOKENIZER_MODEL"
+    --train-iters 50
+    --lr 3e-4
+    --lr-warmup-iters 5
+    --lr-decay-style cosine
+    --log-interval 1
+    --eval-iters 0
+)
