@@ -144,7 +144,7 @@ def check_startup(
         if not args.zeppelin:
             raise ZeppelinArgsError("check_startup: the command line has no --zeppelin")
         world = _env_int(env, "WORLD_SIZE") or 1
-        setup = setup_from_args(args, world_size=world, local_world_size=_env_int(env, "LOCAL_WORLD_SIZE"))
+        setup_from_args(args, world_size=world, local_world_size=_env_int(env, "LOCAL_WORLD_SIZE"))
     except ZeppelinArgsError as exc:
         if not exit_on_error:
             raise
@@ -154,8 +154,6 @@ def check_startup(
         else:
             print(f"zeppelin: rank {rank}: start-up check failed (see rank 0)", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-    if env.get("RANK", "0") in ("0", ""):
-        print(setup.describe(), flush=True)
     return out
 
 
