@@ -66,6 +66,8 @@ class Transfer:
     key: tuple
     category: str
     chains: list[list[Hop]] = field(default_factory=list)
+    after: dict[int, int] = field(default_factory=dict)
+    """Chain ``c`` starts only when chain ``after[c]`` has finished (fan-out after a shared hop)."""
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,30 @@ def _hop(cost: CostModel, src: int, dst: int, nbytes: float) -> Hop:
 
 
 def _pairs_transfer(key: tuple, category: str, cost: CostModel, pair_bytes: dict[tuple[int, int], float]) -> Transfer:
+    """One hop per pair, except that a rank's bytes to all GPUs of another node go as one NIC
+    hop to the rail-aligned GPU there and on over NVLink (NCCL's PXN-style all-to-all):
+    ``src -> (node(dst), local(src))`` carries the sum, then one NVLink hop per final GPU.
+    Keeps a 128-rank all-to-all at ``128 x (nodes + 7)`` flows instead of ``128^2``.
+    """
+    cl = cost.cluster
     t = Transfer(key, category)
+    remote: dict[tuple[int, int], list[tuple[int, float]]] = defaultdict(list)
     for (a, b), nbytes in sorted(pair_bytes.items()):
-        if a != b and nbytes > 0:
-            t.chains.append([_hop(cost, a, b, nbytes)])
+        if a == b or nbytes <= 0:
+            continue
+        if cl.node_of(a) == cl.node_of(b):
+            t.chains.append([Hop(a, b, float(nbytes), "nvl")])
+        else:
+            remote[(a, cl.node_of(b))].append((b, float(nbytes)))
+    for (a, node), items in sorted(remote.items()):
+        rail = cl.rank_of(node, cl.local_of(a))
+        total = sum(n for _, n in items)
+        head = len(t.chains)
+        t.chains.append([Hop(a, rail, total, "nic")])
+        for b, n in items:
+            if b != rail:
+                t.after[len(t.chains)] = head
+                t.chains.append([Hop(rail, b, n, "nvl")])
     return t
 
 

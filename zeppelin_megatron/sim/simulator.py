@@ -142,10 +142,15 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, keep_events: boo
                 for e in ends:
                     pend[e] = pend.get(e, 0) + 1
                     idx.setdefault(e, []).append((c, h))
-                if h == 0:
+                if h == 0 and c not in t.after:
                     done_prev.add((key, c, 0))
         pending[key] = pend
         by_rank[key] = idx
+
+    dependents: dict[tuple, dict[int, list[int]]] = {}
+    for key, t in program.transfers.items():
+        for c2, c1 in sorted(t.after.items()):
+            dependents.setdefault(key, {}).setdefault(c1, []).append(c2)
 
     def start_hop(key: tuple, c: int, h: int) -> None:
         hop = program.transfers[key].chains[c][h]
@@ -204,10 +209,16 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, keep_events: boo
                 pending[key][e] -= 1
                 if pending[key][e] == 0 and e in waiting_on.get(key, ()):
                     ready.add(e)
-            if h + 1 < len(program.transfers[key].chains[c]):
+            tr = program.transfers[key]
+            if h + 1 < len(tr.chains[c]):
                 done_prev.add((key, c, h + 1))
                 if need[(key, c, h + 1)] == 0:
                     start_hop(key, c, h + 1)
+            else:
+                for c2 in dependents.get(key, {}).get(c, ()):
+                    done_prev.add((key, c2, 0))
+                    if need[(key, c2, 0)] == 0:
+                        start_hop(key, c2, 0)
         while compute_heap and compute_heap[0][0] <= t + EPS_MS:
             ready.add(heapq.heappop(compute_heap)[1])
         for r in sorted(ready):

@@ -69,6 +69,42 @@ def _te_cp(routing: bool) -> Callable[..., StrategyPlan]:
     return make
 
 
+def _allgather(name: str, lengths: list[int], cluster: Cluster, cost: CostModel,
+               cp_size: int | None = None) -> StrategyPlan:
+    from .te_cp import allgather_estimate_ms, te_cp_plan
+
+    plan, cp = te_cp_plan(lengths, cluster, cost, cp_size=cp_size,
+                          score=lambda plan, cp: allgather_estimate_ms(plan, cost))
+    how = "fixed" if cp_size is not None else "best estimated power of two for this batch"
+    return StrategyPlan(name=name, plan=plan, attention_comm="allgather", note=f"cp={cp} ({how})")
+
+
+def _hybrid_dp(name: str, lengths: list[int], cluster: Cluster, cost: CostModel,
+               max_seqlen_per_rank: int | None = None) -> StrategyPlan:
+    from .baselines import hybrid_dp_plan
+    m = max_seqlen_per_rank if max_seqlen_per_rank is not None else -(-sum(lengths) // cluster.world_size)
+    return StrategyPlan(name=name, plan=hybrid_dp_plan(lengths, cluster, cost, m), attention_comm="ring",
+                        note=f"max_seqlen_per_rank={m}")
+
+
+def _wlb_llm(name: str, lengths: list[int], cluster: Cluster, cost: CostModel,
+             cp_size: int | None = None) -> StrategyPlan:
+    from .baselines import wlb_llm_plan
+    plan, cp = wlb_llm_plan(lengths, cluster, cost, cp_size=cp_size)
+    how = "fixed" if cp_size is not None else "best simulated power of two for this batch"
+    return StrategyPlan(name=name, plan=plan, attention_comm="ring", note=f"cp={cp} ({how})")
+
+
+def _flexsp(name: str, lengths: list[int], cluster: Cluster, cost: CostModel,
+            max_group: int | None = None) -> StrategyPlan:
+    from .flexsp import flexsp_plan
+    kw = {} if max_group is None else {"max_group": max_group}
+    plan, sol = flexsp_plan(lengths, cluster, cost, **kw)
+    sizes = ", ".join(f"{n}x{d}" for d, n in zip(sol.classes, sol.groups) if n)
+    return StrategyPlan(name=name, plan=plan, attention_comm="ulysses",
+                        note=f"groups {sizes}; MILP T={sol.makespan_ms:.2f} ms/layer, {sol.solves} optimal solves")
+
+
 _DESCRIPTIONS: dict[str, str] = {
     "zeppelin": "Zeppelin: hierarchical partitioning + routing + remapping",
     "zeppelin-no-routing": "Zeppelin without NIC-aware routing",
@@ -78,6 +114,10 @@ _DESCRIPTIONS: dict[str, str] = {
     "zeppelin-local-only": "Zeppelin with the local placement only (sequences too long for a GPU still split)",
     "te-cp": "TE CP: fixed CP groups, every sequence zigzag-split over its group, packed by tokens",
     "te-cp-routing": "TE CP plus Zeppelin's NIC-aware routing of cross-node ring hops (routing alone)",
+    "allgather-cp": "all-gather K/V CP (LLaMA-3 style): TE CP's groups, K/V all-gathered, dK/dV reduce-scattered",
+    "hybrid-dp": "Hybrid DP (Megatron --hybrid-context-parallel): short sequences whole, long ones on power-of-two CP groups",
+    "wlb-llm": "WLB-LLM: workload-aware packing into CP groups + per-document sharding where it pays",
+    "flexsp": "FlexSP: per-sequence Ulysses group sizes from a MILP (scipy.optimize.milp)",
 }
 
 _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
@@ -89,6 +129,10 @@ _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
     "zeppelin-local-only": _zeppelin(placements=("local",)),
     "te-cp": _te_cp(routing=False),
     "te-cp-routing": _te_cp(routing=True),
+    "allgather-cp": _allgather,
+    "hybrid-dp": _hybrid_dp,
+    "wlb-llm": _wlb_llm,
+    "flexsp": _flexsp,
 }
 
 STRATEGY_NAMES: tuple[str, ...] = tuple(_MAKERS)

@@ -28,7 +28,7 @@ from ..planner.cost_model import CostModel
 from ..planner.plan import PlanError, StepPlan
 from .planbuild import build_plan
 
-__all__ = ["cp_groups", "te_cp_plan", "cp_candidates", "pack_by_tokens"]
+__all__ = ["cp_groups", "te_cp_plan", "cp_candidates", "pack_by_tokens", "allgather_estimate_ms"]
 
 
 def cp_candidates(lengths: Sequence[int], cluster: Cluster) -> list[int]:
@@ -121,3 +121,34 @@ def te_cp_plan(
         raise PlanError(f"no CP size in {candidates} can pack {len(lengths)} sequences "
                         f"({sum(lengths)} tokens) on {cluster.world_size} GPUs")
     return best[2], best[1]
+
+
+def allgather_estimate_ms(plan: StepPlan, cost: CostModel) -> float:
+    """Analytic step time of ``plan`` run as all-gather CP (picks the CP size; the simulator reports).
+
+    Per group of ``g`` ranks: compute ``sum block_ms(s/g, s) / 2`` per rank; the
+    all-gather (``2 (g-1)/g`` of the group's K/V bytes into each rank) overlaps
+    the rank's diagonal blocks; the reduce-scatter (``(g-1)/g``) is exposed.
+    NVLink within a node, one NIC per GPU across nodes. Plus local work and linear.
+    """
+    cl = cost.cluster
+    o = cost.call_overhead_ms
+    per_rank = [cost.linear_ms(plan.tokens(r, "linear")) for r in range(plan.world_size)]
+    for ring in plan.rings:
+        g = len(ring.ranks)
+        lens = [plan.sequences[i].length for i in ring.seqs]
+        total = sum(lens) * cost.kv_bytes_per_token
+        near = min(g, cl.gpus_per_node)
+        share = (cl.gpus_sharing_nic(0), (near - 1) / g, (g - near) / g)
+
+        def link(b: float, share: tuple[int, float, float] = share) -> float:
+            return max(cost.nvlink_ms(b * share[1]), cost.nic_ms(b * share[2] * share[0]) if share[2] else 0.0)
+        diag = max(sum(cost.causal_ms(s // g) for s in lens), o)
+        rest = max(sum(cost.block_ms(s // g, s) / 2 for s in lens) - diag, o)
+        t = max(diag, link(2 * total)) + rest + link(total)
+        for r in ring.ranks:
+            per_rank[r] += t
+    for s in plan.sequences:
+        if s.placement == "local":
+            per_rank[s.ranks[0]] += cost.local_ms(s.length)
+    return cost.model.layers * max(per_rank)
