@@ -2,42 +2,98 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import pytest
 
-from zeppelin_megatron.planner import CostModel, plan_step
+from zeppelin_megatron.planner import CostModel, StepPlan, load_cluster, load_model, plan_step
 from zeppelin_megatron.planner.predict import attention_time
 from zeppelin_megatron.planner.workloads import long_tailed_batch
 
-# 1M tokens; ~97% of documents log-normal under 4k, ~3% uniform in 32k-128k.
-SEEDS = range(20)
+# Batches of 32k tokens per GPU (1M on 4x8); ~97% of documents log-normal under 4k,
+# ~3% uniform in 32k-128k. Issue 2: predicted attention max/mean <= 1.05 on 4x8, 7B.
+SEEDS_4X8 = range(100)
+OTHER_SHAPES = [("2x8", 1 << 19, seed) for seed in range(20)] + [("8x8", 1 << 21, seed) for seed in range(5)]
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_attention_balanced_on_4x8_7b(cost_4x8: CostModel, seed: int) -> None:
-    lengths = long_tailed_batch(1 << 20, seed)
-    assert sum(s < 4096 for s in lengths) > 0.9 * len(lengths)
-    plan = plan_step(lengths, cost_4x8.cluster, cost_4x8)
+@lru_cache(maxsize=None)
+def _cost(spec: str) -> CostModel:
+    return CostModel(model=load_model(None), cluster=load_cluster(spec))
+
+
+@lru_cache(maxsize=None)
+def _plan(spec: str, tokens: int, seed: int) -> StepPlan:
+    cost = _cost(spec)
+    return plan_step(long_tailed_batch(tokens, seed), cost.cluster, cost)
+
+
+def _max_over_mean(plan: StepPlan) -> float:
     att = attention_time(plan.predicted)
-    assert max(att) / (sum(att) / len(att)) <= 1.05
+    return max(att) / (sum(att) / len(att))
 
 
-def test_short_sequences_stay_local(cost_4x8: CostModel) -> None:
-    for seed in SEEDS:
-        lengths = long_tailed_batch(1 << 20, seed)
-        plan = plan_step(lengths, cost_4x8.cluster, cost_4x8)
+@pytest.mark.parametrize("seed", SEEDS_4X8)
+def test_attention_balanced_on_4x8_7b(seed: int) -> None:
+    plan = _plan("4x8", 1 << 20, seed)
+    assert sum(s.length < 4096 for s in plan.sequences) > 0.85 * len(plan.sequences)  # ~97% expected
+    assert _max_over_mean(plan) <= 1.05
+
+
+@pytest.mark.parametrize("spec,tokens,seed", OTHER_SHAPES)
+def test_attention_balanced_on_other_shapes(spec: str, tokens: int, seed: int) -> None:
+    assert _max_over_mean(_plan(spec, tokens, seed)) <= 1.05
+
+
+def test_short_sequences_stay_local() -> None:
+    cost = _cost("4x8")
+    for seed in SEEDS_4X8:
+        plan = _plan("4x8", 1 << 20, seed)
         for s in plan.sequences:
             g = len(s.ranks)
             if s.placement == "intra_node":
-                assert cost_4x8.comm_ratio(s.length, g, inter_node=False) >= 1.0
-            if s.placement == "inter_node":
-                assert cost_4x8.comm_ratio(s.length, g, inter_node=True, proxies=8) >= 1.0
+                assert cost.comm_ratio(s.length, g, inter_node=False) >= 1.0
+            if s.placement == "inter_node":  # whole nodes, or a node plus some GPUs of another
+                assert cost.comm_ratio(s.length, g, inter_node=True, proxies=8) >= 1.0
             if s.placement != "local":
-                assert cost_4x8.ring_ms(s.length, g, inter_node=s.placement == "inter_node",
-                                        proxies=8) < cost_4x8.local_ms(s.length)
+                assert cost.ring_ms(s.length, g, inter_node=s.placement == "inter_node",
+                                    proxies=8) < cost.local_ms(s.length)
         # Anything that cannot hide its NVLink ring transfer even on 2 GPUs is local.
         for s in plan.sequences:
-            if s.length < 4 or cost_4x8.comm_ratio(s.length, 2, inter_node=False) < 1.0:
+            if s.length < 4 or cost.comm_ratio(s.length, 2, inter_node=False) < 1.0:
                 assert s.placement == "local"
+
+
+def test_plans_are_deterministic() -> None:
+    # A fresh cost model (cold caches) gives byte-identical JSON.
+    for seed in (22, 50, 74):
+        cost = CostModel(model=load_model(None), cluster=load_cluster("4x8"))
+        again = plan_step(long_tailed_batch(1 << 20, seed), cost.cluster, cost)
+        assert again.to_json() == _plan("4x8", 1 << 20, seed).to_json()
+
+
+def test_partitioner_scores_plans_as_predict_does() -> None:
+    """The partitioner balances what the prediction reports (per layer vs per step)."""
+    from zeppelin_megatron.planner.partition import Assignment, PartitionOptions, _Ctx, attention_times
+
+    for spec, tokens, seed in [("4x8", 1 << 20, 22), ("4x8", 1 << 20, 50), ("2x8", 1 << 19, 4)]:
+        plan, cost = _plan(spec, tokens, seed), _cost(spec)
+        lengths = [s.length for s in plan.sequences]
+        mine = attention_times(_Ctx(lengths, cost, PartitionOptions()),
+                               [Assignment(s.placement, s.ranks) for s in plan.sequences])
+        layers = cost.model.layers
+        assert [layers * a for a in mine] == pytest.approx(attention_time(plan.predicted), abs=1e-4)
+
+
+def test_worked_example_of_docs() -> None:
+    """docs/planner.md's example: 24000 tokens lent as a ring over node 0 plus one GPU of node 1."""
+    cluster = load_cluster("2x4", tokens_per_gpu=40_000)
+    cost = CostModel(model=load_model(None), cluster=cluster)
+    plan = plan_step([60000, 24000, 3000, 2000, 1500, 900, 700, 400, 300, 200], cluster, cost)
+    assert [(s.placement, s.ranks) for s in plan.sequences[:3]] == [
+        ("inter_node", tuple(range(8))), ("inter_node", (0, 1, 2, 3, 4)), ("local", (5,))]
+    assert all(s.placement == "local" for s in plan.sequences[2:])
+    att = attention_time(plan.predicted)
+    assert att == pytest.approx([1725.46] * 5 + [1389.42] * 3, abs=0.01)
 
 
 def test_all_three_placements_occur() -> None:

@@ -12,8 +12,11 @@ greedy "largest first, least loaded first" (LPT) heuristics:
    smallest number of whole nodes ``k`` whose ring brings its
    per-rank time under ``t`` (and whose compute hides its ring transfer over
    the network, see below), on the ``k`` least loaded nodes (ring in node
-   order). Other sequences go to the least loaded node that has room; a final
-   pass moves sequences from the busiest to the idlest node while that helps.
+   order). Other sequences go to the least loaded node that has room. Then a
+   local search (:mod:`.node_balance`) moves work off the busiest node: light
+   sequences, trades, a slice of a sequence lent as a ring over its node plus
+   ``m`` GPUs of another node (``inter_node`` over ``G + m`` ranks), or a
+   whole-node ring's share.
 2. GPUs, node by node. Each node's target is its load divided by ``G``.
    A sequence goes whole to the least loaded GPU (``local``) if that keeps
    the GPU under the node target; otherwise it is split over the smallest
@@ -21,6 +24,15 @@ greedy "largest first, least loaded first" (LPT) heuristics:
    under target (``intra_node``), ring order by local index. The node is
    filled twice, once that way and once giving every split sequence a ring
    over the whole node (even ring loads); the fill with the lower peak wins.
+3. Check and correct. The result's per-GPU attention time is computed by the
+   rule of :func:`~.predict.predict` (:func:`attention_times`: shared ring
+   calls, ring waits filled by local work, routed cross-node hops). While
+   the busiest GPU exceeds the mean by more than ``slack``, level 1 restarts
+   its search from what level 2 made of each node (node load = ``G`` x its
+   busiest GPU; a split sequence's cost = its ring's GPU-time) and level 2
+   runs again; the best result seen wins. Level 1's estimates (smallest
+   ring, even GPUs) differ from level 2's outcome by a few percent, which is
+   as much as the balance target.
 
 Splitting is allowed on a link only where the sequence's compute-to-
 communication ratio (one off-diagonal ring step's kernel time over its
@@ -38,10 +50,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .cost_model import CostModel
+from .node_balance import NodeState, rebalance_nodes, ring_node_tokens
 from .plan import PlanError
+from .predict import rank_attention, ring_time
+from .routing import Route, plan_routing
 from .zigzag import zigzag_tokens
 
-__all__ = ["PartitionOptions", "Assignment", "partition"]
+__all__ = ["PartitionOptions", "Assignment", "partition", "attention_times"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +107,8 @@ class _Ctx:
         self.target = sum(self.w) / cl.world_size
         self.limit = self.target * (1.0 + options.slack)
         self.node_soft_cap = int(self.gpn * self.cap * (1.0 - NODE_HEADROOM))
+        self._inter_ok: dict[tuple[int, int], bool] = {}
+        self._rings: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, float]] = {}
 
     def intra_ok(self, s: int, g: int) -> bool:
         """Splitting ``s`` over ``g`` GPUs of a node hides its transfer and beats keeping it whole."""
@@ -100,10 +117,32 @@ class _Ctx:
                 and cost.ring_ms(s, g, inter_node=False) < cost.local_ms(s))
 
     def inter_ok(self, s: int, ranks: int) -> bool:
-        """The same for a ring of ``ranks`` GPUs across nodes."""
-        cost = self.cost
-        return (s >= 2 * ranks and cost.comm_ratio(s, ranks, inter_node=True, proxies=self.proxies)
-                >= self.options.min_ratio and self.inter_ms(s, ranks) < cost.local_ms(s))
+        """The same for a ring of ``ranks`` GPUs across nodes (memoised: level 1 asks often)."""
+        hit = self._inter_ok.get((s, ranks))
+        if hit is None:
+            cost = self.cost
+            hit = (s >= 2 * ranks and cost.comm_ratio(s, ranks, inter_node=True, proxies=self.proxies)
+                   >= self.options.min_ratio and self.inter_ms(s, ranks) < cost.local_ms(s))
+            self._inter_ok[(s, ranks)] = hit
+        return hit
+
+    def ring_times(self, ranks: tuple[int, ...], lengths: tuple[int, ...]) -> tuple[float, float]:
+        """:func:`~.predict.ring_time` ``(total, own)`` of one ring, its cross hops routed (memoised).
+
+        Routes of a ring depend on that ring alone (:func:`~.routing.plan_routing`).
+        """
+        key = (ranks, lengths)
+        hit = self._rings.get(key)
+        if hit is None:
+            cost, cl = self.cost, self.cluster
+            routes: dict[tuple[int, int], Route] = {}
+            if len({cl.node_of(r) for r in ranks}) > 1:
+                step_bytes = sum(cost.ring_step_bytes(s, len(ranks)) for s in lengths)
+                routes = {(rt.src, rt.dst): rt
+                          for rt in plan_routing([(ranks, step_bytes)], cl, cost, enabled=self.options.routing)}
+            hit = ring_time(cost, ranks, lengths, routes)[:2]
+            self._rings[key] = hit
+        return hit
 
     def inter_ms(self, s: int, ranks: int) -> float:
         return self.cost.ring_ms(s, ranks, inter_node=True, proxies=self.proxies)
@@ -123,63 +162,129 @@ class _Ctx:
 SPAN_FACTORS: tuple[float, ...] = (1.0, 0.5, 0.25)
 """Candidate thresholds (fractions of the per-rank target) for spanning nodes."""
 
+CORRECTION_ROUNDS = 3
+"""Times level 1 is rebalanced on level 2's outcome for one span threshold."""
+
 
 def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions) -> list[Assignment]:
     """Place every sequence; see the module docstring. Deterministic.
 
-    Runs level 1 + 2 with the span threshold at the target; if the busiest
-    GPU then exceeds the mean GPU load by more than ``slack`` (batches dominated by
-    a few huge sequences that whole nodes cannot balance), retries with lower
-    thresholds, which span more sequences over nodes, and keeps the candidate
-    with the lowest busiest-GPU load (ties: the earlier candidate). A later
-    candidate that cannot fit the token capacity is skipped.
+    For each span threshold (the target, then lower ones while needed): level
+    1, then level 2, then the plan's per-GPU attention time as
+    :func:`~.predict.predict` computes it (:func:`attention_times`). While its
+    busiest GPU exceeds the mean by more than ``slack``, level 1 is corrected
+    with what level 2 made of each node (:func:`_correct`) and level 2 re-run,
+    up to :data:`CORRECTION_ROUNDS` times. Lower thresholds span more
+    sequences over nodes (batches dominated by a few huge sequences). The
+    candidate with the lowest busiest GPU wins (ties: the earlier); one that
+    cannot fit the token capacity is skipped unless it is the first.
     """
     ctx = _Ctx(lengths, cost, options)
     order = sorted(range(len(lengths)), key=lambda i: (-ctx.w[i], -lengths[i], i))
+    rank_in_order = {i: k for k, i in enumerate(order)}
     best: tuple[float, list[Assignment]] | None = None
     for factor in SPAN_FACTORS if ctx.allow_inter and ctx.cluster.nodes > 1 else SPAN_FACTORS[:1]:
         try:
-            assignments, peak, mean = _partition_once(ctx, order, ctx.limit * factor)
+            st = _assign_nodes(ctx, order, ctx.limit * factor, rank_in_order)
         except PlanError:
             if best is None:
                 raise
             continue  # this candidate runs out of memory somewhere; keep the one we have
-        if best is None or peak < best[0] - 1e-9:
-            best = (peak, assignments)
-        if best[0] <= mean * (1.0 + options.slack):
-            break  # already within slack of its own mean: no need to try more spanning
+        within = False
+        for rnd in range(CORRECTION_ROUNDS + 1):
+            try:
+                assignments = _place_gpus(ctx, st)
+            except PlanError:
+                if best is None:
+                    raise
+                break
+            att = attention_times(ctx, assignments)
+            peak, mean = max(att), sum(att) / len(att)
+            if best is None or peak < best[0] - 1e-9:
+                best = (peak, assignments)
+            within = peak <= mean * (1.0 + options.slack)
+            if within or rnd == CORRECTION_ROUNDS or not _correct(ctx, st, assignments, att, rank_in_order):
+                break
+        if within:
+            break  # within slack of its own mean: no need to try more spanning
     assert best is not None
     return best[1]
 
 
-def _partition_once(
-    ctx: _Ctx, order: list[int], span_limit: float
-) -> tuple[list[Assignment], float, float]:
-    """Levels 1 and 2 for one span threshold; returns the assignments, peak and mean GPU load."""
+def attention_times(ctx: _Ctx, assignments: list[Assignment]) -> list[float]:
+    """Per-GPU attention time (one layer) of ``assignments``, by the rule of :func:`~.predict.predict`.
+
+    Sequences with the same ranks share a ring; cross-node hops are routed as
+    :func:`~.routing.plan_routing` routes them (over idle NICs when enabled).
+    """
+    cl, cost = ctx.cluster, ctx.cost
+    rings: dict[tuple[int, ...], list[int]] = {}
+    local = [0.0] * cl.world_size
+    for i, a in enumerate(assignments):
+        if a.placement == "local":
+            local[a.ranks[0]] += ctx.w[i]
+        else:
+            rings.setdefault(a.ranks, []).append(ctx.lengths[i])
+    ring_total = [0.0] * cl.world_size
+    ring_own = [0.0] * cl.world_size
+    for ranks, ls in rings.items():
+        total, own = ctx.ring_times(ranks, tuple(ls))
+        for r in ranks:
+            ring_total[r] += total
+            ring_own[r] += own
+    return rank_attention(ring_total, ring_own, local, cost.call_overhead_ms)[0]
+
+
+def _correct(ctx: _Ctx, st: NodeState, assignments: list[Assignment], att: list[float],
+             rank_in_order: dict[int, int]) -> bool:
+    """Level 1 again on level 2's outcome; True if it moved anything.
+
+    Each node's load becomes ``G`` times its busiest GPU's attention time in
+    ``att`` (what counts for the step: ring waits not filled, shared ring
+    calls, and uneven GPUs left by the fill level 2 chose are all in it), and
+    each node-local sequence's cost what level 2 gave it: ``w`` if local,
+    ``g * ring_ms(s, g)`` on a ring of ``g``. Then :func:`rebalance_nodes`
+    moves work off the busiest node.
+    """
+    gpn = ctx.gpn
+    for n in range(ctx.cluster.nodes):
+        st.load[n] = gpn * max(att[n * gpn:(n + 1) * gpn])
+        for i in st.seqs[n]:
+            a = assignments[i]
+            g = len(a.ranks)
+            st.cost[i] = ctx.w[i] if g == 1 else g * ctx.cost.ring_ms(ctx.lengths[i], g, inter_node=False)
+    return rebalance_nodes(ctx, st, rank_in_order)
+
+
+def _place_gpus(ctx: _Ctx, st: NodeState) -> list[Assignment]:
+    """Level 2 for every node, after the node-spanning rings; returns every sequence's assignment."""
     cl, gpn, lengths = ctx.cluster, ctx.gpn, ctx.lengths
-    node_seqs, inter, node_load = _assign_nodes(ctx, order, span_limit)
-    out: dict[int, Assignment] = {i: Assignment("inter_node", r) for i, r in inter.items()}
+    out: dict[int, Assignment] = {i: Assignment("inter_node", r) for i, r in st.inter.items()}
     gpu_load = [0.0] * cl.world_size
     gpu_tok = [0] * cl.world_size
-    for i, ring in inter.items():
+    for i, ring in st.inter.items():
         per_rank = ctx.inter_ms(lengths[i], len(ring))
         for p, r in enumerate(ring):
             gpu_load[r] += per_rank
             gpu_tok[r] += zigzag_tokens(lengths[i], len(ring), p)
+    over = [r for r in range(cl.world_size) if gpu_tok[r] > ctx.cap]
+    if over:
+        raise PlanError(f"node-spanning rings put {gpu_tok[over[0]]} tokens on rank {over[0]}, "
+                        f"more than tokens_per_gpu = {ctx.cap}")
     for n in range(cl.nodes):
         ranks = [cl.rank_of(n, l) for l in range(gpn)]
-        t_lim = max(node_load[n] / gpn, ctx.target) * (1.0 + ctx.options.slack)
+        t_lim = max(st.load[n] / gpn, ctx.target) * (1.0 + ctx.options.slack)
         # Two candidate fills of the node; keep the one whose busiest GPU is least busy.
         best: tuple[float, tuple[dict[int, Assignment], list[float], list[int]]] | None = None
         for whole_node in (False, True):
-            trial = _place_node(ctx, n, node_seqs[n], ranks, list(gpu_load), list(gpu_tok), t_lim, whole_node)
+            trial = _place_node(ctx, n, st.seqs[n], ranks, list(gpu_load), list(gpu_tok), t_lim, whole_node)
             peak = max(trial[1][r] for r in ranks)
             if best is None or peak < best[0] - 1e-9:
                 best = (peak, trial)
         assert best is not None
         placed, gpu_load, gpu_tok = best[1]
         out.update(placed)
-    return [out[i] for i in range(len(lengths))], max(gpu_load), sum(gpu_load) / len(gpu_load)
+    return [out[i] for i in range(len(lengths))]
 
 
 def _place_node(
@@ -224,13 +329,11 @@ def _place_node(
     return out, gpu_load, gpu_tok
 
 
-def _assign_nodes(
-    ctx: _Ctx, order: list[int], span_limit: float
-) -> tuple[list[list[int]], dict[int, tuple[int, ...]], list[float]]:
+def _assign_nodes(ctx: _Ctx, order: list[int], span_limit: float, rank_in_order: dict[int, int]) -> NodeState:
     """Level 1: node of each sequence, or the node-spanning ring of an inter-node one.
 
-    Returns ``(sequences per node in placement order, inter-node rings, node loads)``;
-    a node's load is the GPU-time (sum over its GPUs) it is expected to carry.
+    Greedy placement in ``order``, then :func:`rebalance_nodes`. A node's load
+    is the GPU-time (sum over its GPUs) it is expected to carry.
     """
     cl, gpn, cap, lengths, w = ctx.cluster, ctx.gpn, ctx.cap, ctx.lengths, ctx.w
     n_nodes = cl.nodes
@@ -252,7 +355,7 @@ def _assign_nodes(
         if span and n_nodes > 1:
             k = _pick_span(ctx, s, node_tok, span_limit)
             ring_size = k * gpn
-            share = [sum(zigzag_tokens(s, ring_size, p * gpn + l) for l in range(gpn)) for p in range(k)]
+            share = ring_node_tokens(s, k, gpn)
             room = sorted((n for n in range(n_nodes) if node_tok[n] + max(share) <= gpn * cap),
                           key=lambda n: (node_load[n], n))
             if len(room) < k:
@@ -276,77 +379,12 @@ def _assign_nodes(
         node_load[best] += ctx.node_cost(i)
         node_tok[best] += s
         node_seqs[best].append(i)
-    _rebalance_nodes(ctx, node_seqs, node_load, node_tok, inter, rank_in_order={i: k for k, i in enumerate(order)})
-    return node_seqs, inter, node_load
+    st = NodeState(seqs=node_seqs, inter=inter, load=node_load, tokens=node_tok,
+                   cost={i: ctx.node_cost(i) for seqs in node_seqs for i in seqs})
+    rebalance_nodes(ctx, st, rank_in_order)
+    return st
 
 
-def _rebalance_nodes(ctx: _Ctx, node_seqs: list[list[int]], node_load: list[float], node_tok: list[int],
-                     inter: dict[int, tuple[int, ...]], *, rank_in_order: dict[int, int]) -> None:
-    """Fix greedy overshoot: lower the busiest node's load by moves and swaps.
-
-    For the busiest node ``hi`` and every less loaded node ``lo``, tries
-    moving one sequence from ``hi`` to ``lo``, or swapping a sequence of
-    ``hi`` with a cheaper one of ``lo`` (net cost moved ``0 < m < gap``), or
-    moving ``hi``'s share of a node-spanning ring to ``lo`` (when ``lo`` is
-    not in that ring); takes the change with the lowest resulting peak of the
-    pair, and repeats while the busiest node's load falls. Example: loads ``[260, 229] x 8`` GPUs and costs 848
-    on ``hi``, 746 on ``lo``: swapping them moves 102 GPU-ms.
-    """
-    cap_node = ctx.node_soft_cap
-    cost = {i: ctx.node_cost(i) for seqs in node_seqs for i in seqs}
-    for _ in range(sum(len(s) for s in node_seqs)):
-        hi = max(range(len(node_load)), key=lambda n: (node_load[n], -n))
-        best: tuple[float, int, int, int, int] | None = None  # (new peak, order key, a, b or -1, lo)
-        for lo in sorted(range(len(node_load)), key=lambda n: (node_load[n], n)):
-            gap = node_load[hi] - node_load[lo]
-            if gap <= 1e-9:
-                break
-            for a in node_seqs[hi]:
-                ca, ta = cost[a], ctx.lengths[a]
-                if ca < gap:
-                    options = [(-1, 0.0, 0)]
-                else:  # too big to move alone: swap with a cheaper sequence of lo
-                    options = [(b, cost[b], ctx.lengths[b]) for b in node_seqs[lo] if 0 < ca - cost[b] < gap]
-                for b, cb, tb in options:
-                    if node_tok[lo] + ta - tb > cap_node or node_tok[hi] - ta + tb > cap_node:
-                        continue
-                    peak = max(node_load[hi] - (ca - cb), node_load[lo] + (ca - cb))
-                    key = (peak, rank_in_order[a], a, b, lo)
-                    if best is None or key < best:
-                        best = key
-            for a, ring in inter.items():
-                nodes = sorted({r // ctx.gpn for r in ring})
-                if hi not in nodes or lo in nodes:
-                    continue
-                share = ctx.gpn * ctx.inter_ms(ctx.lengths[a], len(ring))
-                tok = -(-ctx.lengths[a] // len(nodes))
-                if share >= gap or node_tok[lo] + tok > cap_node:
-                    continue
-                key = (max(node_load[hi] - share, node_load[lo] + share), rank_in_order[a], a, -2, lo)
-                if best is None or key < best:
-                    best = key
-        if best is None or best[0] >= node_load[hi] - 1e-9:
-            return
-        _, _, a, b, lo = best
-        if b == -2:  # move hi's share of the spanning ring a to lo
-            nodes = sorted({r // ctx.gpn for r in inter[a]} - {hi} | {lo})
-            share = ctx.gpn * ctx.inter_ms(ctx.lengths[a], len(inter[a]))
-            tok = -(-ctx.lengths[a] // len(nodes))
-            inter[a] = tuple(ctx.cluster.rank_of(n, l) for n in nodes for l in range(ctx.gpn))
-            node_load[hi] -= share
-            node_load[lo] += share
-            node_tok[hi] -= tok
-            node_tok[lo] += tok
-            continue
-        moves = [(a, hi, lo)] + ([(b, lo, hi)] if b >= 0 else [])
-        for i, src, dst in moves:
-            node_seqs[src].remove(i)
-            node_seqs[dst].append(i)
-            node_seqs[dst].sort(key=rank_in_order.__getitem__)
-            node_load[src] -= cost[i]
-            node_load[dst] += cost[i]
-            node_tok[src] -= ctx.lengths[i]
-            node_tok[dst] += ctx.lengths[i]
 
 
 def _pick_span(ctx: _Ctx, s: int, node_tok: list[int], span_limit: float) -> int:

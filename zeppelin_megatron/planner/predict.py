@@ -30,10 +30,13 @@ Step time: ``layers * (max_r attn_r + max_r linear_r + remap)``; each rank's
 
 from __future__ import annotations
 
+from typing import Mapping, Sequence
+
 from .cost_model import CostModel
 from .plan import Prediction, StepPlan
+from .routing import Route
 
-__all__ = ["predict", "attention_time"]
+__all__ = ["predict", "attention_time", "ring_time", "rank_attention"]
 
 _ROUND = 6
 
@@ -50,44 +53,20 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
     inter_b = [0.0] * world
     for ring in plan.rings:
         g = len(ring.ranks)
-        lengths = [plan.sequences[i].length for i in ring.seqs]
-        diag = off = 0.0
-        step_bytes = 0
-        for s in lengths:
-            d, f = cost.ring_compute_profile(s, g)
-            diag += d
-            off += f
-            step_bytes += cost.ring_step_bytes(s, g)
         routes = plan.routes_for(ring.ranks)
-        comm = 0.0
+        total, own, nbytes = ring_time(cost, ring.ranks, [plan.sequences[i].length for i in ring.seqs], routes)
         for p, src in enumerate(ring.ranks):
-            dst = ring.ranks[(p + 1) % g]
-            nbytes = 3 * step_bytes
-            if cl.node_of(src) == cl.node_of(dst):
-                comm = max(comm, cost.nvlink_ms(nbytes))
-                intra_b[src] += (g - 1) * nbytes
-            else:
-                route = routes.get((src, dst))
-                comm = max(comm, cost.routed_ms(nbytes, len(route.proxies) if route else 1))
-                inter_b[src] += (g - 1) * nbytes
-        total = max(diag, o) + (g - 1) * max(off, o, comm)
-        own = max(diag, o) + (g - 1) * max(off, o)
+            side = intra_b if cl.node_of(src) == cl.node_of(ring.ranks[(p + 1) % g]) else inter_b
+            side[src] += (g - 1) * nbytes
         for r in ring.ranks:
             ring_total[r] += total
             ring_own[r] += own
 
     local = [0.0] * world
-    for i, s in enumerate(plan.sequences):
+    for s in plan.sequences:
         if s.placement == "local":
             local[s.ranks[0]] += cost.local_ms(s.length)
-    local = [max(t, o) if t > 0 else 0.0 for t in local]
-
-    attn = [0.0] * world
-    own_compute = [0.0] * world
-    for r in range(world):
-        wait = ring_total[r] - ring_own[r]
-        attn[r] = ring_total[r] + max(0.0, local[r] - wait)
-        own_compute[r] = ring_own[r] + local[r]
+    attn, own_compute = rank_attention(ring_total, ring_own, local, o)
     linear = [cost.linear_ms(plan.tokens(r, "linear")) for r in range(world)]
 
     # Remap: bytes each rank sends, per direction of a token's move.
@@ -122,6 +101,60 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
         intra_MB=_r([layers * b / 1e6 for b in intra_b]),
         inter_MB=_r([layers * b / 1e6 for b in inter_b]),
     )
+
+
+def ring_time(
+    cost: CostModel, ranks: Sequence[int], lengths: Sequence[int], routes: Mapping[tuple[int, int], Route]
+) -> tuple[float, float, int]:
+    """One ring's per-layer times: ``(total, own kernel time, bytes one hop moves per step)``.
+
+    ``lengths``: the sequences sharing the ring (one call per step for all of
+    them); ``routes``: the routed cross-node hops by ``(src, dst)`` (a hop
+    without a route goes over the source's own NIC). Every member pays
+    ``total = max(diag, o) + (g-1) * max(off, o, comm)``; its own kernel time is
+    ``max(diag, o) + (g-1) * max(off, o)``. Example: one sequence alone on a
+    ring is :meth:`CostModel.ring_ms` when each hop has the same proxies.
+    """
+    cl = cost.cluster
+    g = len(ranks)
+    o = cost.call_overhead_ms
+    diag = off = 0.0
+    step_bytes = 0
+    for s in lengths:
+        d, f = cost.ring_compute_profile(s, g)
+        diag += d
+        off += f
+        step_bytes += cost.ring_step_bytes(s, g)
+    nbytes = 3 * step_bytes
+    comm = 0.0
+    for p, src in enumerate(ranks):
+        dst = ranks[(p + 1) % g]
+        if cl.node_of(src) == cl.node_of(dst):
+            comm = max(comm, cost.nvlink_ms(nbytes))
+        else:
+            route = routes.get((src, dst))
+            comm = max(comm, cost.routed_ms(nbytes, len(route.proxies) if route else 1))
+    total = max(diag, o) + (g - 1) * max(off, o, comm)
+    own = max(diag, o) + (g - 1) * max(off, o)
+    return total, own, nbytes
+
+
+def rank_attention(
+    ring_total: Sequence[float], ring_own: Sequence[float], local: Sequence[float], overhead_ms: float
+) -> tuple[list[float], list[float]]:
+    """Per-rank ``(attention time, own kernel time)`` of one layer.
+
+    ``ring_total``/``ring_own``: each rank's summed :func:`ring_time` totals and
+    own times; ``local``: its summed whole-sequence kernel times (run in one
+    call, at least ``overhead_ms`` when non-empty), which fill its ring waits:
+    ``attn = ring_total + max(0, local - (ring_total - ring_own))``.
+    """
+    attn, own = [], []
+    for tot, mine, loc in zip(ring_total, ring_own, local):
+        loc = max(loc, overhead_ms) if loc > 0 else 0.0
+        attn.append(tot + max(0.0, loc - (tot - mine)))
+        own.append(mine + loc)
+    return attn, own
 
 
 def _r(values: list[float]) -> tuple[float, ...]:
