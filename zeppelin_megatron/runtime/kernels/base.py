@@ -22,7 +22,10 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["VarlenBatch", "AttentionKernel", "lse_dtype", "acc_dtype"]
+__all__ = ["VarlenBatch", "AttentionKernel", "lse_dtype", "acc_dtype", "HALF_DTYPES", "cuda_half_reason"]
+
+HALF_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
+"""The dtypes the CUDA backends (``torch_varlen``, ``flash_attn``, ``te``) run in."""
 
 
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -31,6 +34,23 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 acc_dtype = lse_dtype
+
+
+def cuda_half_reason(device: torch.device, dtype: torch.dtype, *, need_cuda_runtime: bool = False) -> str | None:
+    """The checks every CUDA fp16/bf16 backend starts with: why ``(device, dtype)`` rules it out, or None.
+
+    In order: the device must be CUDA; with ``need_cuda_runtime``, CUDA must be
+    available on this machine; the dtype must be float16 or bfloat16. Example:
+    ``cuda_half_reason(torch.device("cpu"), torch.bfloat16)`` ->
+    ``"needs a CUDA device, got cpu"``.
+    """
+    if device.type != "cuda":
+        return f"needs a CUDA device, got {device}"
+    if need_cuda_runtime and not torch.cuda.is_available():
+        return "CUDA is not available"
+    if dtype not in HALF_DTYPES:
+        return f"supports float16 and bfloat16, got {dtype}"
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,16 +17,15 @@ from typing import Any, Callable
 
 import torch
 
-from .base import VarlenBatch
+from .base import VarlenBatch, cuda_half_reason
 
 __all__ = ["FlashAttnKernel", "unavailable_reason"]
 
 
 def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
-    if device.type != "cuda":
-        return f"needs a CUDA device, got {device}"
-    if dtype not in (torch.float16, torch.bfloat16):
-        return f"supports float16 and bfloat16, got {dtype}"
+    reason = cuda_half_reason(device, dtype)
+    if reason is not None:
+        return reason
     try:
         import flash_attn  # noqa: F401
         from flash_attn import flash_attn_interface  # noqa: F401

@@ -7,6 +7,8 @@ not a production kernel). Half-precision inputs are computed in float32.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 
 from .base import VarlenBatch, acc_dtype, lse_dtype
@@ -35,31 +37,40 @@ def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
+def _segments(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: VarlenBatch, work: torch.dtype
+) -> Iterator[tuple[slice, slice, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Non-empty segments: ``(query rows, key rows, q_b [Lq, Hq, D], k_b, v_b [Lk, Hq, D])`` in ``work``.
+
+    K/V heads are expanded to the query heads. Example: ``lens_q = (2, 0, 3)``,
+    ``lens_k = (2, 4, 3)`` yields rows ``0:2``/``0:2`` and ``2:5``/``6:9``.
+    """
+    groups = q.shape[1] // k.shape[1]
+    oq = ok = 0
+    for lq, lk in zip(batch.lens_q, batch.lens_k):
+        if lq and lk:
+            rq, rk = slice(oq, oq + lq), slice(ok, ok + lk)
+            yield rq, rk, q[rq].to(work), _expand(k[rk].to(work), groups), _expand(v[rk].to(work), groups)
+        oq += lq
+        ok += lk
+
+
 class ReferenceKernel:
     name = "reference"
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: VarlenBatch, scale: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        work = acc_dtype(q.dtype)
         hq = q.shape[1]
-        groups = hq // k.shape[1]
         out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.full((q.shape[0], hq), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
-        oq = ok = 0
-        for lq, lk in zip(batch.lens_q, batch.lens_k):
-            if lq and lk:
-                qs = q[oq:oq + lq].to(work)
-                ks = _expand(k[ok:ok + lk].to(work), groups)
-                vs = _expand(v[ok:ok + lk].to(work), groups)
-                s = _scores(qs, ks, scale, batch.causal)
-                m = torch.logsumexp(s, dim=-1)  # [H, Lq]; -inf for fully masked rows
-                safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-                p = torch.exp(s - safe[..., None])
-                out[oq:oq + lq] = torch.einsum("hqk,khd->qhd", p, vs).to(q.dtype)
-                lse[oq:oq + lq] = m.transpose(0, 1).to(lse.dtype)
-            oq += lq
-            ok += lk
+        for rq, _rk, qs, ks, vs in _segments(q, k, v, batch, acc_dtype(q.dtype)):
+            s = _scores(qs, ks, scale, batch.causal)
+            m = torch.logsumexp(s, dim=-1)  # [H, Lq]; -inf for fully masked rows
+            safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+            p = torch.exp(s - safe[..., None])
+            out[rq] = torch.einsum("hqk,khd->qhd", p, vs).to(q.dtype)
+            lse[rq] = m.transpose(0, 1).to(lse.dtype)
         return out, lse
 
     def backward(
@@ -79,25 +90,19 @@ class ReferenceKernel:
         dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
         dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
-        oq = ok = 0
-        for lq, lk in zip(batch.lens_q, batch.lens_k):
-            if lq and lk:
-                qs = q[oq:oq + lq].to(work)
-                ks = _expand(k[ok:ok + lk].to(work), groups)
-                vs = _expand(v[ok:ok + lk].to(work), groups)
-                dos = dout[oq:oq + lq].to(work)
-                m = lse[oq:oq + lq].to(work).transpose(0, 1)  # [H, Lq]
-                safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-                p = torch.exp(_scores(qs, ks, scale, batch.causal) - safe[..., None])  # [H, Lq, Lk]
-                dvs = torch.einsum("hqk,qhd->khd", p, dos)
-                dp = torch.einsum("qhd,khd->hqk", dos, vs)
-                delta = (dos * out[oq:oq + lq].to(work)).sum(-1).transpose(0, 1)  # [H, Lq]
-                ds = p * (dp - delta[..., None])
-                dq[oq:oq + lq] = (torch.einsum("hqk,khd->qhd", ds, ks) * scale).to(q.dtype)
-                dks = torch.einsum("hqk,qhd->khd", ds, qs) * scale
-                # Sum the query heads of each group back onto their key/value head.
-                dk[ok:ok + lk] = dks.view(lk, hkv, groups, d).sum(2).to(k.dtype)
-                dv[ok:ok + lk] = dvs.view(lk, hkv, groups, d).sum(2).to(v.dtype)
-            oq += lq
-            ok += lk
+        for rq, rk, qs, ks, vs in _segments(q, k, v, batch, work):
+            lk = rk.stop - rk.start
+            dos = dout[rq].to(work)
+            m = lse[rq].to(work).transpose(0, 1)  # [H, Lq]
+            safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+            p = torch.exp(_scores(qs, ks, scale, batch.causal) - safe[..., None])  # [H, Lq, Lk]
+            dvs = torch.einsum("hqk,qhd->khd", p, dos)
+            dp = torch.einsum("qhd,khd->hqk", dos, vs)
+            delta = (dos * out[rq].to(work)).sum(-1).transpose(0, 1)  # [H, Lq]
+            ds = p * (dp - delta[..., None])
+            dq[rq] = (torch.einsum("hqk,khd->qhd", ds, ks) * scale).to(q.dtype)
+            dks = torch.einsum("hqk,qhd->khd", ds, qs) * scale
+            # Sum the query heads of each group back onto their key/value head.
+            dk[rk] = dks.view(lk, hkv, groups, d).sum(2).to(k.dtype)
+            dv[rk] = dvs.view(lk, hkv, groups, d).sum(2).to(v.dtype)
         return dq, dk, dv

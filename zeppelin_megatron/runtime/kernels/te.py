@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .base import VarlenBatch
+from .base import VarlenBatch, cuda_half_reason
 
 __all__ = ["TransformerEngineKernel", "unavailable_reason"]
 
@@ -36,10 +36,9 @@ def _api() -> tuple[Any, Any, Any]:
 
 
 def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
-    if device.type != "cuda":
-        return f"needs a CUDA device, got {device}"
-    if dtype not in (torch.float16, torch.bfloat16):
-        return f"supports float16 and bfloat16, got {dtype}"
+    reason = cuda_half_reason(device, dtype)
+    if reason is not None:
+        return reason
     try:
         fa, _tex, _backend = _api()
     except (ImportError, AttributeError) as exc:

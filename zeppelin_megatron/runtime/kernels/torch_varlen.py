@@ -15,22 +15,16 @@ from __future__ import annotations
 
 import torch
 
-from .base import VarlenBatch
+from .base import VarlenBatch, cuda_half_reason
 
 __all__ = ["TorchVarlenKernel", "unavailable_reason"]
 
-_DTYPES = (torch.float16, torch.bfloat16)
-
-
 def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
-    if device.type != "cuda":
-        return f"needs a CUDA device, got {device}"
-    if not torch.cuda.is_available():
-        return "CUDA is not available"
-    if dtype not in _DTYPES:
-        return f"supports float16 and bfloat16, got {dtype}"
+    reason = cuda_half_reason(device, dtype, need_cuda_runtime=True)
+    if reason is not None:
+        return reason
     try:
-        import torch.nn.attention.varlen  # noqa: F401
+        from torch.nn.attention import varlen  # noqa: F401  (binds no local ``torch``)
     except ImportError:
         return f"torch {torch.__version__} has no torch.nn.attention.varlen"
     if not hasattr(torch.ops.aten, "_flash_attention_forward") or not hasattr(
