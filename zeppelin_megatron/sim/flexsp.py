@@ -104,9 +104,24 @@ def default_max_group(cost: CostModel) -> int:
     return d
 
 
-def solve_groups(lengths: Sequence[int], cost: CostModel, *, max_group: int | None = None,
-                 exact_buckets: int = 24, rel_tol: float = 1e-3) -> tuple[FlexSPSolution, list[list[int]]]:
-    """Smallest makespan ``T`` (bisection) whose optimal MILP fits on the cluster; see module docstring."""
+@dataclass
+class _Model:
+    classes: list[int]
+    buckets: list[list[int]]
+    B: int
+    D: int
+    c: np.ndarray
+    t: np.ndarray
+    tmax: np.ndarray
+    allowed: np.ndarray
+    world: int
+    solve: object
+    statuses: list[int]
+
+
+def milp_model(lengths: Sequence[int], cost: CostModel, *, max_group: int | None = None,
+               exact_buckets: int = 24) -> _Model:
+    """The bucketed MILP; ``model.solve(T)`` -> ``None`` (infeasible) or ``(gpus used, x)`` at optimum."""
     cl = cost.cluster
     world, cap = cl.world_size, cl.tokens_per_gpu
     dmax = max_group if max_group is not None else default_max_group(cost)
@@ -166,6 +181,19 @@ def solve_groups(lengths: Sequence[int], cost: CostModel, *, max_group: int | No
             raise PlanError(f"flexsp: MILP at T = {T:.3f} ms ended with status {res.status} ({res.message})")
         x = np.round(res.x).astype(int)
         return int(round(res.fun)), x
+
+    return _Model(classes, buckets, B, D, c, t, tmax, allowed, world, solve, statuses)
+
+
+def solve_groups(lengths: Sequence[int], cost: CostModel, *, max_group: int | None = None,
+                 exact_buckets: int = 24, rel_tol: float = 1e-3) -> tuple[FlexSPSolution, list[list[int]]]:
+    """Smallest makespan ``T`` (bisection) whose optimal MILP fits on the cluster; see module docstring."""
+    m = milp_model(lengths, cost, max_group=max_group, exact_buckets=exact_buckets)
+    classes, buckets, B, D, c, t, tmax, allowed, world, solve, statuses = (
+        m.classes, m.buckets, m.B, m.D, m.c, m.t, m.tmax, m.allowed, m.world, m.solve, m.statuses)
+
+    def y(b: int, d: int) -> int:
+        return D + b * D + d
 
     lo_T = max(float(tmax[b][allowed[b]].min()) for b in range(B))
     lo_T = max(lo_T, float(sum(c[b] * min(classes[d] * t[b, d] for d in range(D) if allowed[b, d])

@@ -27,6 +27,11 @@ bytes). Per rank, in this order (the runtime engine's order,
      (``block_ms(s/g, s) / 2`` in total per sequence), reduce-scatter dK/dV
      (``t_j kv`` bytes to each member ``j``).
 
+   With ``fill`` (simulator option), a rank blocked on a ring or group wait
+   first runs local sequences from its queue (longest first, at least one
+   call overhead's worth per call, not preempted): the three-queue engine of
+   the paper, which :func:`~zeppelin_megatron.planner.predict.predict` assumes.
+
 4. remap out: attention rank -> linear rank, ``(2 q + kv)`` bytes per token;
 5. linear modules, second half.
 
@@ -72,9 +77,10 @@ class Transfer:
 
 @dataclass(frozen=True)
 class Op:
-    """``compute`` (``ms``, ``kind``), ``post`` or ``wait`` (``key``)."""
+    """``compute`` (``ms``, ``kind``), ``post`` or ``wait`` (``key``), or ``local``: the rank's
+    local queue (whatever is left of it) as one call."""
 
-    what: Literal["compute", "post", "wait"]
+    what: Literal["compute", "post", "wait", "local"]
     ms: float = 0.0
     kind: str = ""
     key: tuple = ()
@@ -83,8 +89,12 @@ class Op:
 
 @dataclass
 class LayerProgram:
+    """Per-rank ops, the transfers they name, and each rank's local queue (kernel ms per
+    local sequence, longest first)."""
+
     ops: list[list[Op]]
     transfers: dict[tuple, Transfer]
+    local_queue: list[list[float]] = field(default_factory=list)
 
 
 def _hop(cost: CostModel, src: int, dst: int, nbytes: float) -> Hop:
@@ -255,13 +265,14 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
         else:
             raise ValueError(f"attention_comm is {attention_comm!r}, expected ring, ulysses or allgather")
 
-    local = [0.0] * world
+    queue: list[list[float]] = [[] for _ in range(world)]
     for s in plan.sequences:
         if s.placement == "local":
-            local[s.ranks[0]] += cost.local_ms(s.length)
+            queue[s.ranks[0]].append(cost.local_ms(s.length))
     for r in range(world):
-        if local[r] > 0:
-            ops[r].append(Op("compute", max(local[r], o), "local", label="local sequences"))
+        queue[r].sort(reverse=True)
+        if queue[r]:
+            ops[r].append(Op("local", kind="local", label="local sequences"))
     if remap_keys is not None:
         tout = remap_keys[1]
         for r in range(world):
@@ -269,4 +280,4 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
     for r in range(world):
         if lin_half[r] > 0:
             ops[r].append(Op("compute", lin_half[r], "linear", label="linear (second half)"))
-    return LayerProgram(ops, transfers)
+    return LayerProgram(ops, transfers, queue)

@@ -113,18 +113,32 @@ def _flow(cost: CostModel, hop: Hop, tag: object) -> Flow:
     return Flow(hop.nbytes, res, cl.nic_latency_us * 1e-3, tag)
 
 
+ENGINES: tuple[str, ...] = ("runtime", "fill")
+
+
 def simulate(plan: StepPlan, cost: CostModel, *, attention_comm: str = "ring", routing: bool = True,
-             keep_events: bool = True) -> SimResult:
-    """Simulate one step of ``plan`` (see module docstring). Deterministic."""
+             engine: str = "runtime", keep_events: bool = True) -> SimResult:
+    """Simulate one step of ``plan`` (see module docstring). Deterministic.
+
+    ``engine="runtime"``: each rank's queues run strictly one after another, as
+    ``zeppelin_megatron.runtime`` executes them today. ``engine="fill"``: local
+    sequences also fill ring/group waits (the paper's three-queue engine).
+    """
     if plan.nodes != cost.cluster.nodes or plan.gpus_per_node != cost.cluster.gpus_per_node:
         raise ValueError(f"the plan is for {plan.nodes}x{plan.gpus_per_node} GPUs but the cost model's cluster is "
                          f"{cost.cluster.nodes}x{cost.cluster.gpus_per_node}")
     program = build_layer_program(plan, cost, attention_comm, routing)
-    return simulate_program(program, cost, keep_events=keep_events)
+    return simulate_program(program, cost, engine=engine, keep_events=keep_events)
 
 
-def simulate_program(program: LayerProgram, cost: CostModel, *, keep_events: bool = True) -> SimResult:
+def simulate_program(program: LayerProgram, cost: CostModel, *, engine: str = "runtime",
+                     keep_events: bool = True) -> SimResult:
     """Run one layer's op lists to completion; scale by ``cost.model.layers``."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine is {engine!r}, expected one of {list(ENGINES)}")
+    fill = engine == "fill"
+    o = cost.call_overhead_ms
+    queue = [list(q) for q in program.local_queue] or [[] for _ in program.ops]
     world = len(program.ops)
     net = FluidNetwork(_resources(cost))
     # Hop bookkeeping: hop id -> (transfer key, chain index, hop index).
@@ -165,6 +179,13 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, keep_events: boo
     finish = [0.0] * world
     events: list[Event] = []
 
+    def busy(r: int, ms: float, kind: str, label: str) -> None:
+        now = net.now
+        compute[r] += ms
+        if keep_events:
+            events.append(Event(r, kind, now, now + ms, label))
+        heapq.heappush(compute_heap, (now + ms, r))
+
     def run(r: int) -> None:
         ops = program.ops[r]
         now = net.now
@@ -172,11 +193,15 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, keep_events: boo
             op = ops[pc[r]]
             if op.what == "compute":
                 pc[r] += 1
-                compute[r] += op.ms
-                if keep_events:
-                    events.append(Event(r, op.kind, now, now + op.ms, op.label))
-                heapq.heappush(compute_heap, (now + op.ms, r))
+                busy(r, op.ms, op.kind, op.label)
                 return
+            if op.what == "local":
+                pc[r] += 1
+                if queue[r]:
+                    busy(r, max(sum(queue[r]), o), "local", op.label)
+                    queue[r].clear()
+                    return
+                continue
             if op.what == "post":
                 pc[r] += 1
                 for c, h in by_rank[op.key].get(r, ()):
@@ -188,6 +213,12 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, keep_events: boo
             if pending[op.key].get(r, 0) == 0:
                 pc[r] += 1
                 continue
+            if fill and queue[r] and op.kind in ("ring", "group"):
+                take = 0.0
+                while queue[r] and take < o:
+                    take += queue[r].pop(0)
+                busy(r, max(take, o), "local", "local sequences (filling a wait)")
+                return
             blocked[r] = (op.key, now, op.kind, op.label)
             waiting_on.setdefault(op.key, set()).add(r)
             return

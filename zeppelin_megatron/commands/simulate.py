@@ -1,0 +1,143 @@
+"""``zeppelin simulate``: simulate strategies on sampled steps; table of step time, speedup, bound ratio."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+HELP = "simulate Zeppelin and baselines on sampled global batches (cost-model simulator)"
+
+__all__ = ["HELP", "add_arguments", "run", "load_batches", "setup", "format_table"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--dist", help="named length distribution (github-64k, arxiv-128k, prolong-64k, ...)")
+    src.add_argument("--lengths", help="text file of document lengths, one per line")
+    src.add_argument("--dataset", help="Megatron indexed dataset prefix (PREFIX.idx / PREFIX.bin)")
+    p.add_argument("--cluster", required=True, help="NODESxGPUS (H100 defaults), a cluster YAML, or NODESxGPUS@YAML")
+    p.add_argument("--model", default=None, help="model YAML (default: Llama-7B shape)")
+    p.add_argument("--profile", default=None, help="cost profile JSON (default: bundled H100 bf16)")
+    p.add_argument("--tensor-parallel", type=int, default=1,
+                   help="TP size: each Zeppelin rank is a TP group (GPUs per node / TP ranks per node)")
+    p.add_argument("--tokens-per-gpu", type=int, default=None, help="override the cluster's token capacity")
+    p.add_argument("--strategies", default="zeppelin,te-cp,lower-bound",
+                   help="comma-separated strategies, or 'all' (default: zeppelin,te-cp,lower-bound)")
+    p.add_argument("--steps", type=int, default=4, help="global batches to simulate (default 4)")
+    p.add_argument("--tokens-per-step", type=int, default=1 << 20, help="tokens per global batch (default 1M)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (--dist)")
+    p.add_argument("--cp-size", type=int, default=None, help="fixed CP size for te-cp/allgather-cp/wlb-llm")
+    p.add_argument("--json", default=None, help="write results JSON here")
+    p.add_argument("--plot", default=None, help="write a PNG bar chart here")
+
+
+def load_batches(args: argparse.Namespace) -> tuple[list[list[int]], str]:
+    """The global batches and a one-line description of their source."""
+    from ..sim.lengths import lengths_from_dataset, lengths_from_file, sample_steps, split_steps
+    if args.steps < 1 or args.tokens_per_step < 1:
+        raise ValueError(f"--steps ({args.steps}) and --tokens-per-step ({args.tokens_per_step}) must be >= 1")
+    if args.dist:
+        return (sample_steps(args.dist, args.steps, args.tokens_per_step, args.seed),
+                f"distribution {args.dist}, seed {args.seed}")
+    if args.lengths:
+        docs, what = lengths_from_file(args.lengths), f"lengths file {args.lengths}"
+    else:
+        docs, what = lengths_from_dataset(args.dataset), f"indexed dataset {args.dataset}"
+    return split_steps(docs, args.steps, args.tokens_per_step, source=what), what
+
+
+def setup(cluster_spec: str, model: str | None, profile: str | None, tensor_parallel: int,
+          tokens_per_gpu: int | None = None):
+    """``(cluster, cost model)``; with TP > 1 the cluster of one TP rank's Zeppelin group.
+
+    TP reduces the cluster as the Megatron integration does
+    (:func:`zeppelin_megatron.megatron.planning.reduce_cluster_for_tp`: a node
+    holds ``G / TP`` Zeppelin ranks, one rail each) and the cost model divides
+    heads and linear weights by TP.
+    """
+    from dataclasses import replace
+
+    from ..planner import CostModel, load_cluster, load_model, load_profile
+    cluster = load_cluster(cluster_spec, tokens_per_gpu=tokens_per_gpu)
+    prof = load_profile(profile)
+    if tensor_parallel > 1:
+        from ..megatron.planning import reduce_cluster_for_tp
+        cluster, share = reduce_cluster_for_tp(cluster, tensor_parallel)
+        if prof.nic_GBps and share != 1.0:
+            prof = replace(prof, nic_GBps=prof.nic_GBps * share)
+    cost = CostModel(model=load_model(model), cluster=cluster, profile=prof, tensor_parallel=tensor_parallel)
+    return cluster, cost
+
+
+def format_table(results: dict[str, Any], baseline: str = "te-cp", bound: str = "lower-bound") -> str:
+    """Markdown table: strategy, mean step, speedup over ``baseline``, ratio to ``bound``, exposed comm."""
+    base = results[baseline].mean_step_ms if baseline in results else None
+    lb = results[bound].mean_step_ms if bound in results else None
+    lines = [f"| strategy | mean step (ms) | speedup vs {baseline} | x lower bound | exposed comm (ms) | NIC util | note |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for name, r in results.items():
+        sp = f"{base / r.mean_step_ms:.2f}x" if base else "-"
+        ratio = f"{r.mean_step_ms / lb:.2f}" if lb else "-"
+        exp = sum(r.exposed_comm_ms) / len(r.exposed_comm_ms) if r.exposed_comm_ms else 0.0
+        nic = f"{sum(r.nic_util_mean) / len(r.nic_util_mean):.1%}" if r.nic_util_mean else "-"
+        note = r.notes[0] if r.notes else ""
+        lines.append(f"| {name} | {r.mean_step_ms:.0f} | {sp} | {ratio} | {exp:.0f} | {nic} | {note} |")
+    return "\n".join(lines)
+
+
+def _plot(results: dict[str, Any], path: str, title: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install 'zeppelin_megatron[plot]'") from None
+    names = [n for n in results if n != "lower-bound"]
+    means = [results[n].mean_step_ms for n in names]
+    exposed = [sum(results[n].exposed_comm_ms) / len(results[n].exposed_comm_ms) for n in names]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(names) + 2), 4))
+    ax.bar(names, [m - e for m, e in zip(means, exposed)], color="#3b7dd8", label="busiest GPU's compute")
+    ax.bar(names, exposed, bottom=[m - e for m, e in zip(means, exposed)], color="#e55934",
+           label="exposed communication")
+    if "lower-bound" in results:
+        ax.axhline(results["lower-bound"].mean_step_ms, color="black", ls="--", lw=1, label="lower bound")
+    ax.set_ylabel("simulated ms per step")
+    ax.set_title(title, fontsize=9)
+    ax.tick_params(axis="x", rotation=30)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..sim.runner import Progress, parse_strategies, run_strategies
+    names = parse_strategies(args.strategies)
+    cluster, cost = setup(args.cluster, args.model, args.profile, args.tensor_parallel, args.tokens_per_gpu)
+    batches, what = load_batches(args)
+    options: dict[str, dict[str, Any]] = {}
+    if args.cp_size is not None:
+        for n in ("te-cp", "te-cp-routing", "allgather-cp", "wlb-llm"):
+            options[n] = {"cp_size": args.cp_size}
+    bar = Progress(len(names) * len(batches), label="simulate")
+    results = run_strategies(batches, cluster, cost, names, options=options, on_step=bar.step)
+    title = (f"{cost.model.name or 'model'} on {cluster.nodes}x{cluster.gpus_per_node} ranks"
+             f"{f' (TP {args.tensor_parallel})' if args.tensor_parallel > 1 else ''}, {what}, "
+             f"{len(batches)} steps x {args.tokens_per_step} tokens")
+    print(title)
+    print("simulated (cost model calibrated on H100 kernel timings; network bandwidths nominal)")
+    print(format_table(results))
+    if args.json:
+        doc = {"schema": "zeppelin-simulate/1", "title": title, "cluster": cluster.summary(),
+               "model": cost.model.name, "tensor_parallel": args.tensor_parallel, "source": what,
+               "steps": len(batches), "tokens_per_step": args.tokens_per_step,
+               "batches": [{"documents": len(b), "longest": max(b)} for b in batches],
+               "results": {n: r.to_dict() for n, r in results.items()}}
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot:
+        _plot(results, args.plot, title)
+        print(f"wrote {args.plot}")
+    return 0

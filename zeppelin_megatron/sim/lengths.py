@@ -1,0 +1,187 @@
+"""Length sources: named synthetic long-tailed distributions, text files, Megatron datasets.
+
+Every distribution draws document lengths; a *step* is a global batch of
+``tokens_per_step`` tokens: documents are drawn until the budget is reached
+and the last one is cut so the step holds exactly that many tokens (as a
+packing data loader would). Documents longer than the distribution's maximum
+are cut into maximum-length pieces plus a remainder (a pipeline with a
+maximum sequence length keeps all tokens). Step ``k`` of seed ``s`` uses
+``numpy.random.default_rng([s, k])``: deterministic and independent of how many
+steps are drawn.
+
+Parameters (ESTIMATED from published aggregate statistics, not fitted to the
+raw corpora; treat them as plausible shapes, not as the corpora):
+
+* ``github-*``: source files. The Pile (Gao et al. 2020, Table 1) reports a
+  mean GitHub document of 5.25 KiB, i.e. about 1.3k tokens at ~4 bytes per
+  token; file sizes are heavy-tailed. Log-normal with ``sigma = 1.6`` and
+  median 370 tokens (mean ``370 e^{1.28} ~ 1.3k``).
+* ``arxiv-*``: LaTeX papers. The Pile reports a mean ArXiv document of
+  46.6 KiB, about 11.9k tokens; papers are less skewed than code. Log-normal
+  with ``sigma = 0.9``, median 7.9k tokens (mean ``7.9k e^{0.405} ~ 11.9k``).
+* ``prolong-*``: the ProLong long-context mixture (Gao et al. 2024, "How to
+  Train Long-Context Language Models (Effectively)"): about 60 % of tokens from
+  long sources (code repositories, books, packed to the training length) and
+  40 % from short data. Mixture by tokens: 60 % long documents log-uniform in
+  ``[16k, max]``, 40 % short ones log-normal with median 1k tokens,
+  ``sigma = 1.2``.
+
+The ``-64k`` / ``-128k`` suffix is the maximum length (65 536 / 131 072 tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["LengthDistribution", "DISTRIBUTIONS", "get_distribution", "sample_steps", "split_steps",
+           "lengths_from_file", "lengths_from_dataset"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LengthDistribution:
+    """A document-length distribution: a log-normal body plus an optional log-uniform long part.
+
+    ``long_token_share``: fraction of *tokens* from the long part (0: none);
+    ``long_min``: lower end of the long part; every length is at most ``max_len``.
+    """
+
+    name: str
+    median: float
+    sigma: float
+    max_len: int
+    long_token_share: float = 0.0
+    long_min: int = 0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.median >= 1 or not self.sigma > 0:
+            raise ValueError(f"{self.name}: median {self.median} must be >= 1 and sigma {self.sigma} > 0")
+        if self.max_len < 1:
+            raise ValueError(f"{self.name}: max_len must be >= 1, got {self.max_len}")
+        if not 0 <= self.long_token_share < 1:
+            raise ValueError(f"{self.name}: long_token_share {self.long_token_share} must be in [0, 1)")
+        if self.long_token_share and not 1 <= self.long_min < self.max_len:
+            raise ValueError(f"{self.name}: long_min {self.long_min} must be in [1, {self.max_len})")
+
+    def _long_doc_probability(self) -> float:
+        """Per-document probability of the long part that gives ``long_token_share`` of the tokens."""
+        if not self.long_token_share:
+            return 0.0
+        a, b = self.long_min, self.max_len
+        mean_long = (b - a) / math.log(b / a)                      # log-uniform mean
+        mean_short = self.median * math.exp(self.sigma ** 2 / 2)   # log-normal mean
+        w_long = self.long_token_share / mean_long
+        w_short = (1 - self.long_token_share) / mean_short
+        return w_long / (w_long + w_short)
+
+    def documents(self, rng: np.random.Generator, tokens: int) -> list[int]:
+        """Document lengths (each <= max_len) summing to exactly ``tokens``."""
+        if tokens < 1:
+            raise ValueError(f"tokens per step must be >= 1, got {tokens}")
+        p_long = self._long_doc_probability()
+        out: list[int] = []
+        left = tokens
+        while left > 0:
+            n = max(16, int(left / (self.median * 2)))  # draw in vectorised chunks
+            is_long = rng.random(n) < p_long
+            body = rng.lognormal(math.log(self.median), self.sigma, n)
+            tail = np.exp(rng.uniform(math.log(max(self.long_min, 1)), math.log(self.max_len), n))
+            docs = np.where(is_long, tail, body)
+            for d in docs:
+                length = max(1, int(d))
+                while length > 0 and left > 0:
+                    piece = min(length, self.max_len, left)
+                    out.append(piece)
+                    left -= piece
+                    length -= piece
+                if left == 0:
+                    break
+        return out
+
+
+def _dists() -> dict[str, LengthDistribution]:
+    out = {}
+    for cap, tag in ((65536, "64k"), (131072, "128k")):
+        out[f"github-{tag}"] = LengthDistribution(
+            name=f"github-{tag}", median=370, sigma=1.6, max_len=cap,
+            source="estimated: The Pile GitHub mean 5.25 KiB/doc (~1.3k tokens), log-normal sigma 1.6")
+        out[f"arxiv-{tag}"] = LengthDistribution(
+            name=f"arxiv-{tag}", median=7900, sigma=0.9, max_len=cap,
+            source="estimated: The Pile ArXiv mean 46.6 KiB/doc (~11.9k tokens), log-normal sigma 0.9")
+        out[f"prolong-{tag}"] = LengthDistribution(
+            name=f"prolong-{tag}", median=1000, sigma=1.2, max_len=cap, long_token_share=0.6, long_min=16384,
+            source="estimated: ProLong mixture, ~60% of tokens from long sources, 40% short")
+    return out
+
+
+DISTRIBUTIONS: dict[str, LengthDistribution] = _dists()
+
+
+def get_distribution(name: str) -> LengthDistribution:
+    if name not in DISTRIBUTIONS:
+        raise ValueError(f"unknown length distribution {name!r}; known: {', '.join(DISTRIBUTIONS)}")
+    return DISTRIBUTIONS[name]
+
+
+def sample_steps(name: str, steps: int, tokens_per_step: int, seed: int) -> list[list[int]]:
+    """``steps`` global batches of exactly ``tokens_per_step`` tokens from distribution ``name``."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    dist = get_distribution(name)
+    return [dist.documents(np.random.default_rng([seed, k]), tokens_per_step) for k in range(steps)]
+
+
+def split_steps(lengths: Sequence[int], steps: int, tokens_per_step: int, *, max_len: int | None = None,
+                source: str = "lengths") -> list[list[int]]:
+    """Consecutive global batches of exactly ``tokens_per_step`` tokens from a list of document lengths.
+
+    Documents are taken in order; one that crosses a step boundary is cut there
+    (the rest starts the next step); documents longer than ``max_len`` are cut
+    into pieces. Raises ``ValueError`` when the list holds fewer than
+    ``steps * tokens_per_step`` tokens (naming both numbers).
+    """
+    if steps < 1 or tokens_per_step < 1:
+        raise ValueError(f"steps ({steps}) and tokens_per_step ({tokens_per_step}) must be >= 1")
+    bad = [(i, s) for i, s in enumerate(lengths) if int(s) < 0]
+    if bad:
+        raise ValueError(f"{source}: document {bad[0][0]} has negative length {bad[0][1]}")
+    total = int(sum(int(s) for s in lengths))
+    need = steps * tokens_per_step
+    if total < need:
+        raise ValueError(f"{source} holds {total} tokens, fewer than {steps} steps x {tokens_per_step} = {need}")
+    out: list[list[int]] = [[]]
+    left = tokens_per_step
+    cap = max_len or tokens_per_step
+    for s in lengths:
+        s = int(s)
+        while s > 0:
+            piece = min(s, left, cap)
+            out[-1].append(piece)
+            s -= piece
+            left -= piece
+            if left == 0:
+                if len(out) == steps:
+                    return out
+                out.append([])
+                left = tokens_per_step
+    raise AssertionError("unreachable: the token count was checked")
+
+
+def lengths_from_file(path: str | Path) -> list[int]:
+    """One length per line (``#`` comments); the same reader as ``zeppelin plan --lengths``."""
+    from ..commands.plan import read_lengths
+    return read_lengths(path)
+
+
+def lengths_from_dataset(prefix: str) -> list[int]:
+    """Document lengths of the Megatron indexed dataset at ``prefix`` (``.idx`` only).
+
+    Imported lazily: only :mod:`zeppelin_megatron.megatron` reads Megatron's format.
+    """
+    from ..megatron.data.indexed import document_lengths
+    return [int(x) for x in document_lengths(prefix)]
