@@ -17,7 +17,7 @@ from .planner import ClusterError, ModelError, PlanError, ProfileError
 __all__ = ["main", "read_lengths", "COMMANDS"]
 
 # Registration order is the order `zeppelin --help` lists them.
-COMMANDS: tuple[str, ...] = ("demo", "plan", "profile", "replay")
+COMMANDS: tuple[str, ...] = ("demo", "plan", "profile", "replay", "simulate")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
