@@ -1,6 +1,6 @@
 """One rank of the end-to-end glue check (CPU, gloo); run as a subprocess per rank.
 
-Usage: python glue_worker.py MEGATRON_LM REPO PREFIX OUT_JSON (env: RANK, WORLD_SIZE,
+Usage: python glue_worker.py MEGATRON_LM REPO PREFIX OUT_JSON TP (env: RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). With the Megatron-LM checkout on sys.path:
 check_startup -> Megatron's parse_args/validate_args/set_global_variables -> our
 zeppelin_gpt_builder (start-up checks, Zeppelin group, model with our spec) ->
@@ -18,7 +18,7 @@ import traceback
 
 
 def main() -> None:
-    megatron_lm, repo, prefix, out_path = sys.argv[1:5]
+    megatron_lm, repo, prefix, out_path, tp = sys.argv[1:6]
     # Appended: `megatron` is a namespace package, so megatron.core comes from the installed
     # megatron-core and only megatron.training (absent from the wheel) from the checkout.
     sys.path.insert(0, repo)
@@ -31,17 +31,23 @@ def main() -> None:
     except ImportError as exc:
         print(f"SKIP megatron.training does not import here: {exc!r}")
         return
+    import megatron.training.arguments as megatron_arguments
     from megatron.training.global_vars import set_global_variables
+
+    # CPU accommodation (this worker only): validate_args asks the GPU's architecture when TP > 1.
+    megatron_arguments.get_device_arch_version = lambda: 9  # Hopper
 
     from zeppelin_megatron.megatron import pretrain as zp
     from zeppelin_megatron.megatron.cpu_support import causal_mask, init_parallel_state, megatron_on_cpu
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    argv = ["pretrain_gpt.py", "--zeppelin", "--zeppelin-cluster", f"1x{world}", "--zeppelin-prefetch", "1",
+    rank, world, lws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    n_ranks = world // int(tp)
+    argv = ["pretrain_gpt.py", "--zeppelin", "--zeppelin-cluster", f"{world // lws}x{lws}", "--zeppelin-prefetch", "1",
+            "--tensor-model-parallel-size", tp,
             "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--group-query-attention",
             "--num-query-groups", "2", "--ffn-hidden-size", "128", "--swiglu", "--normalization", "RMSNorm",
             "--position-embedding-type", "rope", "--seq-length", "48", "--max-position-embeddings", "64",
-            "--micro-batch-size", "1", "--global-batch-size", str(world), "--train-iters", "3", "--lr", "1e-4",
+            "--micro-batch-size", "1", "--global-batch-size", str(n_ranks), "--train-iters", "3", "--lr", "1e-4",
             "--tokenizer-type", "NullTokenizer", "--vocab-size", "500", "--data-path", prefix, "--eval-iters", "0",
             "--transformer-impl", "local", "--no-rope-fusion", "--no-persist-layer-norm",
             "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-dropout-fusion",
@@ -53,7 +59,7 @@ def main() -> None:
     validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
     set_global_variables(args)
     dist.init_process_group("gloo")
-    init_parallel_state(1)
+    init_parallel_state(int(tp))
     lines: list[str] = []
     result: dict = {}
     with megatron_on_cpu():
@@ -82,7 +88,7 @@ def main() -> None:
             loss.backward()
             batch_plan = model._zeppelin_binding.attention[0].step.plan
             totals = torch.tensor([float(loss), float(ntok)], dtype=torch.float64)
-            dist.all_reduce(totals)
+            dist.all_reduce(totals, group=run.group.pg)  # over the Zeppelin (data-parallel) ranks
             # reference: the same micro-step's sequences, one at a time, on a plain megatron-core model
             seq_ids = train.sampler.micro_step(len(steps))
             ref_loss = 0.0

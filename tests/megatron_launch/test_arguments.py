@@ -53,6 +53,7 @@ def test_zeppelin_requested() -> None:
         (["--zeppelin"], "needs --zeppelin-cluster"),
         (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-tokens-per-gpu", "0"], "positive integer, got 0"),
         (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-placements", "local,ring"], "ring"),
+        (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-placements", "intra_node"], "'local' cannot"),
         (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-slack", "1.5"], "slack must be in"),
         (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-prefetch", "3"], "prefetch must be 0, 1 or 2"),
     ],

@@ -72,8 +72,8 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-check-plan", action=argparse.BooleanOptionalAction, default=True,
                    help="Check once per attention call that all ranks run the same plan (default: on).")
     g.add_argument("--zeppelin-placements", type=str, default=",".join(PLACEMENTS),
-                   help="Comma-separated placements the planner may use (ablations), "
-                        f"subset of {','.join(PLACEMENTS)}; too-long sequences still split.")
+                   help="Comma-separated placements the planner may use, 'local' plus any of intra_node, "
+                        "inter_node (ablations: e.g. local,intra_node never spans nodes).")
     g.add_argument("--zeppelin-slack", type=float, default=0.02,
                    help="Fraction by which a GPU may exceed its attention target before a split.")
     g.add_argument("--zeppelin-min-ratio", type=float, default=1.0,
@@ -116,6 +116,11 @@ class ZeppelinConfig:
             raise ZeppelinArgsError(
                 f"--zeppelin-placements {','.join(self.placements)!r}: expected distinct names from "
                 f"{','.join(PLACEMENTS)}"
+            )
+        if "local" not in self.placements:
+            raise ZeppelinArgsError(
+                f"--zeppelin-placements {','.join(self.placements)!r}: 'local' cannot be left out (the planner "
+                "keeps a sequence whole when no allowed split pays); drop intra_node or inter_node to ablate them"
             )
         if not 0.0 <= self.slack < 1.0:
             raise ZeppelinArgsError(f"--zeppelin-slack must be in [0, 1), got {self.slack}")
