@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens-per-step", type=int, default=1 << 20, help="tokens per global batch (default 1M)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (--dist)")
     p.add_argument("--cp-size", type=int, default=None, help="fixed CP size for te-cp/allgather-cp/wlb-llm")
+    p.add_argument("--engine", choices=("runtime", "fill"), default="runtime",
+                   help="runtime: queues strictly in order, as zeppelin_megatron.runtime runs them (default); "
+                        "fill: local sequences also fill ring waits (the paper's three-queue engine)")
     p.add_argument("--json", default=None, help="write results JSON here")
     p.add_argument("--plot", default=None, help="write a PNG bar chart here")
 
@@ -55,7 +58,9 @@ def setup(cluster_spec: str, model: str | None, profile: str | None, tensor_para
     TP reduces the cluster as the Megatron integration does
     (:func:`zeppelin_megatron.megatron.planning.reduce_cluster_for_tp`: a node
     holds ``G / TP`` Zeppelin ranks, one rail each) and the cost model divides
-    heads and linear weights by TP.
+    heads and linear weights by TP. A Zeppelin rank is then a TP group, whose
+    activations are split over its TP GPUs (sequence parallelism), so its token
+    capacity is ``TP x`` the per-GPU one unless ``tokens_per_gpu`` is given.
     """
     from dataclasses import replace
 
@@ -65,6 +70,8 @@ def setup(cluster_spec: str, model: str | None, profile: str | None, tensor_para
     if tensor_parallel > 1:
         from ..megatron.planning import reduce_cluster_for_tp
         cluster, share = reduce_cluster_for_tp(cluster, tensor_parallel)
+        if tokens_per_gpu is None:
+            cluster = cluster.with_tokens_per_gpu(cluster.tokens_per_gpu * tensor_parallel)
         if prof.nic_GBps and share != 1.0:
             prof = replace(prof, nic_GBps=prof.nic_GBps * share)
     cost = CostModel(model=load_model(model), cluster=cluster, profile=prof, tensor_parallel=tensor_parallel)
@@ -122,17 +129,18 @@ def run(args: argparse.Namespace) -> int:
         for n in ("te-cp", "te-cp-routing", "allgather-cp", "wlb-llm"):
             options[n] = {"cp_size": args.cp_size}
     bar = Progress(len(names) * len(batches), label="simulate")
-    results = run_strategies(batches, cluster, cost, names, options=options, on_step=bar.step)
+    results = run_strategies(batches, cluster, cost, names, options=options, engine=args.engine,
+                             on_step=bar.step)
     title = (f"{cost.model.name or 'model'} on {cluster.nodes}x{cluster.gpus_per_node} ranks"
              f"{f' (TP {args.tensor_parallel})' if args.tensor_parallel > 1 else ''}, {what}, "
-             f"{len(batches)} steps x {args.tokens_per_step} tokens")
+             f"{len(batches)} steps x {args.tokens_per_step} tokens, {args.engine} engine")
     print(title)
     print("simulated (cost model calibrated on H100 kernel timings; network bandwidths nominal)")
     print(format_table(results))
     if args.json:
         doc = {"schema": "zeppelin-simulate/1", "title": title, "cluster": cluster.summary(),
                "model": cost.model.name, "tensor_parallel": args.tensor_parallel, "source": what,
-               "steps": len(batches), "tokens_per_step": args.tokens_per_step,
+               "steps": len(batches), "tokens_per_step": args.tokens_per_step, "engine": args.engine,
                "batches": [{"documents": len(b), "longest": max(b)} for b in batches],
                "results": {n: r.to_dict() for n, r in results.items()}}
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")

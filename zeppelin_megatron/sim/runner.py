@@ -92,9 +92,11 @@ def run_strategies(
     names: Sequence[str],
     *,
     options: dict[str, dict[str, Any]] | None = None,
+    engine: str = "runtime",
     on_step: Callable[[str], None] | None = None,
 ) -> dict[str, StrategySummary]:
-    """Simulate every strategy on every batch. ``options[name]`` go to ``plan_with``."""
+    """Simulate every strategy on every batch. ``options[name]`` go to ``plan_with``;
+    ``engine`` to :func:`~.simulator.simulate` (``runtime`` or ``fill``)."""
     out: dict[str, StrategySummary] = {}
     options = options or {}
     for name in names:
@@ -108,7 +110,7 @@ def run_strategies(
                 t0 = time.perf_counter()
                 sp = plan_with(name, lengths, cluster, cost, **options.get(name, {}))
                 t1 = time.perf_counter()
-                res = simulate(sp.plan, cost, attention_comm=sp.attention_comm, keep_events=False)
+                res = simulate(sp.plan, cost, attention_comm=sp.attention_comm, engine=engine, keep_events=False)
                 plan_s += t1 - t0
                 sim_s += time.perf_counter() - t1
                 steps.append(res.step_ms)
