@@ -63,7 +63,8 @@ def main(argv: list[str]) -> None:
     megatron_lm, argv = split_megatron_lm(argv, os.environ.get("MEGATRON_LM"))
     sys.path.insert(0, megatron_lm)
     if "--zeppelin" not in argv:
-        raise SystemExit("pretrain_gpt_zeppelin.py runs Zeppelin: add --zeppelin (or run Megatron-LM's pretrain_gpt.py)")
+        raise SystemExit("pretrain_gpt_zeppelin.py runs Zeppelin: add --zeppelin "
+                         "(or run Megatron-LM's pretrain_gpt.py)")
 
     import pretrain_gpt  # Megatron-LM's module: torch, megatron.training, model_provider, gpt_builder
     from megatron.core.enums import ModelType

@@ -1,4 +1,6 @@
-"""Runs in a subprocess with a Megatron-LM checkout on sys.path (after the installed megatron-core); prints one JSON object.
+"""Runs in a subprocess with a Megatron-LM checkout on sys.path (after the installed megatron-core).
+
+Prints one JSON object (``RESULT {...}``).
 
 Usage: python checkout_worker.py MEGATRON_LM REPO. Checks our flags and start-up
 checks against the checkout's real parser and ``validate_args`` (CPU flags from

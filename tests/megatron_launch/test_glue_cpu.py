@@ -45,11 +45,13 @@ def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_wo
     port = _free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                   LOCAL_WORLD_SIZE=str(local_world), CUDA_DEVICE_MAX_CONNECTIONS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank % local_world), WORLD_SIZE=str(world),
+                   LOCAL_WORLD_SIZE=str(local_world), CUDA_DEVICE_MAX_CONNECTIONS="1", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
         procs.append(subprocess.Popen(
             [sys.executable, str(HERE / "glue_worker.py"), str(megatron_lm), str(REPO), prefix,
-             str(tmp_path / f"rank{rank}.json"), str(tp)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+             str(tmp_path / f"rank{rank}.json"), str(tp)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=600) for p in procs]
     for (out, err), p in zip(outs, procs):
         if "SKIP " in out:

@@ -29,7 +29,8 @@ def test_bash_syntax(path: Path) -> None:
 
 
 def _launcher():
-    spec = importlib.util.spec_from_file_location("pretrain_gpt_zeppelin", REPO / "scripts" / "pretrain_gpt_zeppelin.py")
+    spec = importlib.util.spec_from_file_location("pretrain_gpt_zeppelin",
+                                                  REPO / "scripts" / "pretrain_gpt_zeppelin.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
