@@ -104,19 +104,37 @@ def test_unservable_configs_rejected_by_startup_check(worker_result: dict, name:
     assert match in msg
 
 
-def test_launcher_exits_before_distributed_init(megatron_lm: Path) -> None:
-    argv = [sys.executable, str(REPO / "scripts" / "pretrain_gpt_zeppelin.py"), "--megatron-lm", str(megatron_lm),
-            "--zeppelin", "--zeppelin-cluster", f"1x8@{REPO}/configs/clusters/h100.yaml",
-            "--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "1024",
-            "--max-position-embeddings", "1024", "--micro-batch-size", "1", "--global-batch-size", "8",
-            "--train-iters", "1", "--lr", "1e-4", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
-            "--data-path", "/nonexistent/prefix", "--eval-iters", "0",
-            "--pipeline-model-parallel-size", "2"]
+UNSERVABLE = ["--zeppelin", "--zeppelin-cluster", f"1x8@{REPO}/configs/clusters/h100.yaml",
+              "--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "1024",
+              "--max-position-embeddings", "1024", "--micro-batch-size", "1", "--global-batch-size", "8",
+              "--train-iters", "1", "--lr", "1e-4", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
+              "--data-path", "/nonexistent/prefix", "--eval-iters", "0", "--pipeline-model-parallel-size", "2"]
+
+
+def _run_until_startup_error(argv: list[str], pythonpath: list[str]) -> subprocess.CompletedProcess:
     env = dict(os.environ, WORLD_SIZE="8", LOCAL_WORLD_SIZE="8", RANK="0",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([*pythonpath, os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
     if "No module named 'triton'" in r.stderr:
         pytest.skip("megatron.training needs triton, not installed here")
+    return r
+
+
+def test_patched_pretrain_gpt_runs_zeppelin_checks(megatron_lm: Path, tmp_path: Path) -> None:
+    # The patched pretrain_gpt.py (in a scratch dir; gpt_builders etc. from the checkout) takes the
+    # Zeppelin path on --zeppelin and stops at the start-up check.
+    (tmp_path / "pretrain_gpt.py").write_text(_tag_file(megatron_lm, "pretrain_gpt.py"))
+    subprocess.run(["git", "apply", str(REPO / "patches" / "pretrain_gpt.patch")], cwd=tmp_path, check=True)
+    r = _run_until_startup_error([sys.executable, str(tmp_path / "pretrain_gpt.py"), *UNSERVABLE],
+                                 [str(REPO), str(megatron_lm)])
+    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
+    assert "--pipeline-model-parallel-size 2: Zeppelin does not support pipeline parallelism" in r.stderr
+
+
+def test_launcher_exits_before_distributed_init(megatron_lm: Path) -> None:
+    argv = [sys.executable, str(REPO / "scripts" / "pretrain_gpt_zeppelin.py"), "--megatron-lm", str(megatron_lm),
+            *UNSERVABLE]
+    r = _run_until_startup_error(argv, [str(REPO)])
     assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
     assert "--pipeline-model-parallel-size 2: Zeppelin does not support pipeline parallelism" in r.stderr
     assert "initialized" not in r.stdout.lower()  # stopped before torch.distributed
