@@ -149,3 +149,25 @@ def test_all_to_all_goes_rail_aligned_then_fans_out() -> None:
     res = simulate_program(LayerProgram(ops, {("a",): t}), cost)
     nvl, nic = link_capacities(cost)
     assert res.layer_ms == pytest.approx(10e-3 + 2e9 / nic + 5e-3 + 1e9 / nvl)
+
+
+def test_fill_engine_runs_local_work_during_ring_waits() -> None:
+    cl = _cluster(1, 2, 2, (0, 1))
+    cost = _cost(cl)
+    nvl, _ = link_capacities(cost)
+    comm = 5e-3 + 10.0
+    t = {("x",): Transfer(("x",), "ring", [[Hop(0, 1, 10.0 * nvl, "nvl")]])}
+    ops = [[Op("post", key=("x",)), Op("compute", 1.0, "attention"), Op("wait", key=("x",), kind="ring"),
+            Op("local", kind="local")] for _ in range(2)]
+    queue = [[3.0, 2.0], []]
+    runtime = simulate_program(LayerProgram(ops, t, queue), cost, engine="runtime")
+    assert runtime.finish_ms[0] == pytest.approx(comm + 5.0)      # local work after the ring
+    assert runtime.finish_ms[1] == pytest.approx(comm)
+    fill = simulate_program(LayerProgram(ops, t, queue), cost, engine="fill")
+    assert fill.finish_ms[0] == pytest.approx(comm)               # 1 + 3 + 2 ms hidden in the 10 ms wait
+    assert fill.compute_ms[0] == pytest.approx(6.0)
+    long_queue = [[8.0, 6.0], []]                                  # 1 + 8 + 6 > 10: the wait ends mid-call
+    fill = simulate_program(LayerProgram(ops, t, long_queue), cost, engine="fill")
+    assert fill.finish_ms[0] == pytest.approx(1.0 + 8.0 + 6.0)
+    with pytest.raises(ValueError, match="engine"):
+        simulate_program(LayerProgram(ops, t, queue), cost, engine="nope")
