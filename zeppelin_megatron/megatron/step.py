@@ -24,7 +24,7 @@ Usage (what ``forward_step`` does)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -116,22 +116,27 @@ class _Binding:
     rotary: list[_RotaryHook]
 
 
-def _modules(model: Any) -> Iterable[torch.nn.Module]:
-    """Every nn.Module of ``model`` (a module or a list of model chunks, wrapped or not)."""
-    chunks = model if isinstance(model, (list, tuple)) else [model]
-    for chunk in chunks:
-        yield from chunk.modules()
+def _chunks(model: Any) -> list[torch.nn.Module]:
+    """The model chunks of ``model`` (a module or a list of them), each without Megatron's
+    wrappers (DDP and Float16Module keep the wrapped module as ``.module``)."""
+    out = []
+    for chunk in model if isinstance(model, (list, tuple)) else [model]:
+        while isinstance(getattr(chunk, "module", None), torch.nn.Module):
+            chunk = chunk.module
+        out.append(chunk)
+    return out
 
 
 def prepare_model(model: Any) -> None:
     """Install Zeppelin's rotary hook and record its attention modules; idempotent.
 
+    ``model``: a GPT model or a list of model chunks, bare or inside Megatron's wrappers.
+
     Raises :class:`ZeppelinBindingError` when the model has no
     :class:`ZeppelinCoreAttention` (it was not built with a Zeppelin spec) or
     uses a rotary variant Zeppelin does not support (YaRN, mRoPE, MLA).
     """
-    chunks = model if isinstance(model, (list, tuple)) else [model]
-    for chunk in chunks:
+    for chunk in _chunks(model):
         if getattr(chunk, "_zeppelin_binding", None) is not None:
             continue
         attention = [m for m in chunk.modules() if isinstance(m, ZeppelinCoreAttention)]
@@ -156,8 +161,7 @@ def prepare_model(model: Any) -> None:
 
 def bind_step(model: Any, step: ZeppelinStep) -> None:
     """Hand ``step`` to every Zeppelin-aware module of ``model`` (call before each forward)."""
-    chunks = model if isinstance(model, (list, tuple)) else [model]
-    for chunk in chunks:
+    for chunk in _chunks(model):
         binding: _Binding | None = getattr(chunk, "_zeppelin_binding", None)
         if binding is None:
             raise ZeppelinBindingError("call prepare_model(model) once before bind_step")
