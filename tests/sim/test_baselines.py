@@ -123,3 +123,14 @@ def test_unknown_and_bound_names() -> None:
         plan_with("te-cp", [100, 0], cluster, cost)
     with pytest.raises(TypeError):
         plan_with("te-cp", [100], cluster, cost, bogus=1)
+
+
+def test_flexsp_spills_when_a_class_is_full() -> None:
+    # Regression: the MILP's memory rows use bucket means; this batch filled the
+    # single-GPU class and used to fail. Every token must still be placed.
+    cluster = load_cluster("4x8", tokens_per_gpu=65536)
+    cost = CostModel(model=load_model(None), cluster=cluster)
+    lengths = sample_steps("prolong-128k", 1, 1 << 20, seed=0)[0]
+    sp = plan_with("flexsp", lengths, cluster, cost)
+    assert _covered(sp.plan.attention_layout, lengths)
+    assert max(sp.plan.tokens(r, "attention") for r in range(cluster.world_size)) <= 65536

@@ -27,7 +27,8 @@ bisection (relative tolerance ``1e-3``); every MILP is solved to optimality
 raises). The groups are then laid out on consecutive aligned ranks (largest
 first; unused GPUs become extra single-GPU groups) and each class's sequences
 are packed onto its groups, longest estimated time first, to the least loaded
-group with token room. A group of ``d > 1`` holds its sequences as zigzag
+group with token room (when a class is full, because the MILP's memory rows use
+bucket means, the least loaded group of any class with room). A group of ``d > 1`` holds its sequences as zigzag
 token ranges (Ulysses balances heads, so any equal split is fine); a sequence
 shorter than ``2 d`` tokens in such a group is kept whole on its least loaded
 rank.
@@ -247,9 +248,23 @@ def flexsp_groups(lengths: Sequence[int], cost: CostModel, **kw: int) -> tuple[l
     groups: list[tuple[int, ...]] = [()] * len(lengths)
     rank_load = [0.0] * world
     rank_tok = [0] * world
+    load = {d: [0.0] * len(blocks[d]) for d in blocks}
+    tok = {d: [0] * len(blocks[d]) for d in blocks}
+
+    def place(i: int, s: int, ranks: tuple[int, ...], d: int) -> None:
+        if d == 1 or s < 2 * d:
+            r = min(ranks, key=lambda r: (rank_load[r], r))
+            groups[i] = (r,)
+            rank_load[r] += cost.local_ms(s)
+            rank_tok[r] += s
+        else:
+            groups[i] = ranks
+            for r in ranks:
+                rank_load[r] += ulysses_seq_ms(cost, s, d)
+                rank_tok[r] += -(-s // d)
+
     for d in sorted(members, reverse=True):
-        gl = [0.0] * len(blocks[d])
-        gt = [0] * len(blocks[d])
+        gl, gt = load[d], tok[d]
         for i in sorted(members[d], key=lambda i: (-lengths[i], i)):
             s = lengths[i]
             best = -1
@@ -257,20 +272,21 @@ def flexsp_groups(lengths: Sequence[int], cost: CostModel, **kw: int) -> tuple[l
                 if gt[k] + s <= d * cap and (best < 0 or gl[k] < gl[best] - 1e-12):
                     best = k
             if best < 0:
-                raise PlanError(f"flexsp: sequence {i} ({s} tokens) fits in no group of {d} GPUs")
+                # The MILP's memory rows use bucket means: when the class is full,
+                # take the least loaded group of any class with room (never drop tokens).
+                spill = [(load[d2][k], -d2, d2, k) for d2 in sorted(blocks, reverse=True)
+                         for k in range(len(blocks[d2])) if tok[d2][k] + s <= d2 * cap]
+                if not spill:
+                    raise PlanError(f"flexsp: sequence {i} ({s} tokens) fits in no group: every group of "
+                                    f"{sorted(blocks)} GPUs x {cap} tokens is full")
+                _, _, d2, k = min(spill)
+                load[d2][k] += ulysses_seq_ms(cost, s, d2)
+                tok[d2][k] += s
+                place(i, s, blocks[d2][k], d2)
+                continue
             gl[best] += ulysses_seq_ms(cost, s, d)
             gt[best] += s
-            ranks = blocks[d][best]
-            if d == 1 or s < 2 * d:
-                r = min(ranks, key=lambda r: (rank_load[r], r))
-                groups[i] = (r,)
-                rank_load[r] += cost.local_ms(s)
-                rank_tok[r] += s
-            else:
-                groups[i] = ranks
-                for r in ranks:
-                    rank_load[r] += ulysses_seq_ms(cost, s, d)
-                    rank_tok[r] += -(-s // d)
+            place(i, s, blocks[d][best], d)
     return groups, sol
 
 
