@@ -61,9 +61,9 @@ def test_rates_rise_when_a_flow_leaves() -> None:
     assert done["s"] == pytest.approx(2.0) and done["t"] == pytest.approx(4.0)
 
 
-def _cluster(nodes: int, gpus: int, nics: int, gpu_nic: tuple[int, ...]) -> Cluster:
+def _cluster(nodes: int, gpus: int, nics: int, gpu_nic: tuple[int, ...], nic_Gbps: float = 400.0) -> Cluster:
     return Cluster(nodes=nodes, gpus_per_node=gpus, nics_per_node=nics, gpu_nic=gpu_nic, nvlink_GBps=400.0,
-                   nic_Gbps=400.0, tokens_per_gpu=1 << 20, nvlink_latency_us=5.0, nic_latency_us=10.0)
+                   nic_Gbps=nic_Gbps, tokens_per_gpu=1 << 20, nvlink_latency_us=5.0, nic_latency_us=10.0)
 
 
 def _cost(cluster: Cluster, layers: int = 1) -> CostModel:
@@ -171,3 +171,30 @@ def test_fill_engine_runs_local_work_during_ring_waits() -> None:
     assert fill.finish_ms[0] == pytest.approx(1.0 + 8.0 + 6.0)
     with pytest.raises(ValueError, match="engine"):
         simulate_program(LayerProgram(ops, t, queue), cost, engine="nope")
+
+
+def test_routed_ring_hop_splits_over_proxies() -> None:
+    # 2 nodes x 2 GPUs, one NIC per GPU; one sequence on the ring (0, 2). Both hops cross
+    # nodes and are routed over proxies (own NIC + the other GPU's): the direct part goes
+    # 0 -> 2 on NIC 0; the other part 0 -> 1 (NVLink), 1 -> 3 (NIC 1), 3 -> 2 (NVLink).
+    from zeppelin_megatron.planner.routing import split_counts
+    cl = _cluster(2, 2, 2, (0, 1), nic_Gbps=1.0)   # slow NICs: the transfer dominates the step
+    cost = _cost(cl)
+    s = 65536
+    plan = build_plan([s], [(0, 2)], cl, cost, routing=True)
+    routes = plan.routes_for((0, 2))
+    assert routes[(0, 2)].proxies == (0, 1) and routes[(2, 0)].proxies == (0, 1)
+    nvl, nic = link_capacities(cost)
+    nbytes = 3 * cost.ring_step_bytes(s, 2)
+    direct, other = split_counts(nbytes, 2)
+    comm = max(10e-3 + direct / nic, 5e-3 + other / nvl + 10e-3 + other / nic + 5e-3 + other / nvl)
+    o = cost.call_overhead_ms
+    diag, off = cost.ring_compute_profile(s, 2)
+    lin = cost.linear_ms(s // 2)
+    assert comm > 10 * max(diag, o)
+    res = simulate(plan, cost)
+    assert res.layer_ms == pytest.approx(lin + max(max(diag, o), comm) + max(off, o))
+    # Relays (ranks 1 and 3) post, wait and compute nothing.
+    assert res.compute_ms[1] == 0.0 and res.compute_ms[3] == 0.0
+    unrouted = simulate(plan, cost, routing=False)
+    assert unrouted.layer_ms == pytest.approx(lin + max(max(diag, o), 10e-3 + nbytes / nic) + max(off, o))
