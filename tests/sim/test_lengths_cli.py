@@ -60,3 +60,21 @@ def test_simulate_cli(tmp_path, capsys) -> None:
     rc = main(["simulate", "--lengths", str(lengths), "--cluster", "1x4", "--steps", "9",
                "--tokens-per-step", "60000"])
     assert rc == 2 and "fewer than 9 steps" in capsys.readouterr().err
+
+
+def test_simulate_cli_reads_a_megatron_dataset(tmp_path, capsys) -> None:
+    pytest.importorskip("megatron.core", reason="writing an indexed dataset needs megatron-core")
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from zeppelin_megatron.sim.lengths import lengths_from_dataset
+    prefix = str(tmp_path / "docs")
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    sizes = [3000, 500, 0, 1200, 800, 2500]
+    for n in sizes:
+        builder.add_document(np.arange(n, dtype=np.int64) % 1000, [n])
+    builder.finalize(prefix + ".idx")
+    assert lengths_from_dataset(prefix) == sizes
+    rc = main(["simulate", "--dataset", prefix, "--cluster", "1x2", "--steps", "2", "--tokens-per-step", "4000",
+               "--strategies", "zeppelin,te-cp"])
+    out = capsys.readouterr().out
+    assert rc == 0 and f"indexed dataset {prefix}" in out and "| zeppelin |" in out
