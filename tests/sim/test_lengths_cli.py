@@ -46,8 +46,9 @@ def test_simulate_cli(tmp_path, capsys) -> None:
     out = tmp_path / "r.json"
     rc = main(["simulate", "--lengths", str(lengths), "--cluster", "1x4", "--steps", "2",
                "--tokens-per-step", "60000", "--strategies", "zeppelin,te-cp,flexsp,lower-bound",
-               "--json", str(out)])
+               "--json", str(out), "--timeline", str(tmp_path / "t.png"), "--plot", str(tmp_path / "p.png")])
     text = capsys.readouterr().out
+    assert (tmp_path / "t.png").stat().st_size > 1000 and (tmp_path / "p.png").stat().st_size > 1000
     assert rc == 0
     assert "simulated (cost model calibrated on H100 kernel timings; network bandwidths nominal)" in text
     assert "| te-cp |" in text and "1.00x" in text and "| lower-bound |" in text

@@ -34,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "fill: local sequences also fill ring waits (the paper's three-queue engine)")
     p.add_argument("--json", default=None, help="write results JSON here")
     p.add_argument("--plot", default=None, help="write a PNG bar chart here")
+    p.add_argument("--timeline", default=None,
+                   help="write a PNG of every rank's timeline (one layer, first step, first strategy) here")
 
 
 def load_batches(args: argparse.Namespace) -> tuple[list[list[int]], str]:
@@ -119,6 +121,38 @@ def _plot(results: dict[str, Any], path: str, title: str) -> None:
     plt.close(fig)
 
 
+_COLORS = {"linear": "#9bc53d", "attention": "#3b7dd8", "local": "#5bc0eb", "ring": "#e55934",
+           "group": "#fa7921", "remap": "#8c2f39"}
+
+
+def _timeline(res: Any, path: str, title: str) -> None:
+    """Gantt chart of ``res.events`` (one layer): compute in blues/greens, waits in reds."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("--timeline needs matplotlib: pip install 'zeppelin_megatron[plot]'") from None
+    world = len(res.finish_ms)
+    fig, ax = plt.subplots(figsize=(10, max(3.0, 0.12 * world + 1.5)))
+    for kind, color in _COLORS.items():
+        bars = [(e.start, e.end - e.start) for e in res.events if e.kind == kind]
+        for r in range(world):
+            mine = [(e.start, e.end - e.start) for e in res.events if e.kind == kind and e.rank == r]
+            if mine:
+                ax.broken_barh(mine, (r - 0.4, 0.8), color=color)
+        if bars:
+            ax.plot([], [], color=color, lw=6, label=kind + (" (wait)" if kind in ("ring", "group", "remap") else ""))
+    ax.set_xlabel("ms within one layer (simulated)")
+    ax.set_ylabel("rank")
+    ax.invert_yaxis()
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08 - 2.0 / max(world, 8)), ncol=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..sim.runner import Progress, parse_strategies, run_strategies
     names = parse_strategies(args.strategies)
@@ -148,4 +182,14 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         _plot(results, args.plot, title)
         print(f"wrote {args.plot}")
+    if args.timeline:
+        from ..sim.simulator import simulate
+        from ..sim.strategies import plan_with
+        first = next((n for n in names if n != "lower-bound"), None)
+        if first is None:
+            raise ValueError("--timeline needs a planned strategy, not only lower-bound")
+        sp = plan_with(first, batches[0], cluster, cost, **options.get(first, {}))
+        res = simulate(sp.plan, cost, attention_comm=sp.attention_comm, engine=args.engine)
+        _timeline(res, args.timeline, f"{first}, step 0, one layer ({res.layer_ms:.1f} ms): {title}")
+        print(f"wrote {args.timeline}")
     return 0
