@@ -69,6 +69,8 @@ class NodeState:
     load: list[float]
     tokens: list[int]
     cost: dict[int, float]
+    lends: int = 0
+    """How many ``lend`` moves were applied."""
 
 
 @lru_cache(maxsize=4096)
@@ -86,15 +88,16 @@ def _ring_nodes(ring: tuple[int, ...], gpn: int) -> list[int]:
     return sorted({r // gpn for r in ring})
 
 
-def rebalance_nodes(ctx: "_Ctx", st: NodeState, rank_in_order: dict[int, int]) -> bool:
+def rebalance_nodes(ctx: "_Ctx", st: NodeState, rank_in_order: dict[int, int], *, lend: bool = True) -> bool:
     """Apply improving moves to ``st`` (see the module docstring); True if any was made.
 
-    Every move keeps each node's tokens within ``ctx.node_soft_cap``.
+    Every move keeps each node's tokens within ``ctx.node_soft_cap``. ``lend``:
+    whether ``lend`` moves are allowed.
     """
     n_nodes, gpn = ctx.cluster.nodes, ctx.gpn
     cap_node = ctx.node_soft_cap
     lengths, load, tok, w = ctx.lengths, st.load, st.tokens, ctx.w
-    can_span = ctx.allow_inter and n_nodes > 1
+    can_span = lend and ctx.allow_inter and n_nodes > 1
     lend_ms: dict[int, list[tuple[int, float]]] = {}  # seq -> [(m, per-rank ms of a G + m ring)] allowed
     moved = False
     for _ in range(sum(len(s) for s in st.seqs) + len(st.inter)):
@@ -284,6 +287,7 @@ def _apply(ctx: "_Ctx", st: NodeState, move: tuple, rank_in_order: dict[int, int
         st.seqs[lo].sort(key=rank_in_order.__getitem__)
     elif kind == "lend":
         _, a, hi, lo, m = move
+        st.lends += 1
         st.seqs[hi].remove(a)
         st.load[hi] -= st.cost[a]
         st.tokens[hi] -= ctx.lengths[a]

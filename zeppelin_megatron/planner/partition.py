@@ -23,16 +23,22 @@ greedy "largest first, least loaded first" (LPT) heuristics:
    number ``g >= 2`` of least loaded GPUs for which every one of them stays
    under target (``intra_node``), ring order by local index. The node is
    filled twice, once that way and once giving every split sequence a ring
-   over the whole node (even ring loads); the fill with the lower peak wins.
-3. Check and correct. The result's per-GPU attention time is computed by the
-   rule of :func:`~.predict.predict` (:func:`attention_times`: shared ring
-   calls, ring waits filled by local work, routed cross-node hops). While
-   the busiest GPU exceeds the mean by more than ``slack``, level 1 restarts
-   its search from what level 2 made of each node (node load = ``G`` x its
-   busiest GPU; a split sequence's cost = its ring's GPU-time) and level 2
-   runs again; the best result seen wins. Level 1's estimates (smallest
-   ring, even GPUs) differ from level 2's outcome by a few percent, which is
-   as much as the balance target.
+   over the whole node (even ring loads); the fill with the lower peak plus
+   node remap time (:func:`~.score.node_remap`) wins.
+3. Check and correct. Each result is scored by what it costs the step: the
+   busiest GPU's attention time by the rule of :func:`~.predict.predict`
+   (:func:`~.score.attention_times`: shared ring calls, ring waits filled by local
+   work, routed cross-node hops) plus the remap time its attention layout
+   forces (:func:`~.score.remap_time`; the linear modules' time is the same for every
+   plan). While the busiest GPU exceeds the mean by more than ``slack``,
+   level 1 restarts its search from what level 2 made of each node (node load
+   = ``G`` x its busiest GPU; a split sequence's cost = its ring's GPU-time)
+   and level 2 runs again, up to :data:`CORRECTION_ROUNDS` times. Level 1's
+   estimates (smallest ring, even GPUs) differ from level 2's outcome by a few
+   percent, as much as the balance target. If level 1 lent any sequence, the
+   whole is repeated without lends: evening out a lent GPU's time can pile
+   short sequences' tokens on the node's other GPUs, and the remap that
+   follows can cost more than the balance gained. The best score wins.
 
 Splitting is allowed on a link only where the sequence's compute-to-
 communication ratio (one off-diagonal ring step's kernel time over its
@@ -52,11 +58,12 @@ from typing import Sequence
 from .cost_model import CostModel
 from .node_balance import NodeState, rebalance_nodes, ring_node_tokens
 from .plan import PlanError
-from .predict import rank_attention, ring_time
+from .predict import ring_time
 from .routing import Route, plan_routing
+from .score import attention_times, node_remap, rank_tokens, remap_time
 from .zigzag import zigzag_tokens
 
-__all__ = ["PartitionOptions", "Assignment", "partition", "attention_times"]
+__all__ = ["PartitionOptions", "Assignment", "partition", "attention_times", "remap_time"]  # scores re-exported
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +111,8 @@ class _Ctx:
         self.allow_intra = "intra_node" in options.placements
         self.allow_inter = "inter_node" in options.placements
         self.w = [cost.local_ms(s) for s in lengths]
+        self.total_tokens = sum(lengths)
+        self.nic_share = [cl.gpus_sharing_nic(cl.gpu_nic[l]) for l in range(cl.gpus_per_node)]
         self.target = sum(self.w) / cl.world_size
         self.limit = self.target * (1.0 + options.slack)
         self.node_soft_cap = int(self.gpn * self.cap * (1.0 - NODE_HEADROOM))
@@ -169,41 +178,46 @@ CORRECTION_ROUNDS = 3
 def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions) -> list[Assignment]:
     """Place every sequence; see the module docstring. Deterministic.
 
-    For each span threshold (the target, then lower ones while needed): level
-    1, then level 2, then the plan's per-GPU attention time as
-    :func:`~.predict.predict` computes it (:func:`attention_times`). While its
-    busiest GPU exceeds the mean by more than ``slack``, level 1 is corrected
-    with what level 2 made of each node (:func:`_correct`) and level 2 re-run,
-    up to :data:`CORRECTION_ROUNDS` times. Lower thresholds span more
-    sequences over nodes (batches dominated by a few huge sequences). The
-    candidate with the lowest busiest GPU wins (ties: the earlier); one that
-    cannot fit the token capacity is skipped unless it is the first.
+    For each span threshold (the target, then lower ones while needed), with
+    lends and then, if level 1 lent any sequence, without: level 1, level 2,
+    and up to :data:`CORRECTION_ROUNDS` corrections (:func:`_correct`) while
+    the busiest GPU exceeds the mean attention time by more than ``slack``.
+    Every result is scored by busiest-GPU attention time plus remap time; the
+    lowest score wins (ties: the earlier). Lower thresholds span more
+    sequences over nodes (batches dominated by a few huge sequences). A
+    candidate that cannot fit the token capacity is skipped unless it is the
+    first.
     """
     ctx = _Ctx(lengths, cost, options)
     order = sorted(range(len(lengths)), key=lambda i: (-ctx.w[i], -lengths[i], i))
     rank_in_order = {i: k for k, i in enumerate(order)}
     best: tuple[float, list[Assignment]] | None = None
     for factor in SPAN_FACTORS if ctx.allow_inter and ctx.cluster.nodes > 1 else SPAN_FACTORS[:1]:
-        try:
-            st = _assign_nodes(ctx, order, ctx.limit * factor, rank_in_order)
-        except PlanError:
-            if best is None:
-                raise
-            continue  # this candidate runs out of memory somewhere; keep the one we have
         within = False
-        for rnd in range(CORRECTION_ROUNDS + 1):
+        for lend in (True, False):  # without lends only if some were made
             try:
-                assignments = _place_gpus(ctx, st)
+                st = _assign_nodes(ctx, order, ctx.limit * factor, rank_in_order, lend=lend)
             except PlanError:
                 if best is None:
                     raise
-                break
-            att = attention_times(ctx, assignments)
-            peak, mean = max(att), sum(att) / len(att)
-            if best is None or peak < best[0] - 1e-9:
-                best = (peak, assignments)
-            within = peak <= mean * (1.0 + options.slack)
-            if within or rnd == CORRECTION_ROUNDS or not _correct(ctx, st, assignments, att, rank_in_order):
+                break  # this candidate runs out of memory somewhere; keep the one we have
+            for rnd in range(CORRECTION_ROUNDS + 1):
+                try:
+                    assignments = _place_gpus(ctx, st)
+                except PlanError:
+                    if best is None:
+                        raise
+                    break
+                att = attention_times(ctx, assignments)
+                peak, mean = max(att), sum(att) / len(att)
+                score = peak + remap_time(ctx, rank_tokens(ctx, assignments))
+                if best is None or score < best[0] - 1e-9:
+                    best = (score, assignments)
+                within = within or peak <= mean * (1.0 + options.slack)
+                if peak <= mean * (1.0 + options.slack) or rnd == CORRECTION_ROUNDS \
+                        or not _correct(ctx, st, assignments, att, rank_in_order, lend=lend):
+                    break
+            if not st.lends:
                 break
         if within:
             break  # within slack of its own mean: no need to try more spanning
@@ -211,32 +225,8 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
     return best[1]
 
 
-def attention_times(ctx: _Ctx, assignments: list[Assignment]) -> list[float]:
-    """Per-GPU attention time (one layer) of ``assignments``, by the rule of :func:`~.predict.predict`.
-
-    Sequences with the same ranks share a ring; cross-node hops are routed as
-    :func:`~.routing.plan_routing` routes them (over idle NICs when enabled).
-    """
-    cl, cost = ctx.cluster, ctx.cost
-    rings: dict[tuple[int, ...], list[int]] = {}
-    local = [0.0] * cl.world_size
-    for i, a in enumerate(assignments):
-        if a.placement == "local":
-            local[a.ranks[0]] += ctx.w[i]
-        else:
-            rings.setdefault(a.ranks, []).append(ctx.lengths[i])
-    ring_total = [0.0] * cl.world_size
-    ring_own = [0.0] * cl.world_size
-    for ranks, ls in rings.items():
-        total, own = ctx.ring_times(ranks, tuple(ls))
-        for r in ranks:
-            ring_total[r] += total
-            ring_own[r] += own
-    return rank_attention(ring_total, ring_own, local, cost.call_overhead_ms)[0]
-
-
 def _correct(ctx: _Ctx, st: NodeState, assignments: list[Assignment], att: list[float],
-             rank_in_order: dict[int, int]) -> bool:
+             rank_in_order: dict[int, int], *, lend: bool = True) -> bool:
     """Level 1 again on level 2's outcome; True if it moved anything.
 
     Each node's load becomes ``G`` times its busiest GPU's attention time in
@@ -253,7 +243,7 @@ def _correct(ctx: _Ctx, st: NodeState, assignments: list[Assignment], att: list[
             a = assignments[i]
             g = len(a.ranks)
             st.cost[i] = ctx.w[i] if g == 1 else g * ctx.cost.ring_ms(ctx.lengths[i], g, inter_node=False)
-    return rebalance_nodes(ctx, st, rank_in_order)
+    return rebalance_nodes(ctx, st, rank_in_order, lend=lend)
 
 
 def _place_gpus(ctx: _Ctx, st: NodeState) -> list[Assignment]:
@@ -271,16 +261,17 @@ def _place_gpus(ctx: _Ctx, st: NodeState) -> list[Assignment]:
     if over:
         raise PlanError(f"node-spanning rings put {gpu_tok[over[0]]} tokens on rank {over[0]}, "
                         f"more than tokens_per_gpu = {ctx.cap}")
+    quota = [ctx.total_tokens // cl.world_size] * gpn  # the linear layout's, to a token
     for n in range(cl.nodes):
         ranks = [cl.rank_of(n, l) for l in range(gpn)]
         t_lim = max(st.load[n] / gpn, ctx.target) * (1.0 + ctx.options.slack)
-        # Two candidate fills of the node; keep the one whose busiest GPU is least busy.
+        # Two candidate fills of the node; keep the one whose busiest GPU plus remap is cheapest.
         best: tuple[float, tuple[dict[int, Assignment], list[float], list[int]]] | None = None
         for whole_node in (False, True):
             trial = _place_node(ctx, n, st.seqs[n], ranks, list(gpu_load), list(gpu_tok), t_lim, whole_node)
-            peak = max(trial[1][r] for r in ranks)
-            if best is None or peak < best[0] - 1e-9:
-                best = (peak, trial)
+            score = max(trial[1][r] for r in ranks) + node_remap(ctx, [trial[2][r] for r in ranks], quota)
+            if best is None or score < best[0] - 1e-9:
+                best = (score, trial)
         assert best is not None
         placed, gpu_load, gpu_tok = best[1]
         out.update(placed)
@@ -329,7 +320,8 @@ def _place_node(
     return out, gpu_load, gpu_tok
 
 
-def _assign_nodes(ctx: _Ctx, order: list[int], span_limit: float, rank_in_order: dict[int, int]) -> NodeState:
+def _assign_nodes(ctx: _Ctx, order: list[int], span_limit: float, rank_in_order: dict[int, int], *,
+                  lend: bool = True) -> NodeState:
     """Level 1: node of each sequence, or the node-spanning ring of an inter-node one.
 
     Greedy placement in ``order``, then :func:`rebalance_nodes`. A node's load
@@ -381,7 +373,7 @@ def _assign_nodes(ctx: _Ctx, order: list[int], span_limit: float, rank_in_order:
         node_seqs[best].append(i)
     st = NodeState(seqs=node_seqs, inter=inter, load=node_load, tokens=node_tok,
                    cost={i: ctx.node_cost(i) for seqs in node_seqs for i in seqs})
-    rebalance_nodes(ctx, st, rank_in_order)
+    rebalance_nodes(ctx, st, rank_in_order, lend=lend)
     return st
 
 
