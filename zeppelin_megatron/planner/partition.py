@@ -183,17 +183,16 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
     and up to :data:`CORRECTION_ROUNDS` corrections (:func:`_correct`) while
     the busiest GPU exceeds the mean attention time by more than ``slack``.
     Every result is scored by busiest-GPU attention time plus remap time; the
-    lowest score wins (ties: the earlier). Lower thresholds span more
-    sequences over nodes (batches dominated by a few huge sequences). A
-    candidate that cannot fit the token capacity is skipped unless it is the
-    first.
+    lowest score wins (ties: the earlier). Lower thresholds, which span more
+    sequences over nodes (batches dominated by a few huge sequences), are
+    tried unless the best result so far is within ``slack``. A candidate that
+    cannot fit the token capacity is skipped unless it is the first.
     """
     ctx = _Ctx(lengths, cost, options)
     order = sorted(range(len(lengths)), key=lambda i: (-ctx.w[i], -lengths[i], i))
     rank_in_order = {i: k for k, i in enumerate(order)}
-    best: tuple[float, list[Assignment]] | None = None
+    best: tuple[float, list[Assignment], bool] | None = None  # (score, assignments, balanced within slack)
     for factor in SPAN_FACTORS if ctx.allow_inter and ctx.cluster.nodes > 1 else SPAN_FACTORS[:1]:
-        within = False
         for lend in (True, False):  # without lends only if some were made
             try:
                 st = _assign_nodes(ctx, order, ctx.limit * factor, rank_in_order, lend=lend)
@@ -210,17 +209,17 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
                     break
                 att = attention_times(ctx, assignments)
                 peak, mean = max(att), sum(att) / len(att)
+                within = peak <= mean * (1.0 + options.slack)
                 score = peak + remap_time(ctx, rank_tokens(ctx, assignments))
                 if best is None or score < best[0] - 1e-9:
-                    best = (score, assignments)
-                within = within or peak <= mean * (1.0 + options.slack)
-                if peak <= mean * (1.0 + options.slack) or rnd == CORRECTION_ROUNDS \
-                        or not _correct(ctx, st, assignments, att, rank_in_order, lend=lend):
+                    best = (score, assignments, within)
+                if within or rnd == CORRECTION_ROUNDS or not _correct(ctx, st, assignments, att, rank_in_order,
+                                                                      lend=lend):
                     break
             if not st.lends:
                 break
-        if within:
-            break  # within slack of its own mean: no need to try more spanning
+        if best is not None and best[2]:
+            break  # the best plan is within slack of its mean: no need to try more spanning
     assert best is not None
     return best[1]
 
