@@ -19,7 +19,8 @@ greedy "largest first, least loaded first" (LPT) heuristics:
    whole-node ring's share.
 2. GPUs, node by node. Each node's target is its load divided by ``G``.
    A sequence goes whole to the least loaded GPU (``local``) if that keeps
-   the GPU under the node target; otherwise it is split over the smallest
+   the GPU under the node target (to the least loaded one that also stays
+   under the linear layout's token quota, if that one is over it); otherwise it is split over the smallest
    number ``g >= 2`` of least loaded GPUs for which every one of them stays
    under target (``intra_node``), ring order by local index. The node is
    filled twice, once that way and once giving every split sequence a ring
@@ -112,6 +113,7 @@ class _Ctx:
         self.allow_inter = "inter_node" in options.placements
         self.w = [cost.local_ms(s) for s in lengths]
         self.total_tokens = sum(lengths)
+        self.quota = self.total_tokens / cl.world_size
         self.nic_share = [cl.gpus_sharing_nic(cl.gpu_nic[l]) for l in range(cl.gpus_per_node)]
         self.target = sum(self.w) / cl.world_size
         self.limit = self.target * (1.0 + options.slack)
@@ -295,6 +297,11 @@ def _place_node(
         room = [r for r in by_load if gpu_tok[r] + s <= cap]
         if room and ctx.allow_local and gpu_load[room[0]] + ctx.w[i] <= t_lim:
             choice = [room[0]]
+            if gpu_tok[room[0]] + s > ctx.quota:
+                # Within the time limit, prefer a GPU that stays under the linear layout's quota
+                # (fewer tokens to remap; short sequences carry many tokens per millisecond).
+                fit = [r for r in room if gpu_load[r] + ctx.w[i] <= t_lim and gpu_tok[r] + s <= ctx.quota]
+                choice = fit[:1] or choice
         else:
             choice = _pick_ring(ctx, s, by_load, gpu_load, gpu_tok, t_lim, force=not room,
                                 whole_node=whole_node)
