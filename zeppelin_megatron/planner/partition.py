@@ -188,26 +188,26 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
     lowest score wins (ties: the earlier). Lower thresholds, which span more
     sequences over nodes (batches dominated by a few huge sequences), are
     tried unless the best result so far is within ``slack``. A candidate that
-    cannot fit the token capacity is skipped unless it is the first.
+    cannot fit the token capacity is skipped; if none fits, the first one's
+    :class:`PlanError` is raised.
     """
     ctx = _Ctx(lengths, cost, options)
     order = sorted(range(len(lengths)), key=lambda i: (-ctx.w[i], -lengths[i], i))
     rank_in_order = {i: k for k, i in enumerate(order)}
     best: tuple[float, list[Assignment], bool] | None = None  # (score, assignments, balanced within slack)
+    error: PlanError | None = None
     for factor in SPAN_FACTORS if ctx.allow_inter and ctx.cluster.nodes > 1 else SPAN_FACTORS[:1]:
         for lend in (True, False):  # without lends only if some were made
             try:
                 st = _assign_nodes(ctx, order, ctx.limit * factor, rank_in_order, lend=lend)
-            except PlanError:
-                if best is None:
-                    raise
-                break  # this candidate runs out of memory somewhere; keep the one we have
+            except PlanError as exc:  # this candidate runs out of memory somewhere
+                error = error or exc
+                continue
             for rnd in range(CORRECTION_ROUNDS + 1):
                 try:
                     assignments = _place_gpus(ctx, st)
-                except PlanError:
-                    if best is None:
-                        raise
+                except PlanError as exc:
+                    error = error or exc
                     break
                 att = attention_times(ctx, assignments)
                 peak, mean = max(att), sum(att) / len(att)
@@ -222,7 +222,9 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
                 break
         if best is not None and best[2]:
             break  # the best plan is within slack of its mean: no need to try more spanning
-    assert best is not None
+    if best is None:
+        assert error is not None
+        raise error  # no candidate fits: the first one's reason
     return best[1]
 
 
