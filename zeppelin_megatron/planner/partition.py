@@ -196,6 +196,7 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
     rank_in_order = {i: k for k, i in enumerate(order)}
     best: tuple[float, list[Assignment], bool] | None = None  # (score, assignments, balanced within slack)
     error: PlanError | None = None
+    seen: set[tuple] = set()  # level-1 outcomes already placed (thresholds often agree)
     for factor in SPAN_FACTORS if ctx.allow_inter and ctx.cluster.nodes > 1 else SPAN_FACTORS[:1]:
         for lend in (True, False):  # without lends only if some were made
             try:
@@ -203,6 +204,12 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
             except PlanError as exc:  # this candidate runs out of memory somewhere
                 error = error or exc
                 continue
+            key = (tuple(st.inter.items()), tuple(map(tuple, st.seqs)))
+            if key in seen:
+                if not st.lends:
+                    break
+                continue
+            seen.add(key)
             for rnd in range(CORRECTION_ROUNDS + 1):
                 try:
                     assignments = _place_gpus(ctx, st)
