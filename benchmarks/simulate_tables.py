@@ -28,6 +28,7 @@ MAIN = ("zeppelin", "te-cp", "allgather-cp", "hybrid-dp", "wlb-llm", "flexsp", "
 BASELINES = ("te-cp", "allgather-cp", "hybrid-dp", "wlb-llm", "flexsp")
 ABLATION = ("te-cp", "te-cp-routing", "zeppelin-partition-only", "zeppelin-no-routing", "zeppelin-no-remap",
             "zeppelin", "zeppelin-no-inter", "zeppelin-local-only")
+FIXED_CP = ("te-cp@cp16", "te-cp@cp32")
 CLUSTER = "configs/clusters/h100.yaml"
 LABEL = "simulated (cost model calibrated on H100 kernel timings; network bandwidths nominal)"
 
@@ -45,12 +46,14 @@ def run_config(job: dict[str, Any]) -> dict[str, Any]:
     for engine in job["engines"]:
         out[engine] = {}
         for name in job["strategies"] if engine == "runtime" else job["fill"]:
+            base, _, cp = name.partition("@cp")
+            opts = {base: {"cp_size": int(cp)}} if cp else {}
             try:
-                res = run_strategies(batches, cluster, cost, [name], engine=engine)
+                res = run_strategies(batches, cluster, cost, [base], engine=engine, options=opts)
             except (PlanError, ValueError) as exc:  # report, do not hide: the row shows "error"
                 errors[f"{name} ({engine})"] = str(exc)
                 continue
-            out[engine][name] = res[name].to_dict()
+            out[engine][name] = res[base].to_dict()
     return dict(job, results=out, errors=errors, seconds=time.perf_counter() - t0)
 
 
@@ -108,6 +111,11 @@ def main() -> None:
                                  steps=args.steps, seed=args.seed, tokens=tokens_for(nodes, args.tokens),
                                  strategies=list(MAIN),
                                  fill=["zeppelin"], engines=["runtime", "fill"]))
+    for dist in DISTS:
+        for nodes in (4, 8, 16):
+            jobs.append(dict(kind="fixedcp", mname="7B", model=MODELS[1][1], tp=1, dist=dist, nodes=nodes,
+                             steps=args.steps, seed=args.seed, tokens=args.tokens, strategies=list(FIXED_CP),
+                             fill=[], engines=["runtime"]))
     for nodes in (4, 8, 16):
         jobs.append(dict(kind="ablation", mname="7B", model=MODELS[1][1], tp=1, dist="arxiv-64k", nodes=nodes,
                          steps=args.steps, seed=args.seed, tokens=args.tokens, strategies=list(ABLATION),
@@ -153,6 +161,24 @@ def main() -> None:
         print(f"| {' | '.join(cells)} |")
     print(f"\nProduced by `{script}`; each column is\n`{command(rows[0], ABLATION)}` "
           "with that column's node count (and `--engine fill`).\n")
+    rows = [r for r in results if r["kind"] == "fixedcp"]
+    main7 = {(r["dist"], r["nodes"]): r for r in results if r["kind"] == "main" and r["mname"] == "7B"}
+    print("### Simulated: TE CP at fixed cross-node CP sizes, Llama-7B\n")
+    print(f"{LABEL}. TE CP with its CP size fixed at 16 or 32 GPUs (2 or 4 nodes; unrouted ring hops) "
+          "instead of the best size per batch; Zeppelin (runtime engine) as in the 7B table.\n")
+    print("| dist | GPUs | zeppelin | te-cp (best per batch) | te-cp cp=16 | te-cp cp=32 | Z vs cp=16 | Z vs cp=32 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    fixed_sp: list[float] = []
+    for r in rows:
+        m = main7[(r["dist"], r["nodes"])]
+        z = mean(m, "runtime", "zeppelin")
+        c16, c32 = mean(r, "runtime", "te-cp@cp16"), mean(r, "runtime", "te-cp@cp32")
+        fixed_sp += [c16 / z, c32 / z]
+        print(f"| {r['dist']} | {8 * r['nodes']} | {z:.0f} | {mean(m, 'runtime', 'te-cp'):.0f} | {c16:.0f} | {c32:.0f} "
+              f"| {c16 / z:.2f}x | {c32 / z:.2f}x |")
+    print(f"\nProduced by `{script}`; each row is `zeppelin simulate --dist DIST --cluster NODESx8@{CLUSTER} "
+          f"--model {MODELS[1][1]} --strategies te-cp --cp-size 16` (and 32) `--steps {args.steps} --seed {args.seed}`. "
+          f"Mean Zeppelin speedup over these fixed-CP runs: {sum(fixed_sp) / len(fixed_sp):.2f}x.\n")
     big = [r for r in summary if r["nodes"] >= 4 and "zeppelin" in r["results"]["runtime"]
            and "te-cp" in r["results"]["runtime"]]
     sp = [mean(r, "runtime", "te-cp") / mean(r, "runtime", "zeppelin") for r in big]
