@@ -12,11 +12,10 @@ from zeppelin_megatron.planner.workloads import long_tailed_batch
 
 # Batches of 32k tokens per GPU (1M on 4x8); ~97% of documents log-normal under 4k,
 # ~3% uniform in 32k-128k. Issue 2: predicted attention max/mean <= 1.05 on 4x8, 7B.
-# Not every batch gets there: the partitioner minimises attention + remap time, and on
-# 4x8 seeds 63 and 98 (2x8: seed 4) the plan with the best step time is 5.2-6.4% off
-# (docs/planner.md, "What it achieves").
-SEEDS_4X8 = range(50)
-OTHER_SHAPES = [("8x8", 1 << 21, seed) for seed in range(5)]
+# The partitioner keeps the fastest candidate within 1.05 (PartitionOptions.balance_target);
+# seeds 0-299 all get there (slow test), as do the other shapes below.
+SEEDS_4X8 = range(100)
+OTHER_SHAPES = [("8x8", 1 << 21, seed) for seed in range(5)] + [("2x8", 1 << 19, seed) for seed in range(20)]
 
 
 @lru_cache(maxsize=None)
@@ -40,6 +39,12 @@ def test_attention_balanced_on_4x8_7b(seed: int) -> None:
     plan = _plan("4x8", 1 << 20, seed)
     assert sum(s.length < 4096 for s in plan.sequences) > 0.85 * len(plan.sequences)  # ~97% expected
     assert _max_over_mean(plan) <= 1.05
+
+
+@pytest.mark.slow
+def test_attention_balanced_on_300_batches_4x8() -> None:
+    worst = max((_max_over_mean(_plan("4x8", 1 << 20, seed)), seed) for seed in range(300))
+    assert worst[0] <= 1.05, f"seed {worst[1]}: attention max/mean {worst[0]:.4f}"
 
 
 @pytest.mark.parametrize("spec,tokens,seed", OTHER_SHAPES)

@@ -92,3 +92,13 @@ def test_registry() -> None:
         get_kernel("flash_attn", CPU, torch.float16)
     with pytest.raises(BackendUnavailableError, match="unknown attention backend 'nope'"):
         get_kernel("nope", CPU, torch.float16)
+
+
+def test_registry_answers_for_a_cuda_device_anywhere() -> None:
+    """Asking about a CUDA device must give reasons, never raise (torch_varlen once raised UnboundLocalError)."""
+    reasons = available_backends(torch.device("cuda"), torch.bfloat16)
+    assert set(reasons) == {"reference", "torch_varlen", "flash_attn", "te"}
+    assert reasons["reference"] is None
+    if not torch.cuda.is_available():
+        assert all(isinstance(reasons[n], str) for n in ("torch_varlen", "flash_attn", "te")), reasons
+        assert "CUDA is not available" in reasons["torch_varlen"]

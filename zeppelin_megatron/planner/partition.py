@@ -39,7 +39,9 @@ greedy "largest first, least loaded first" (LPT) heuristics:
    percent, as much as the balance target. If level 1 lent any sequence, the
    whole is repeated without lends: evening out a lent GPU's time can pile
    short sequences' tokens on the node's other GPUs, and the remap that
-   follows can cost more than the balance gained. The best score wins.
+   follows can cost more than the balance gained. The best score wins among
+   the results whose busiest GPU is within ``balance_target`` of the mean
+   (1.05); only when no result reaches it does the best score overall win.
 
 Splitting is allowed on a link only where the sequence's compute-to-
 communication ratio (one off-diagonal ring step's kernel time over its
@@ -79,10 +81,15 @@ class PartitionOptions:
     """Whether inter-node rings may spread hops over idle NICs (affects their predicted cost)."""
     placements: tuple[str, ...] = ("local", "intra_node", "inter_node")
     """Allowed placements (ablations); sequences that must split still split."""
+    balance_target: float = 1.05
+    """Busiest-GPU over mean attention time a result should reach: results within it win over faster ones
+    outside it (a more balanced plan may predict a step a few percent slower, through remap traffic)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.slack < 1:
             raise PlanError(f"slack must be in [0, 1), got {self.slack}")
+        if not self.balance_target >= 1.0:
+            raise PlanError(f"balance_target must be >= 1.0, got {self.balance_target}")
         if not self.min_ratio >= 0:
             raise PlanError(f"min_ratio must be >= 0, got {self.min_ratio}")
         bad = [p for p in self.placements if p not in ("local", "intra_node", "inter_node")]
@@ -185,7 +192,8 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
     and up to :data:`CORRECTION_ROUNDS` corrections (:func:`_correct`) while
     the busiest GPU exceeds the mean attention time by more than ``slack``.
     Every result is scored by busiest-GPU attention time plus remap time; the
-    lowest score wins (ties: the earlier). Lower thresholds, which span more
+    lowest score among results within ``balance_target`` wins (ties: the
+    earlier), or the lowest overall if none is within it. Lower thresholds, which span more
     sequences over nodes (batches dominated by a few huge sequences), are
     tried unless the best result so far is within ``slack``. A candidate that
     cannot fit the token capacity is skipped; if none fits, the first one's
@@ -194,7 +202,8 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
     ctx = _Ctx(lengths, cost, options)
     order = sorted(range(len(lengths)), key=lambda i: (-ctx.w[i], -lengths[i], i))
     rank_in_order = {i: k for k, i in enumerate(order)}
-    best: tuple[float, list[Assignment], bool] | None = None  # (score, assignments, balanced within slack)
+    # best: ((misses balance_target, score), assignments, balanced within slack); lower key wins
+    best: tuple[tuple[bool, float], list[Assignment], bool] | None = None
     error: PlanError | None = None
     seen: set[tuple] = set()  # level-1 outcomes already placed (thresholds often agree)
     for factor in SPAN_FACTORS if ctx.allow_inter and ctx.cluster.nodes > 1 else SPAN_FACTORS[:1]:
@@ -219,9 +228,10 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
                 att = attention_times(ctx, assignments)
                 peak, mean = max(att), sum(att) / len(att)
                 within = peak <= mean * (1.0 + options.slack)
-                score = peak + remap_time(ctx, rank_tokens(ctx, assignments))
-                if best is None or score < best[0] - 1e-9:
-                    best = (score, assignments, within)
+                key = (peak > mean * options.balance_target,
+                       peak + remap_time(ctx, rank_tokens(ctx, assignments)))
+                if best is None or key[0] < best[0][0] or (key[0] == best[0][0] and key[1] < best[0][1] - 1e-9):
+                    best = (key, assignments, within)
                 if within or rnd == CORRECTION_ROUNDS or not _correct(ctx, st, assignments, att, rank_in_order,
                                                                       lend=lend):
                     break
