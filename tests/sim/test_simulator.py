@@ -198,3 +198,17 @@ def test_routed_ring_hop_splits_over_proxies() -> None:
     assert res.compute_ms[1] == 0.0 and res.compute_ms[3] == 0.0
     unrouted = simulate(plan, cost, routing=False)
     assert unrouted.layer_ms == pytest.approx(lin + max(max(diag, o), 10e-3 + nbytes / nic) + max(off, o))
+
+
+def test_agrees_with_the_planner_prediction_where_its_assumptions_hold() -> None:
+    # One ring over a whole node, compute-bound (NVLink hides the transfers), no local
+    # work, no remap: the planner's predict() and the simulator must agree exactly.
+    from zeppelin_megatron.planner import load_cluster
+    from zeppelin_megatron.planner.predict import predict
+    cl = load_cluster("1x4")
+    cost = CostModel(model=load_model(None), cluster=cl)
+    lengths = [40000, 24000, 9000]
+    plan = build_plan(lengths, [(0, 1, 2, 3)] * 3, cl, cost)
+    for s in lengths:
+        assert cost.comm_ratio(s, 4, inter_node=False) > 1
+    assert simulate(plan, cost).step_ms == pytest.approx(predict(plan, cost).step_ms, rel=1e-6)
