@@ -24,7 +24,11 @@ Per layer, forward + backward, for each rank ``r``:
   A rank's time is its NVLink bytes over NVLink bandwidth plus its network
   bytes over its NIC's share; the all-to-all finishes with the slowest rank.
 
-Step time: ``layers * (max_r attn_r + max_r linear_r + remap)``; each rank's
+Step time, with a remap: ``layers * (max_r attn_r + max_r linear_r + remap)``
+(the all-to-alls are barriers: every rank waits for the slowest attention and
+the slowest linear pass). Without one (the linear layout *is* the attention
+layout): nothing synchronises all ranks between the two phases, so the step is
+the slowest rank's ``layers * max_r (attn_r + linear_r)``. Each rank's
 ``rank_ms = layers * (attn_r + linear_r + remap)``.
 """
 
@@ -88,8 +92,13 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
         intra_b[r] += remap_intra[r]
         inter_b[r] += remap_inter[r]
 
-    step = layers * (max(attn) + max(linear) + remap)
     rank_ms = [layers * (attn[r] + linear[r] + remap) for r in range(world)]
+    if plan.linear_layout == plan.attention_layout:
+        # No remap all-to-all: no barrier between attention and linear modules; each rank runs
+        # its own attention + linear (ring partners already wait for each other inside attn_r).
+        step = max(rank_ms)
+    else:
+        step = layers * (max(attn) + max(linear) + remap)
     exposed = [layers * (attn[r] - own_compute[r]) for r in range(world)]
     return Prediction(
         step_ms=round(step, _ROUND),
