@@ -27,7 +27,10 @@ def test_flags_defaults_and_negations() -> None:
     a = _parse(["--zeppelin", "--zeppelin-cluster", "2x8"])
     cfg = zeppelin_config_from_args(a)
     assert cfg == ZeppelinConfig(cluster="2x8")
-    assert cfg.routing and cfg.remap and cfg.check_plan and cfg.metrics and cfg.backend is None
+    assert cfg.routing and cfg.check_plan and cfg.metrics and cfg.backend is None
+    assert cfg.remap == "auto"                       # remap decided per micro-step
+    forced = zeppelin_config_from_args(_parse(["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-remap"]))
+    assert forced.remap is True
     b = _parse(["--zeppelin", "--zeppelin-cluster", "2x8", "--no-zeppelin-routing", "--no-zeppelin-remap",
                 "--zeppelin-tokens-per-gpu", "4096", "--zeppelin-backend", "reference",
                 "--zeppelin-placements", "local,intra_node", "--no-zeppelin-metrics"])
@@ -133,3 +136,9 @@ def test_parallel_shape_errors(kwargs: dict, match: str) -> None:
     full.update(kwargs)
     with pytest.raises(ZeppelinArgsError, match=match):
         ZeppelinParallel(**full)
+
+
+@pytest.mark.parametrize("bad", ["on", 1, None])
+def test_remap_value_checked(bad: object) -> None:
+    with pytest.raises(ZeppelinArgsError, match="remap must be True, False or 'auto'"):
+        ZeppelinConfig(cluster="2x8", remap=bad)  # type: ignore[arg-type]

@@ -137,3 +137,18 @@ def test_planner_options_bound() -> None:
     plan = p([30_000, 1000, 1000, 5000, 20_000])
     assert plan.routing == () and plan.linear_layout == plan.attention_layout
     assert all(sp.placement != "inter_node" for sp in plan.sequences)
+
+
+
+def test_planner_remap_default_auto_and_forced() -> None:
+    s = _setup()
+    assert s.planner.remap == "auto" and "remap auto" in s.describe()
+    lengths = [812, 40_000, 95_000, 2_048] + [4096] * 30
+    on = _setup(zeppelin_remap=True)
+    assert on.planner.remap is True and "remap on" in on.describe()
+    assert on.planner(lengths).to_json() == plan_step(lengths, on.cluster, on.cost, remap=True).to_json()
+    off = _setup(zeppelin_remap=False)
+    assert "remap off" in off.describe()
+    auto = s.planner(lengths)
+    best = min((on.planner(lengths), off.planner(lengths)), key=lambda p: p.predicted.step_ms)
+    assert auto.to_json() == best.to_json()

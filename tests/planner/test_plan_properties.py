@@ -19,7 +19,8 @@ def _tokens(plan: StepPlan, layout: str) -> list[list[tuple[int, int]]]:
     return [[(q, t) for q, s, e in ranges for t in range(s, e)] for ranges in lay]
 
 
-def check_plan(plan: StepPlan, lengths: list[int]) -> None:
+def check_plan(plan: StepPlan, lengths: list[int], capacity: int | None = None) -> None:
+    """``capacity``: tokens_per_gpu, checked on the linear layout of a plan without remap."""
     world = plan.world_size
     total = sum(lengths)
     for layout in ("attention", "linear"):
@@ -27,7 +28,11 @@ def check_plan(plan: StepPlan, lengths: list[int]) -> None:
         assert len(seen) == total
         assert sorted(seen) == [(q, t) for q, s in enumerate(lengths) for t in range(s)]
     counts = [plan.tokens(r, "linear") for r in range(world)]
-    assert max(counts) <= -(-total // world) and min(counts) >= total // world
+    if plan.linear_layout == plan.attention_layout:   # no remap (remap=False, or chosen by "auto")
+        if capacity is not None:
+            assert max(counts) <= capacity
+    else:                                              # remapped: token-balanced
+        assert max(counts) <= -(-total // world) and min(counts) >= total // world
     # Remap moves every token to its attention position and back.
     lin, att = _tokens(plan, "linear"), _tokens(plan, "attention")
     outbox = {}
@@ -61,13 +66,20 @@ def check_plan(plan: StepPlan, lengths: list[int]) -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shape=st.sampled_from(SHAPES), seed=st.integers(0, 10_000),
-       tokens=st.integers(1, 200_000), routing=st.booleans())
-def test_random_long_tailed_batches(shape: tuple[int, int], seed: int, tokens: int, routing: bool) -> None:
+       tokens=st.integers(1, 200_000), routing=st.booleans(), remap=st.sampled_from(["auto", True, False]))
+def test_random_long_tailed_batches(
+    shape: tuple[int, int], seed: int, tokens: int, routing: bool, remap: bool | str
+) -> None:
     nodes, gpus = shape
     cost = make_cost(f"{nodes}x{gpus}", tokens_per_gpu=1 << 20)
     lengths = long_tailed_batch(tokens, seed, long_min=2_000, long_max=60_000, short_median=300)
-    plan = plan_step(lengths, cost.cluster, cost, routing=routing)
-    check_plan(plan, lengths)
+    plan = plan_step(lengths, cost.cluster, cost, routing=routing, remap=remap)  # type: ignore[arg-type]
+    check_plan(plan, lengths, cost.cluster.tokens_per_gpu)
+    if remap is False:
+        assert plan.linear_layout == plan.attention_layout
+    if remap is True:
+        counts = [plan.tokens(r, "linear") for r in range(plan.world_size)]
+        assert max(counts) - min(counts) <= 1
     assert StepPlan.from_json(plan.to_json()) == plan
 
 
@@ -75,14 +87,14 @@ def test_random_long_tailed_batches(shape: tuple[int, int], seed: int, tokens: i
 @given(lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=60), shape=st.sampled_from(SHAPES[:7]))
 def test_arbitrary_lengths(lengths: list[int], shape: tuple[int, int]) -> None:
     cost = make_cost(f"{shape[0]}x{shape[1]}")
-    check_plan(plan_step(lengths, cost.cluster, cost), lengths)
+    check_plan(plan_step(lengths, cost.cluster, cost), lengths, cost.cluster.tokens_per_gpu)
 
 
 def test_world_256_and_1m_tokens() -> None:
     cost = make_cost("32x8")
     lengths = long_tailed_batch(1 << 20, 7)
     plan = plan_step(lengths, cost.cluster, cost)
-    check_plan(plan, lengths)
+    check_plan(plan, lengths, cost.cluster.tokens_per_gpu)
 
 
 def test_deterministic_json() -> None:
@@ -96,6 +108,8 @@ def test_deterministic_json() -> None:
 def test_capacity_binds_attention_layout() -> None:
     cost = make_cost("2x4", tokens_per_gpu=20_000)
     lengths = long_tailed_batch(150_000, 11, long_min=10_000, long_max=40_000)
-    plan = plan_step(lengths, cost.cluster, cost)
-    check_plan(plan, lengths)
-    assert max(plan.tokens(r, "attention") for r in range(8)) <= 20_000
+    for remap in ("auto", True, False):
+        plan = plan_step(lengths, cost.cluster, cost, remap=remap)  # type: ignore[arg-type]
+        check_plan(plan, lengths, 20_000)
+        assert max(plan.tokens(r, "attention") for r in range(8)) <= 20_000
+        assert max(plan.tokens(r, "linear") for r in range(8)) <= 20_000

@@ -39,6 +39,9 @@ def read_lengths(path: str | Path) -> list[int]:
     return out
 
 
+_REMAP: dict[str, bool | str] = {"auto": "auto", "on": True, "off": False}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", required=True, help="text file, one sequence length per line")
     p.add_argument("--cluster", required=True,
@@ -48,7 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens-per-gpu", type=int, default=None, help="override the cluster's token capacity")
     p.add_argument("--tensor-parallel", type=int, default=1, help="TP size (heads split across TP ranks)")
     p.add_argument("--no-routing", action="store_true", help="plan without NIC-aware routing")
-    p.add_argument("--no-remap", action="store_true", help="linear layout = attention layout")
+    remap = p.add_mutually_exclusive_group()
+    remap.add_argument("--remap", choices=("auto", "on", "off"), default="auto",
+                       help="token-balanced linear layout: auto (default) = remap only when the predicted "
+                            "step is lower; on = always; off = linear layout = attention layout")
+    remap.add_argument("--no-remap", dest="remap", action="store_const", const="off",
+                       help="same as --remap off")
     p.add_argument("--json", default=None, help="write the zeppelin-plan/1 JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of per-rank load here")
 
@@ -78,6 +86,7 @@ def _table(plan: StepPlan) -> str:
         "",
         f"sequences: {len(plan.sequences)} ({kinds['local']} local, {kinds['intra_node']} intra_node, "
         f"{kinds['inter_node']} inter_node), tokens: {plan.total_tokens}, routed hops: {len(plan.routing)}",
+        f"remap: {'off (linear layout = attention layout)' if plan.linear_layout == plan.attention_layout else 'on'}",
         f"predicted step: {pred.step_ms:.1f} ms (cost model), remap {pred.remap_ms:.1f} ms, "
         f"attention max/mean: {max(att) / mean if mean else 1.0:.3f}",
     ]
@@ -117,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     cost = CostModel(model=load_model(args.model), cluster=cluster, profile=load_profile(args.profile),
                      tensor_parallel=args.tensor_parallel)
     plan = plan_step(read_lengths(args.lengths), cluster, cost, routing=not args.no_routing,
-                     remap=not args.no_remap)
+                     remap=_REMAP[args.remap])
     print(_table(plan))
     if args.json:
         Path(args.json).write_text(plan.to_json(indent=1) + "\n")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..planner.plan import PLACEMENTS
 
@@ -65,8 +65,10 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="Attention-layout tokens one Zeppelin rank may hold (overrides the cluster file).")
     g.add_argument("--zeppelin-routing", action=argparse.BooleanOptionalAction, default=True,
                    help="Spread cross-node ring hops over idle NICs through proxy GPUs (default: on).")
-    g.add_argument("--zeppelin-remap", action=argparse.BooleanOptionalAction, default=True,
-                   help="Keep linear modules on a token-balanced layout (default: on).")
+    g.add_argument("--zeppelin-remap", action=argparse.BooleanOptionalAction, default="auto",
+                   help="Linear modules on a token-balanced layout: --zeppelin-remap always, "
+                        "--no-zeppelin-remap never (linear layout = attention layout); default: decided per "
+                        "micro-step, remapping only when the planner predicts a faster step.")
     g.add_argument("--zeppelin-backend", type=str, default=None, choices=sorted(BACKENDS),
                    help="Attention kernel backend (default: the best usable one).")
     g.add_argument("--zeppelin-check-plan", action=argparse.BooleanOptionalAction, default=True,
@@ -93,7 +95,7 @@ class ZeppelinConfig:
     profile: str | None = None
     tokens_per_gpu: int | None = None
     routing: bool = True
-    remap: bool = True
+    remap: bool | Literal["auto"] = "auto"
     backend: str | None = None
     check_plan: bool = True
     placements: tuple[str, ...] = PLACEMENTS
@@ -110,6 +112,9 @@ class ZeppelinConfig:
         tpg = self.tokens_per_gpu
         if tpg is not None and (isinstance(tpg, bool) or not isinstance(tpg, int) or tpg < 1):
             raise ZeppelinArgsError(f"--zeppelin-tokens-per-gpu must be a positive integer, got {tpg!r}")
+        remap = self.remap
+        if not (remap is True or remap is False or (isinstance(remap, str) and remap == "auto")):
+            raise ZeppelinArgsError(f"remap must be True, False or 'auto', got {self.remap!r}")
         object.__setattr__(self, "placements", tuple(self.placements))
         bad = [p for p in self.placements if p not in PLACEMENTS]
         if bad or not self.placements or len(set(self.placements)) != len(self.placements):

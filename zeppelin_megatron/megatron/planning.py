@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Literal, Sequence
 
 from ..planner import (
     Cluster,
@@ -176,6 +176,9 @@ def build_cost_model(cfg: ZeppelinConfig, model: ModelShape, cluster: Cluster, t
         raise ZeppelinArgsError(f"cannot build the Zeppelin cost model: {exc}") from None
 
 
+_REMAP_WORDS = {True: "on", False: "off", "auto": "auto (per micro-step, where predicted to pay)"}
+
+
 @dataclass(frozen=True)
 class Planner:
     """``planner(lengths) -> StepPlan``: :func:`plan_step` with the run's options bound."""
@@ -183,7 +186,7 @@ class Planner:
     cluster: Cluster
     cost: CostModel
     routing: bool = True
-    remap: bool = True
+    remap: bool | Literal["auto"] = "auto"
     slack: float = 0.02
     min_ratio: float = 1.0
     placements: tuple[str, ...] = ("local", "intra_node", "inter_node")
@@ -217,7 +220,7 @@ class ZeppelinSetup:
             f"Zeppelin ranks ({c.gpus_per_node} per node, {c.nics_per_node} NICs per node at {c.nic_Gbps:g} Gb/s "
             f"for the group), {c.tokens_per_gpu} tokens per rank; micro-step budget {p.token_budget} tokens, "
             f"{p.num_micro_batches} micro-steps per step; routing {'on' if self.config.routing else 'off'}, "
-            f"remap {'on' if self.config.remap else 'off'}"
+            f"remap {_REMAP_WORDS[self.config.remap]}"
         )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import Literal, Sequence
 
 from .cluster import Cluster
 from .cost_model import CostModel
@@ -13,7 +13,9 @@ from .plan import PlanError, SequencePlan, StepPlan, derive_routing
 from .predict import predict
 from .zigzag import zigzag_ranges
 
-__all__ = ["plan_step", "check_lengths"]
+__all__ = ["plan_step", "check_lengths", "REMAP_CHOICES"]
+
+REMAP_CHOICES: tuple[bool | str, ...] = ("auto", True, False)
 
 
 def check_lengths(lengths: Sequence[int], cluster: Cluster) -> list[int]:
@@ -54,7 +56,7 @@ def plan_step(
     cost_model: CostModel,
     *,
     routing: bool = True,
-    remap: bool = True,
+    remap: bool | Literal["auto"] = "auto",
     slack: float = 0.02,
     min_ratio: float = 1.0,
     placements: Sequence[str] = ("local", "intra_node", "inter_node"),
@@ -66,8 +68,11 @@ def plan_step(
         cluster: the cluster (its ``tokens_per_gpu`` bounds each rank's tokens).
         cost_model: calibrated costs for the model on this cluster.
         routing: spread cross-node ring hops over idle NICs where that pays.
-        remap: keep linear modules on a token-balanced layout (``False``: the
-            linear layout is the attention layout, no remap traffic).
+        remap: ``True``: linear modules on a token-balanced layout (remap
+            all-to-alls every layer); ``False``: the linear layout is the
+            attention layout (no remap traffic); ``"auto"``: build both on the
+            same attention layout and keep the one with the lower predicted
+            step (ties: the remapped one).
         slack: fraction by which a GPU may exceed its target before splitting.
         min_ratio: compute/communication ratio a split needs.
         placements: allowed placements (ablations; sequences too long for one
@@ -77,6 +82,8 @@ def plan_step(
         PlanError: bad lengths (empty, ``<= 0``, beyond capacity), or a
             batch that cannot be placed; never returns a partial plan.
     """
+    if not (remap is True or remap is False or (isinstance(remap, str) and remap == "auto")):
+        raise PlanError(f"remap is {remap!r}, expected one of {list(REMAP_CHOICES)}")
     if cost_model.cluster != cluster:
         raise PlanError("cost_model was built for another cluster; build it with this cluster")
     lengths = check_lengths(lengths, cluster)
@@ -97,10 +104,20 @@ def plan_step(
             else:
                 attention[r].extend([(i, s0, e0), (i, s1, e1)])
     att = tuple(tuple(rs) for rs in attention)
-    lin = linear_layout(att, cluster) if remap else att
+    held = max(sum(e - s for _, s, e in rs) for rs in att)
+    if held > cluster.tokens_per_gpu:  # the partitioner keeps every rank within capacity
+        raise PlanError(f"internal: a rank holds {held} attention tokens, more than tokens_per_gpu = "
+                        f"{cluster.tokens_per_gpu}")
     sequences = tuple(SequencePlan(s, a.placement, a.ranks) for s, a in zip(lengths, assignments))  # type: ignore[arg-type]
-    plan = StepPlan(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, sequences=sequences,
-                    attention_layout=att, linear_layout=lin)
-    routes = derive_routing(plan, cost_model, enabled=routing)
-    plan = replace(plan, routing=routes, validate=False)
-    return replace(plan, predicted=predict(plan, cost_model), validate=False)
+    # Validated once (both layouts); the other candidate's linear layout is the attention
+    # layout, already checked as such.
+    lin = att if remap is False else linear_layout(att, cluster)
+    first = StepPlan(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, sequences=sequences,
+                     attention_layout=att, linear_layout=lin)
+    first = replace(first, routing=derive_routing(first, cost_model, enabled=routing), validate=False)
+    candidates = [first]
+    if remap is not True and remap is not False:  # "auto"
+        candidates.append(replace(first, linear_layout=att, validate=False))
+    candidates = [replace(p, predicted=predict(p, cost_model), validate=False) for p in candidates]
+    # "auto": the lower predicted step; min() keeps the first (remapped) one on a tie.
+    return min(candidates, key=lambda p: p.predicted.step_ms)  # type: ignore[union-attr]

@@ -77,7 +77,8 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
     per_token = 2 * cost.q_bytes_per_token + kvb
     remap_intra = [0.0] * world
     remap_inter = [0.0] * world
-    for seg in plan.remap.segments:
+    no_remap = plan.linear_layout == plan.attention_layout
+    for seg in () if no_remap else plan.remap.segments:  # no remap: every token stays put
         a, b = seg.lin_rank, seg.att_rank
         if a == b:
             continue
@@ -93,7 +94,7 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
         inter_b[r] += remap_inter[r]
 
     rank_ms = [layers * (attn[r] + linear[r] + remap) for r in range(world)]
-    if plan.linear_layout == plan.attention_layout:
+    if no_remap:
         # No remap all-to-all: no barrier between attention and linear modules; each rank runs
         # its own attention + linear (ring partners already wait for each other inside attn_r).
         step = max(rank_ms)

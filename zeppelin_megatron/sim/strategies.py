@@ -106,9 +106,9 @@ def _flexsp(name: str, lengths: list[int], cluster: Cluster, cost: CostModel,
 
 
 _DESCRIPTIONS: dict[str, str] = {
-    "zeppelin": "Zeppelin: hierarchical partitioning + routing + remapping",
+    "zeppelin": "Zeppelin: hierarchical partitioning + routing + remapping (per step, where predicted to pay)",
     "zeppelin-no-routing": "Zeppelin without NIC-aware routing",
-    "zeppelin-no-remap": "Zeppelin without remapping (linear modules on the attention layout)",
+    "zeppelin-no-remap": "Zeppelin without remapping (linear modules on the attention layout, every step)",
     "zeppelin-partition-only": "Zeppelin partitioning + engine only (no routing, no remapping)",
     "zeppelin-no-inter": "Zeppelin with local and intra-node placements only",
     "zeppelin-local-only": "Zeppelin with the local placement only (sequences too long for a GPU still split)",
