@@ -41,11 +41,21 @@ def check_ring_work(plan: StepPlan, heads: int, kv_heads: int) -> None:
     for r in range(plan.world_size):
         work = rank_work(plan, r, q_heads=heads, kv_heads=kv_heads, device=CPU)
         rings = [ring for ring in plan.rings if r in ring.ranks]
-        has_local = any(s.placement == "local" and s.ranks == (r,) for s in plan.sequences)
-        # one call per ring step of every ring the rank is in, then one local call
-        assert len(work.calls) == sum(len(ring.ranks) for ring in rings) + has_local
-        assert [c.kind for c in work.calls].count("local") == has_local
-        # diagonal steps + the local call cover the rank's attention-layout tokens exactly once
+        local = sorted(s.length for s in plan.sequences if s.placement == "local" and s.ranks == (r,))
+        slots = sum(len(ring.ranks) - 1 for ring in rings)
+        n_chunks = min(slots, len(local)) if slots else min(1, len(local))
+        # one call per ring step of every ring the rank is in, plus one call per local chunk
+        assert len(work.calls) == sum(len(ring.ranks) for ring in rings) + n_chunks
+        chunks = [c for c in work.calls if c.kind == "local"]
+        assert len(chunks) == n_chunks and [c.step for c in chunks] == list(range(n_chunks))
+        assert sorted(n for c in chunks for n in c.batch.lens_q) == local  # whole sequences, each once
+        # each chunk follows a ring step that has a transfer (not a ring's last step), one chunk per step
+        for i, c in enumerate(work.calls):
+            if c.kind == "local" and slots:
+                prev = work.calls[i - 1]
+                g = len(rings[prev.queue].ranks)
+                assert prev.kind != "local" and prev.step < g - 1, (r, i, prev)
+        # diagonal steps + the local calls cover the rank's attention-layout tokens exactly once
         own = [c for c in work.calls if c.kind in ("ring_diag", "local")]
         assert sum(c.q_tokens for c in own) == plan.tokens(r, "attention") == work.attention_tokens
         assert work.linear_tokens == plan.tokens(r, "linear")

@@ -207,6 +207,115 @@ def check_ring_function(group: ZeppelinGroup, ranks: tuple[int, ...], lengths: t
         assert err <= 1e-9, f"rank {group.rank}: ZigzagRingAttention {name} error {err:.3e}"
 
 
+def _interleave_expected(sizes: Sequence[int], chunks: Sequence[tuple[int, ...]], backward: bool) -> list[object]:
+    """The engine's documented event order: chunk ``c`` fills the ``c``-th ring step with a transfer,
+    after the step's compute (backward: and its dK/dV post), before the step's K/V wait."""
+    ev: list[object] = []
+    todo = list(chunks)
+    for g in sizes:
+        for j in range(g):
+            ev += ["post"] * (j < g - 1) + ["ring"]
+            if backward:
+                ev += ["wait"] * (j > 0) + ["post"]
+            if j < g - 1:
+                ev += [todo.pop(0)] if todo else []
+                ev.append("wait")
+        ev += ["wait"] * backward  # own dK/dV accumulator home
+    return ev + todo
+
+
+def check_local_interleaving(rank: int) -> None:
+    """Local chunks run inside ring steps (after the step's compute, before its wait); results are
+    bitwise those of one call over all local sequences."""
+    from zeppelin_megatron.planner import CostModel, ModelShape, load_cluster
+    from zeppelin_megatron.runtime.engine import AttentionEngine
+    from zeppelin_megatron.runtime.kernels import VarlenBatch, get_kernel
+    from zeppelin_megatron.sim.planbuild import build_plan
+
+    cpu = torch.device("cpu")
+    cluster = load_cluster("2x2", tokens_per_gpu=256)
+    cost = CostModel(model=ModelShape(layers=1, hidden=32, q_heads=4, kv_heads=2, ffn=64, head_dim=8),
+                     cluster=cluster)
+    # rank 0: rings (3, 0) then (3, 0, 2, 1) (1 + 3 slots) and 5 local sequences -> 4 chunks;
+    # rank 1: ring (3, 0, 2, 1) (3 slots) and 1 local sequence; ranks 2, 3: rings only.
+    plan = build_plan([90, 61, 40, 33, 9, 5, 2, 7, 3, 4],
+                      [(3, 0, 2, 1), (3, 0), (2, 3), (2, 3), (0,), (1,), (0,), (0,), (0,), (0,)], cluster, cost)
+    group = ZeppelinGroup(process_group=None, gpus_per_node=2)
+    ref_kernel = get_kernel("reference", cpu, torch.float64)
+    log: list[object] = []
+
+    class Recording:
+        name = "recording"
+
+        def forward(self, q, k, v, batch, scale):  # type: ignore[no-untyped-def]
+            log.append(batch)
+            return ref_kernel.forward(q, k, v, batch, scale)
+
+        def backward(self, dout, q, k, v, out, lse, batch, scale):  # type: ignore[no-untyped-def]
+            log.append(batch)
+            return ref_kernel.backward(dout, q, k, v, out, lse, batch, scale)
+
+    def engine() -> AttentionEngine:
+        e = AttentionEngine(plan, group, kernel=Recording(), scale=0.3, routes=(), hkv=2, head_dim=8,
+                            dtype=torch.float64, device=cpu)
+        start = e.router.start
+
+        def logged_start(*a, **kw):  # type: ignore[no-untyped-def]
+            t = start(*a, **kw)
+            log.append("post")
+            wait = t.wait
+
+            def logged_wait():  # type: ignore[no-untyped-def]
+                log.append("wait")
+                return wait()
+            t.wait = logged_wait
+            return t
+        e.router.start = logged_start  # type: ignore[method-assign]
+        return e
+
+    n = plan.tokens(rank, "attention")
+    gen = torch.Generator().manual_seed(rank)
+    q, dout = (torch.randn(n, 4, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(n, 2, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    eng = engine()
+    prog = eng.program
+    chunks = [c.lens for c in prog.local_chunks]
+    assert chunks == {0: [(9,), (7,), (4,), (2, 3)], 1: [(5,)], 2: [], 3: []}[rank], (rank, chunks)
+    sizes = [t.layout.size for t in prog.rings]
+    assert sizes == {0: [2, 4], 1: [4], 2: [4, 2], 3: [2, 4, 2]}[rank], (rank, sizes)
+
+    def events() -> list[object]:
+        locals_ = {id(b): b.lens_q for _, b in eng.local}
+        out = [e if isinstance(e, str) else locals_.get(id(e), "ring") for e in log]
+        log.clear()
+        return out
+
+    out, saved = eng.forward(q, k, v)
+    fwd = events()
+    grads = eng.backward(dout, q, k, v, saved)
+    bwd = events()
+    if rank == 0:  # spelled out once: every chunk sits between a ring kernel and that step's wait
+        assert fwd == ["post", "ring", (9,), "wait", "ring",
+                       "post", "ring", (7,), "wait", "post", "ring", (4,), "wait", "post", "ring", (2, 3), "wait",
+                       "ring"], fwd
+    assert fwd == _interleave_expected(sizes, chunks, False), (rank, fwd)
+    assert bwd == _interleave_expected(sizes, chunks, True), (rank, bwd)
+    dist.barrier()
+
+    # Same engine with all local sequences as one call (the engine's former local queue): identical bits.
+    whole = engine()
+    rows = torch.tensor(prog.local_rows, dtype=torch.long)
+    whole.local = [(rows, VarlenBatch(lens_q=prog.local_lens, lens_k=prog.local_lens, causal=True, device=cpu))
+                   ] if prog.local_lens else []
+    out1, saved1 = whole.forward(q, k, v)
+    grads1 = whole.backward(dout, q, k, v, saved1)
+    log.clear()
+    for name, a, b in (("out", out, out1), ("dq", grads[0], grads1[0]), ("dk", grads[1], grads1[1]),
+                       ("dv", grads[2], grads1[2])):
+        assert torch.equal(a, b), f"rank {rank}: {name} differs between chunked and whole local calls"
+    dist.barrier()
+
+
 # -- per-world entry points -------------------------------------------------------------------
 
 
@@ -237,6 +346,7 @@ def run_all(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0) -> 
                 check_attention(group, plan, dtype=dtype, routing=routing, hq=hq, hkv=hkv, seed=p_idx)
         check_errors(group, random_plan(5, nodes, gpn), random_plan(6, nodes, gpn))
     if world == 4:
+        check_local_interleaving(rank)
         # a launcher that numbers ranks node-interleaved: Zeppelin rank z is process rank rank_map[z]
         group = ZeppelinGroup(process_group=None, gpus_per_node=2, rank_map=(0, 2, 1, 3))
         plan = random_plan(4242, 2, 2)

@@ -93,3 +93,53 @@ def test_build_program_covers_the_attention_buffer() -> None:
         assert sorted(rows) == list(range(plan.tokens(rank, "attention")))
         assert [t.layout.ranks for t in prog.rings] == [
             r.ranks for r in plan.rings if any(t.layout.ranks == r.ranks for t in prog.rings)]
+
+
+def test_split_local_is_a_deterministic_balanced_cover() -> None:
+    import random
+
+    from zeppelin_megatron.planner.local_chunks import ring_slots, split_local
+
+    assert split_local([10, 30, 20, 5], 2) == ((1,), (0, 2, 3))  # the module docstring's example
+    assert split_local([4, 4, 4], 5) == ((0,), (1,), (2,))        # never more chunks than sequences
+    assert split_local([7, 3], 0) == ((0, 1),)                    # no slot: one chunk after the rings
+    assert split_local([], 4) == ()
+    assert ring_slots([2, 4, 8]) == 1 + 3 + 7
+    rng = random.Random(5)
+    for _ in range(200):
+        lens = [rng.randint(1, 500) for _ in range(rng.randint(1, 30))]
+        slots = rng.randint(0, 12)
+        chunks = split_local(lens, slots)
+        assert chunks == split_local(list(lens), slots)
+        assert len(chunks) == max(1, min(slots, len(lens)))
+        assert sorted(i for c in chunks for i in c) == list(range(len(lens)))
+        assert all(c and list(c) == sorted(c) for c in chunks)
+        work = [sum(lens[i] ** 2 for i in c) for c in chunks]
+        # greedy LPT: the heaviest chunk exceeds the mean by at most one sequence's work
+        assert max(work) <= sum(work) / len(work) + max(n * n for n in lens)
+    for bad, msg in (((([3, 0], 2)), "local sequence 1 has length 0"), ((([3], -1)), "slots must be >= 0")):
+        with pytest.raises(ValueError, match=msg):
+            split_local(*bad)
+    with pytest.raises(ValueError, match="ring size of 1"):
+        ring_slots([2, 1])
+
+
+def test_build_program_local_chunks_cover_the_local_rows() -> None:
+    from zeppelin_megatron.runtime.router import Router
+
+    class _R(Router):
+        def __init__(self, plan):  # type: ignore[no-untyped-def]
+            self.group = FakeGroup(size=plan.world_size, gpus_per_node=plan.gpus_per_node)
+            self._routes = {(r.ring, r.src, r.dst): r for r in plan.routing}
+
+    seen_split = False
+    for seed in (11, 12, 13):
+        plan = random_plan(seed, 2, 4)
+        for rank in range(plan.world_size):
+            prog = build_program(plan, rank, _R(plan))
+            assert sorted(r for c in prog.local_chunks for r in c.rows) == sorted(prog.local_rows)
+            assert sorted(n for c in prog.local_chunks for n in c.lens) == sorted(prog.local_lens)
+            n = len(prog.local_lens)
+            assert len(prog.local_chunks) == (min(prog.slots, n) if prog.slots else min(1, n))
+            seen_split |= len(prog.local_chunks) > 1
+    assert seen_split, "no rank had its local sequences split over ring slots"

@@ -212,3 +212,51 @@ def test_agrees_with_the_planner_prediction_where_its_assumptions_hold() -> None
     for s in lengths:
         assert cost.comm_ratio(s, 4, inter_node=False) > 1
     assert simulate(plan, cost).step_ms == pytest.approx(predict(plan, cost).step_ms, rel=1e-6)
+
+
+def test_runtime_engine_runs_a_local_chunk_inside_each_ring_step() -> None:
+    # 1 node x 2 GPUs: one ring (0, 1) (1 step with a transfer), one local sequence per rank,
+    # token-balanced so no remap. The runtime engine runs the local call after the ring's
+    # step-0 compute, before its wait: the transfer hides behind diag + local.
+    from zeppelin_megatron.sim.program import build_layer_program
+    cl = _cluster(1, 2, 2, (0, 1))
+    cost = _cost(cl)
+    plan = build_plan([16384, 3000, 3000], [(0, 1), (0,), (1,)], cl, cost)
+    assert not any(s.lin_rank != s.att_rank for s in plan.remap.segments)
+    o = cost.call_overhead_ms
+    diag, off = cost.ring_compute_profile(16384, 2)
+    loc = max(cost.local_ms(3000), o)
+    nvl, _ = link_capacities(cost)
+    comm = 5e-3 + 3 * cost.ring_step_bytes(16384, 2) / nvl
+    lin = cost.linear_ms(8192 + 3000)
+    prog = build_layer_program(plan, cost)
+    for r in range(2):
+        attn = [(op.what, op.kind) for op in prog.ops[r] if op.kind != "linear"]
+        assert attn == [("post", ""), ("compute", "attention"), ("compute", "local"), ("wait", "ring"),
+                        ("compute", "attention")], attn
+    assert simulate(plan, cost).layer_ms == pytest.approx(lin + max(max(diag, o) + loc, comm) + max(off, o))
+    old = build_layer_program(plan, cost, interleave_local=False)  # what the fill engine draws from
+    assert [op.what for op in old.ops[0] if op.kind != "linear"] == ["post", "compute", "wait", "compute", "local"]
+    assert old.local_queue == [[cost.local_ms(3000)], [cost.local_ms(3000)]]
+    assert simulate(plan, cost, engine="fill").layer_ms == pytest.approx(
+        lin + max(max(diag, o) + max(cost.local_ms(3000), o), comm) + max(off, o))
+
+
+def test_runtime_engine_uses_the_runtime_chunks() -> None:
+    # A rank in a ring of 3 (2 slots) with 5 local sequences: split_local's 2 chunks, one per slot.
+    from zeppelin_megatron.planner.local_chunks import split_local
+    from zeppelin_megatron.sim.program import build_layer_program
+    cl = _cluster(1, 4, 4, (0, 1, 2, 3))
+    cost = _cost(cl)
+    local = [900, 3000, 2000, 500, 1200]
+    plan = build_plan([30000, *local, 9000], [(0, 1, 2)] + [(0,)] * 5 + [(3,)], cl, cost)
+    o = cost.call_overhead_ms
+    idx = split_local(local, 2)
+    assert idx == ((1,), (0, 2, 3, 4))  # 3000^2 = 9e6 vs 2000^2 + 1200^2 + 900^2 + 500^2 = 6.5e6
+    want = [max(sum(cost.local_ms(local[i]) for i in c), o) for c in idx]
+    ops = build_layer_program(plan, cost).ops[0]
+    assert [op.ms for op in ops if op.kind == "local"] == pytest.approx(want)
+    seq = [(op.what, op.kind) for op in ops if op.kind not in ("linear", "remap") and op.what != "post"]
+    assert seq == [("compute", "attention"), ("compute", "local"), ("wait", "ring")] * 2 + [("compute", "attention")]
+    # rank 3: no ring, its local sequence runs as one call after the (empty) ring phase
+    assert [op.kind for op in build_layer_program(plan, cost).ops[3] if op.what == "compute"].count("local") == 1

@@ -5,9 +5,11 @@ runtime itself: :func:`~zeppelin_megatron.runtime.engine.build_program` gives
 the rank's rings in queue order and its local sequences; for each ring the
 rank is a member of, step ``j`` calls the kernel on
 ``RingCache.batch(layout.source(pos, j))`` (the exact :class:`VarlenBatch` of
-:func:`~zeppelin_megatron.runtime.ring.ring_forward`); then the local
-sequences form one causal call. Ranks that only relay routed traffic compute
-nothing, so routes are ignored here.
+:func:`~zeppelin_megatron.runtime.ring.ring_forward`), and after each step
+with a transfer (``j < g - 1``) the next of the rank's local chunks
+(``RankProgram.local_chunks``, one causal call each) fills that step's wait;
+chunks left over run after the rings. Ranks that only relay routed traffic
+compute nothing and fill no slots, so routes are ignored here.
 
 Worked example: a ring over ranks (4, 1) holding one sequence of 8 tokens
 (chunks of 2). Rank 1 is position 1 and holds chunks 1, 2 (tokens [2, 6)):
@@ -80,20 +82,32 @@ def rank_work(
         raise ValueError(f"rank {rank} is outside the plan's [0, {plan.world_size})")
     program = build_program(plan, rank, _MembersOnly())  # type: ignore[arg-type]
     calls: list[KernelCall] = []
-    queue = 0
-    for task in program.rings:
-        if task.position is None:
-            continue
-        if attention_comm == "ring":
-            calls += _ring_calls(task.layout, task.position, queue, q_heads, kv_heads, device)
-        elif attention_comm == "allgather":
-            calls.append(_allgather_call(task.layout, task.position, queue, q_heads, kv_heads, device))
-        else:
-            calls.append(_ulysses_call(task.layout, queue, q_heads, kv_heads, device))
-        queue += 1
-    if program.local_lens:
-        batch = VarlenBatch(lens_q=program.local_lens, lens_k=program.local_lens, causal=True, device=device)
-        calls.append(KernelCall(queue=queue, kind="local", step=0, batch=batch, q_heads=q_heads, kv_heads=kv_heads))
+    members = [t for t in program.rings if t.position is not None]
+    local_queue = len(members)
+    if attention_comm == "ring":
+        # Local chunk c (queue ``local_queue``, step c) after the c-th ring step with a transfer.
+        chunks = [KernelCall(queue=local_queue, kind="local", step=c, batch=VarlenBatch(
+                      lens_q=ch.lens, lens_k=ch.lens, causal=True, device=device), q_heads=q_heads, kv_heads=kv_heads)
+                  for c, ch in enumerate(program.local_chunks)]
+        todo = iter(chunks)
+        for queue, task in enumerate(members):
+            assert task.position is not None
+            for call in _ring_calls(task.layout, task.position, queue, q_heads, kv_heads, device):
+                calls.append(call)
+                if call.step < task.layout.size - 1:
+                    calls += [c for c in (next(todo, None),) if c is not None]
+        calls += list(todo)
+    else:
+        for queue, task in enumerate(members):
+            assert task.position is not None
+            if attention_comm == "allgather":
+                calls.append(_allgather_call(task.layout, task.position, queue, q_heads, kv_heads, device))
+            else:
+                calls.append(_ulysses_call(task.layout, queue, q_heads, kv_heads, device))
+        if program.local_lens:  # other strategies: the local sequences as one call after the groups
+            batch = VarlenBatch(lens_q=program.local_lens, lens_k=program.local_lens, causal=True, device=device)
+            calls.append(KernelCall(queue=local_queue, kind="local", step=0, batch=batch, q_heads=q_heads,
+                                    kv_heads=kv_heads))
     return RankWork(rank=rank, calls=tuple(calls), attention_tokens=program.tokens,
                     linear_tokens=plan.tokens(rank, "linear"))
 

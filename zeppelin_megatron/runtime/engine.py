@@ -4,13 +4,25 @@ Input/output are this rank's tokens in the plan's *attention layout*
 (``attention_layout[rank]`` ranges concatenated): ``q`` [T_a, Hq, D], ``k``,
 ``v`` [T_a, Hkv, D] -> ``out`` [T_a, Hq, D].
 
-Queues, in this order on every rank: the plan's inter-node rings, its
-intra-node rings (both in :attr:`StepPlan.rings` order), then all local
-sequences in one causal varlen call. A rank takes part in a ring as a member
-(it holds zigzag chunks) or as a relay (it carries routed parts of a cross-node
-hop); relays run the ring's transfer sequence without compute. Because every
-rank walks the rings in the same global order and posts each ring's transfers
-in the same order, any valid plan executes without deadlock, including ranks
+Queues: the plan's inter-node rings, then its intra-node rings (both in
+:attr:`StepPlan.rings` order), with the rank's local sequences interleaved.
+The local sequences are cut into chunks of whole sequences
+(:func:`~zeppelin_megatron.planner.local_chunks.split_local`, one chunk per
+*slot*: a ring step with a transfer, ``g - 1`` per ring of ``g`` the rank is a
+member of); chunk ``c`` runs in slot ``c``, after that ring step's own compute
+and before its wait, so the local kernel runs while the transfer is in flight
+(:func:`~zeppelin_megatron.runtime.ring.ring_forward`'s ``fill``). There are
+``min(slots, local sequences)`` chunks; a rank in no ring (no slot) runs all
+its local sequences as one chunk after the rings. Backward runs each chunk's
+backward in the same slot of the backward ring walk. Each chunk is one causal
+varlen call; its ``(out, lse)`` is saved for backward, so results equal one
+call over all local sequences.
+
+A rank takes part in a ring as a member (it holds zigzag chunks) or as a relay
+(it carries routed parts of a cross-node hop); relays run the ring's transfer
+sequence without compute (and fill no slots). Only compute moves: every rank
+walks the rings in the same global order and posts each ring's transfers in
+the same order, so any valid plan executes without deadlock, including ranks
 that belong to several rings.
 """
 
@@ -18,10 +30,11 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
+from ..planner.local_chunks import ring_slots, split_local
 from ..planner.plan import StepPlan
 from ..planner.routing import Route
 from .comm import CommStream
@@ -30,7 +43,7 @@ from .kernels import AttentionKernel, VarlenBatch
 from .ring import RingLayout, RingRun, ring_backward, ring_forward
 from .router import Router
 
-__all__ = ["RingTask", "RankProgram", "build_program", "AttentionEngine", "EngineFunction"]
+__all__ = ["RingTask", "LocalChunk", "RankProgram", "build_program", "AttentionEngine", "EngineFunction"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,18 +61,43 @@ class RingTask:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LocalChunk:
+    """Whole local sequences run as one causal varlen call in one slot.
+
+    ``rows``: attention-buffer rows, sequence after sequence; ``lens``: their lengths.
+    """
+
+    rows: tuple[int, ...]
+    lens: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.lens or sum(self.lens) != len(self.rows):
+            raise ValueError(f"a local chunk of lengths {list(self.lens)} needs {sum(self.lens)} rows "
+                             f"(at least one sequence), got {len(self.rows)}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class RankProgram:
-    """Everything rank ``rank`` runs for a plan: rings in queue order, then its local sequences.
+    """Everything rank ``rank`` runs for a plan: rings in queue order, local chunks filling their slots.
 
     ``local_rows``: attention-buffer rows of its local sequences, sequence after
-    sequence; ``local_lens``: their lengths; ``tokens``: attention-layout tokens.
+    sequence (plan order); ``local_lens``: their lengths; ``local_chunks``:
+    the same sequences cut for the slots (chunk ``c`` runs in slot ``c``, the
+    ``c``-th member-ring step with a transfer; see :attr:`slots`);
+    ``tokens``: attention-layout tokens.
     """
 
     rank: int
     rings: tuple[RingTask, ...]
     local_rows: tuple[int, ...]
     local_lens: tuple[int, ...]
+    local_chunks: tuple[LocalChunk, ...]
     tokens: int
+
+    @property
+    def slots(self) -> int:
+        """Ring steps with a transfer in the rings this rank is a member of."""
+        return ring_slots([t.layout.size for t in self.rings if t.position is not None])
 
 
 def _pieces(plan: StepPlan, rank: int) -> dict[int, list[tuple[int, int, int]]]:
@@ -101,14 +139,18 @@ def build_program(plan: StepPlan, rank: int, router: Router) -> RankProgram:
             for s_idx, start, end in layout.token_ranges(pos):
                 rows += _rows(pieces[ring.seqs[s_idx]], start, end)
         rings.append(RingTask(layout=layout, placement=ring.placement, position=pos, rows=tuple(rows)))
-    local_rows: list[int] = []
+    per_seq: list[list[int]] = []
     local_lens: list[int] = []
     for s, seq in enumerate(plan.sequences):
         if seq.placement == "local" and seq.ranks[0] == rank:
-            local_rows += _rows(pieces[s], 0, seq.length)
+            per_seq.append(_rows(pieces[s], 0, seq.length))
             local_lens.append(seq.length)
-    return RankProgram(rank=rank, rings=tuple(rings), local_rows=tuple(local_rows),
-                       local_lens=tuple(local_lens), tokens=plan.tokens(rank, "attention"))
+    slots = ring_slots([t.layout.size for t in rings if t.position is not None])
+    chunks = tuple(
+        LocalChunk(rows=tuple(r for i in idx for r in per_seq[i]), lens=tuple(local_lens[i] for i in idx))
+        for idx in split_local(local_lens, slots))
+    return RankProgram(rank=rank, rings=tuple(rings), local_rows=tuple(r for rows in per_seq for r in rows),
+                       local_lens=tuple(local_lens), local_chunks=chunks, tokens=plan.tokens(rank, "attention"))
 
 
 # plan -> {(rank, gpus_per_node, routed): RankProgram}; programs are pure functions of these.
@@ -156,17 +198,45 @@ class AttentionEngine:
             for t in self.program.rings
         ]
         self.rows = [torch.tensor(t.rows, dtype=torch.long, device=device) for t in self.program.rings]
-        self.local_rows = torch.tensor(self.program.local_rows, dtype=torch.long, device=device)
-        self.local_batch = VarlenBatch(lens_q=self.program.local_lens, lens_k=self.program.local_lens,
-                                       causal=True, device=device)
+        self.local = [
+            (torch.tensor(c.rows, dtype=torch.long, device=device),
+             VarlenBatch(lens_q=c.lens, lens_k=c.lens, causal=True, device=device))
+            for c in self.program.local_chunks
+        ]
         self.hkv = hkv
+
+    def _filler(self, run_chunk: Callable[[int], None]) -> tuple[Callable[[], None], Callable[[], None]]:
+        """-> ``(fill, finish)``: ``fill`` runs the next local chunk (if any), ``finish`` the rest."""
+        todo = iter(range(len(self.local)))
+
+        def fill() -> None:
+            c = next(todo, None)
+            if c is not None:
+                run_chunk(c)
+
+        def finish() -> None:
+            for c in todo:
+                run_chunk(c)
+
+        return fill, finish
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, list[Any]]:
-        """-> ``(out [T_a, Hq, D], saved)``; ``saved`` holds each queue's ``(out, lse)`` for backward."""
+        """-> ``(out [T_a, Hq, D], saved)``; ``saved``: each ring's ``(out, lse)`` (None for relays),
+        then each local chunk's ``(out, lse)``, for backward."""
         out = torch.zeros_like(q)
         saved: list[Any] = []
+        local: list[Any] = [None] * len(self.local)
+
+        def run_chunk(c: int) -> None:
+            rows, batch = self.local[c]
+            o, lse = self.kernel.forward(q.index_select(0, rows), k.index_select(0, rows),
+                                         v.index_select(0, rows), batch, self.scale)
+            out.index_copy_(0, rows, o)
+            local[c] = (o, lse)
+
+        fill, finish = self._filler(run_chunk)
         for run, rows in zip(self.runs, self.rows):
             if run.position is None:
                 ring_forward(run, None, None)
@@ -174,43 +244,44 @@ class AttentionEngine:
                 continue
             q_r = q.index_select(0, rows)
             kv_r = torch.cat([k.index_select(0, rows), v.index_select(0, rows)], dim=1)
-            res = ring_forward(run, q_r, kv_r)
+            res = ring_forward(run, q_r, kv_r, fill=fill)
             assert res is not None
             out.index_copy_(0, rows, res[0])
             saved.append(res)
-        if self.program.local_lens:
-            rows = self.local_rows
-            o, lse = self.kernel.forward(q.index_select(0, rows), k.index_select(0, rows),
-                                         v.index_select(0, rows), self.local_batch, self.scale)
-            out.index_copy_(0, rows, o)
-            saved.append((o, lse))
-        return out, saved
+        finish()
+        return out, saved + local
 
     def backward(
         self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, saved: list[Any]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         hkv = self.hkv
+        local = saved[len(self.runs):]
+
+        def run_chunk(c: int) -> None:
+            rows, batch = self.local[c]
+            o, lse = local[c]
+            dq_l, dk_l, dv_l = self.kernel.backward(
+                dout.index_select(0, rows), q.index_select(0, rows), k.index_select(0, rows),
+                v.index_select(0, rows), o, lse, batch, self.scale)
+            dq.index_copy_(0, rows, dq_l)
+            dk.index_copy_(0, rows, dk_l)
+            dv.index_copy_(0, rows, dv_l)
+
+        fill, finish = self._filler(run_chunk)
         for run, rows, res in zip(self.runs, self.rows, saved):
             if run.position is None:
                 ring_backward(run, None, None, None, None, None)
                 continue
             out_r, lse_r = res
             kv_r = torch.cat([k.index_select(0, rows), v.index_select(0, rows)], dim=1)
-            grads = ring_backward(run, dout.index_select(0, rows), q.index_select(0, rows), kv_r, out_r, lse_r)
+            grads = ring_backward(run, dout.index_select(0, rows), q.index_select(0, rows), kv_r, out_r, lse_r,
+                                  fill=fill)
             assert grads is not None
             dq.index_copy_(0, rows, grads[0])
             dk.index_copy_(0, rows, grads[1][:, :hkv])
             dv.index_copy_(0, rows, grads[1][:, hkv:])
-        if self.program.local_lens:
-            rows = self.local_rows
-            o, lse = saved[len(self.runs)]
-            dq_l, dk_l, dv_l = self.kernel.backward(
-                dout.index_select(0, rows), q.index_select(0, rows), k.index_select(0, rows),
-                v.index_select(0, rows), o, lse, self.local_batch, self.scale)
-            dq.index_copy_(0, rows, dq_l)
-            dk.index_copy_(0, rows, dk_l)
-            dv.index_copy_(0, rows, dv_l)
+        finish()
         return dq, dk, dv
 
 

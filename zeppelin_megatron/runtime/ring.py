@@ -31,15 +31,19 @@ local; each position's dK/dV accumulator travels one hop behind its K/V,
 collecting every position's contribution, and arrives home after ``g`` hops.
 
 Transfers of step ``j`` are posted before step ``j``'s compute and waited on
-after it. Ranks that only relay routed traffic for a ring (proxies) run the
-same loop with no compute, so every rank posts the same sequence of transfers.
+after it. An optional ``fill`` callback runs in between at every step that has
+a transfer in flight (``j < g - 1``; backward: after the step's dK/dV
+accumulator is posted too): the engine runs independent local work there, so
+it overlaps the transfer. ``fill`` computes only; it never communicates.
+Ranks that only relay routed traffic for a ring (proxies) run the same loop
+with no compute, so every rank posts the same sequence of transfers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -228,11 +232,12 @@ class RingRun:
 
 
 def ring_forward(
-    run: RingRun, q: torch.Tensor | None, kv: torch.Tensor | None
+    run: RingRun, q: torch.Tensor | None, kv: torch.Tensor | None, *, fill: Callable[[], None] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Forward over the ring. ``q`` [n_i, Hq, D], ``kv`` [n_i, 2*Hkv, D] seq-major.
 
     -> ``(out [n_i, Hq, D] q.dtype, lse [n_i, Hq] accumulation dtype)``; None for a relay.
+    ``fill``: called once per step ``j < g - 1``, after its compute, before its wait.
     """
     g, i, hkv = run.layout.size, run.position, run.hkv
     cache = run.cache
@@ -259,6 +264,8 @@ def ring_forward(
                 out_acc.index_copy_(0, late, o_m)
                 lse_acc.index_copy_(0, late, l_m)
         if pending is not None:
+            if fill is not None:
+                fill()
             kv = run.received(pending, j)
     if i is None:
         return None
@@ -272,8 +279,14 @@ def ring_backward(
     kv: torch.Tensor | None,
     out: torch.Tensor | None,
     lse: torch.Tensor | None,
+    *,
+    fill: Callable[[], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Backward over the ring. -> ``(dq [n_i, Hq, D], dkv [n_i, 2*Hkv, D])`` in q's dtype; None for a relay."""
+    """Backward over the ring. -> ``(dq [n_i, Hq, D], dkv [n_i, 2*Hkv, D])`` in q's dtype; None for a relay.
+
+    ``fill``: called once per step ``j < g - 1``, after its compute and its
+    accumulator post, before its K/V wait.
+    """
     g, i, hkv = run.layout.size, run.position, run.hkv
     cache = run.cache
     acc_t = acc_dtype(run.dtype)
@@ -321,6 +334,8 @@ def ring_backward(
                 acc.index_add_(0, rows, d)
         acc_pending = run.start(j, acc, acc_t, ACC_TAG)
         if kv_pending is not None:
+            if fill is not None:
+                fill()
             kv = run.received(kv_pending, j)
     home = run.received(acc_pending, g - 1)  # own accumulator, back after g hops
     if i is None:

@@ -10,14 +10,21 @@ bytes). Per rank, in this order (the runtime engine's order,
    flows linear rank -> attention rank, ``(2 q + kv)`` bytes per moved token
    (forward q, k, v in and backward output-gradient in);
 3. attention, group by group in ``plan.rings`` order (inter-node rings, then
-   intra-node rings), then the rank's local sequences in one call:
+   intra-node rings), with the rank's local sequences interleaved:
 
    * ``ring``: step ``j = 0 .. g-1``: post the transfer of step ``j`` (each
      position sends ``3 * sum ring_step_bytes`` to the next, over NVLink or a
      NIC, or split over proxies when routed), compute the step's block
      (``sum diag`` at step 0, ``sum off`` after; at least the call overhead),
-     wait for the transfer (none after the last step). Proxy ranks of routed
-     hops walk the ring's transfers as relays (post, wait) without compute.
+     then (``interleave_local``, the runtime engine) the rank's next local
+     chunk, one call of ``max(sum local_ms, call overhead)``, then wait for
+     the transfer (no transfer, chunk or wait after the last step). Chunks are
+     the runtime's: :func:`~zeppelin_megatron.planner.local_chunks.split_local`
+     over the rank's local sequences (plan order), one per ring step with a
+     transfer of the rings it is a member of; chunks left over (a rank in no
+     ring: all its local sequences, as one call) run after the groups. Proxy
+     ranks of routed hops walk the ring's transfers as relays (post, wait)
+     without compute.
    * ``ulysses``: all-to-all in (each member sends ``t_i (2 q + kv) / g`` bytes
      to each other member), one call over the group's sequences with
      ``1/g`` of the heads (``sum causal_ms(s) / g``), all-to-all out (same bytes).
@@ -27,10 +34,13 @@ bytes). Per rank, in this order (the runtime engine's order,
      (``block_ms(s/g, s) / 2`` in total per sequence), reduce-scatter dK/dV
      (``t_j kv`` bytes to each member ``j``).
 
-   With ``fill`` (simulator option), a rank blocked on a ring or group wait
-   first runs local sequences from its queue (longest first, at least one
-   call overhead's worth per call, not preempted): the three-queue engine of
-   the paper, which :func:`~zeppelin_megatron.planner.predict.predict` assumes.
+   Without ``interleave_local`` (the ``fill`` engine) local sequences form a
+   queue, run as one call after the groups; with ``fill`` (simulator option)
+   a rank blocked on a ring or group wait first runs local sequences from its
+   queue (longest first, at least one call overhead's worth per call, not
+   preempted): the three-queue engine of the paper, which
+   :func:`~zeppelin_megatron.planner.predict.predict` assumes. The
+   ``ulysses`` and ``allgather`` groups interleave nothing.
 
 4. remap out: attention rank -> linear rank, ``(2 q + kv)`` bytes per token;
 5. linear modules, second half.
@@ -47,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..planner.cost_model import CostModel
+from ..planner.local_chunks import split_local
 from ..planner.plan import Ring, StepPlan
 from ..planner.routing import split_counts
 from ..planner.zigzag import zigzag_tokens
@@ -166,10 +177,13 @@ def _tokens_by_rank(plan: StepPlan, seq: int) -> dict[int, int]:
 
 
 def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "ring",
-                        routing: bool = True) -> LayerProgram:
+                        routing: bool = True, interleave_local: bool = True) -> LayerProgram:
     """Per-rank op lists and the transfers they name (see module docstring).
 
     ``routing=False`` ignores the plan's routes (every hop direct).
+    ``interleave_local``: local chunks fill ring steps as the runtime engine
+    runs them (``True``), or every local sequence goes to the end-of-attention
+    queue (``False``; what the ``fill`` engine draws from).
     """
     world = plan.world_size
     o = cost.call_overhead_ms
@@ -208,6 +222,22 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
             for p in route.proxies[1:]:
                 relays[route.ring].add(cl.rank_of(cl.node_of(route.src), p))
                 relays[route.ring].add(cl.rank_of(cl.node_of(route.dst), p))
+    # Local sequences per rank in plan order; with interleave_local, the runtime's chunks of them.
+    local_lens: list[list[int]] = [[] for _ in range(world)]
+    for s in plan.sequences:
+        if s.placement == "local":
+            local_lens[s.ranks[0]].append(s.length)
+    chunk_ms: list[list[float]] = [[] for _ in range(world)]
+    if interleave_local:
+        slots = [0] * world
+        if attention_comm == "ring":
+            for ring in plan.rings:
+                for r in ring.ranks:
+                    slots[r] += len(ring.ranks) - 1
+        for r in range(world):
+            chunk_ms[r] = [max(sum(cost.local_ms(local_lens[r][i]) for i in idx), o)
+                           for idx in split_local(local_lens[r], slots[r])]
+    next_chunk = [0] * world
     for ring in plan.rings:
         g = len(ring.ranks)
         lengths = [plan.sequences[i].length for i in ring.seqs]
@@ -225,6 +255,10 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
                     if r in members:
                         ops[r].append(Op("compute", max(diag if j == 0 else off, o), "attention",
                                          label=f"{label} step {j}"))
+                        if j < g - 1 and next_chunk[r] < len(chunk_ms[r]):
+                            ops[r].append(Op("compute", chunk_ms[r][next_chunk[r]], "local",
+                                             label=f"local chunk {next_chunk[r]} (in {label} step {j})"))
+                            next_chunk[r] += 1
                     if j < g - 1:
                         ops[r].append(Op("wait", key=keys[j], kind="ring", label=f"{label} step {j}"))
         elif attention_comm == "ulysses":
@@ -266,11 +300,12 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
             raise ValueError(f"attention_comm is {attention_comm!r}, expected ring, ulysses or allgather")
 
     queue: list[list[float]] = [[] for _ in range(world)]
-    for s in plan.sequences:
-        if s.placement == "local":
-            queue[s.ranks[0]].append(cost.local_ms(s.length))
     for r in range(world):
-        queue[r].sort(reverse=True)
+        if interleave_local:
+            for c in range(next_chunk[r], len(chunk_ms[r])):
+                ops[r].append(Op("compute", chunk_ms[r][c], "local", label=f"local chunk {c}"))
+            continue
+        queue[r] = sorted((cost.local_ms(n) for n in local_lens[r]), reverse=True)
         if queue[r]:
             ops[r].append(Op("local", kind="local", label="local sequences"))
     if remap_keys is not None:

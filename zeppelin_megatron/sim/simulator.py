@@ -120,14 +120,19 @@ def simulate(plan: StepPlan, cost: CostModel, *, attention_comm: str = "ring", r
              engine: str = "runtime", keep_events: bool = True) -> SimResult:
     """Simulate one step of ``plan`` (see module docstring). Deterministic.
 
-    ``engine="runtime"``: each rank's queues run strictly one after another, as
-    ``zeppelin_megatron.runtime`` executes them today. ``engine="fill"``: local
-    sequences also fill ring/group waits (the paper's three-queue engine).
+    ``engine="runtime"``: the order ``zeppelin_megatron.runtime`` executes:
+    rings one after another, each rank's local sequences cut into chunks that
+    run one per ring step between its compute and its wait (a fixed order, not
+    reacting to waits). ``engine="fill"``: local sequences run from a queue
+    whenever a rank is blocked on a ring/group wait (the paper's three-queue
+    engine).
     """
     if plan.nodes != cost.cluster.nodes or plan.gpus_per_node != cost.cluster.gpus_per_node:
         raise ValueError(f"the plan is for {plan.nodes}x{plan.gpus_per_node} GPUs but the cost model's cluster is "
                          f"{cost.cluster.nodes}x{cost.cluster.gpus_per_node}")
-    program = build_layer_program(plan, cost, attention_comm, routing)
+    if engine not in ENGINES:
+        raise ValueError(f"engine is {engine!r}, expected one of {list(ENGINES)}")
+    program = build_layer_program(plan, cost, attention_comm, routing, interleave_local=engine == "runtime")
     return simulate_program(program, cost, engine=engine, keep_events=keep_events)
 
 
