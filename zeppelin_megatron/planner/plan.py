@@ -16,6 +16,7 @@ rank tuple) and :attr:`StepPlan.remap` (the layout-to-layout exchange lists).
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from dataclasses import InitVar, dataclass, replace
 from functools import cached_property
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
     from .cost_model import CostModel
 
 __all__ = [
-    "PlanError", "SequencePlan", "Ring", "Prediction", "StepPlan", "derive_routing", "PLAN_SCHEMA", "PLACEMENTS",
+    "PlanError", "SequencePlan", "Ring", "Prediction", "StepPlan", "derive_routing", "ring_order", "PLAN_SCHEMA",
+    "PLACEMENTS",
 ]
 
 PLAN_SCHEMA = "zeppelin-plan/1"
@@ -119,14 +121,14 @@ class StepPlan:
 
     @cached_property
     def rings(self) -> tuple[Ring, ...]:
-        """Rings in the engine's queue order: inter-node, then intra-node; then by ranks."""
+        """Rings in the engine's global queue order (:func:`ring_order`): inter-node, then
+        intra-node, by ranks, except that a ring whose members are free starts early."""
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, s in enumerate(self.sequences):
             if s.placement != "local":
                 groups.setdefault(s.ranks, []).append(i)
         rings = [Ring(ranks, self.sequences[seqs[0]].placement, tuple(seqs)) for ranks, seqs in groups.items()]
-        rings.sort(key=lambda r: (0 if r.placement == "inter_node" else 1, r.ranks))
-        return tuple(rings)
+        return ring_order(rings, [s.length for s in self.sequences])
 
     @cached_property
     def remap(self) -> RemapPlan:
@@ -229,6 +231,39 @@ class StepPlan:
                 f"{cluster.nodes}x{cluster.gpus_per_node}"
             )
         return replace(plan, routing=derive_routing(plan, cost_model, cluster=cluster), validate=False)
+
+
+def ring_order(rings: Sequence[Ring], lengths: Sequence[int]) -> tuple[Ring, ...]:
+    """The global order in which every rank runs its rings (each rank keeps this order).
+
+    A rank in two rings runs them one after the other, so the members of its second
+    ring wait for its first one ("convoys"); a chain of such rings costs the sum of their
+    times. The order is list scheduling on an estimate of each ring's time, its per-member
+    attention work ``w = sum(s^2) // g`` (token^2; integers, so every machine orders alike):
+    repeatedly take the ring that can start earliest (the latest estimated free time of
+    its members); ties: inter-node before intra-node, then lower ranks (the order a plain
+    sort would give); its members are then busy until ``start + w``. A ring whose members
+    are free thus never queues behind rings it shares no rank with.
+
+    Example: equal rings ``A = (0, 1)``, ``B = (1, 2)``, ``C = (2, 3)``: ``A`` (start 0,
+    lower ranks), ``C`` (start 0; ``B`` now starts at ``w``), then ``B``: two ring times,
+    where the sorted order ``A, B, C`` chains all three (``B`` waits for ``A``, ``C`` for ``B``).
+    """
+    work = [sum(lengths[i] ** 2 for i in r.seqs) // len(r.ranks) for r in rings]
+    heap = [(0, 0 if r.placement == "inter_node" else 1, r.ranks, k) for k, r in enumerate(rings)]
+    heapq.heapify(heap)
+    free: dict[int, int] = {}
+    out: list[Ring] = []
+    while heap:
+        start, kind, ranks, k = heapq.heappop(heap)
+        now = max(free.get(r, 0) for r in ranks)
+        if now > start:  # its members got busier since it was queued: requeue at its real start
+            heapq.heappush(heap, (now, kind, ranks, k))
+            continue
+        out.append(rings[k])
+        for r in ranks:
+            free[r] = now + work[k]
+    return tuple(out)
 
 
 def derive_routing(

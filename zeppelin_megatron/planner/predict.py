@@ -2,7 +2,8 @@
 
 Per layer, forward + backward, for each rank ``r``:
 
-* Each ring (queue order: inter-node rings, then intra-node rings) runs ``g``
+* Each ring (in :attr:`StepPlan.rings` order; the prediction assumes a rank's
+  rings never wait for each other's members, see :func:`~.plan.ring_order`) runs ``g``
   steps. Step 0 is the diagonal call; steps ``1 .. g-1`` each overlap one
   off-diagonal call with the next K/V transfer. All sequences of a ring share
   one call per step; a call costs at least the profile's per-call overhead::
