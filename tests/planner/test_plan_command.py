@@ -18,22 +18,22 @@ def lengths_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return f
 
 
-def _plan(lengths_file: Path, tmp_path: Path, *flags: str) -> tuple[dict, str]:
+def _plan(lengths_file: Path, tmp_path: Path, *flags: str) -> dict:
     out = tmp_path / f"plan{len(list(tmp_path.iterdir()))}.json"
     rc = main(["plan", "--lengths", str(lengths_file), "--cluster", "2x4", "--json", str(out), *flags])
     assert rc == 0
-    return json.loads(out.read_text()), ""
+    return json.loads(out.read_text())
 
 
 def test_remap_flags(lengths_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    off, _ = _plan(lengths_file, tmp_path, "--no-remap")
+    off = _plan(lengths_file, tmp_path, "--no-remap")
     assert "remap: off" in capsys.readouterr().out
     assert off["linear_layout"] == off["attention_layout"]
-    assert _plan(lengths_file, tmp_path, "--remap", "off")[0] == off
-    on, _ = _plan(lengths_file, tmp_path, "--remap", "on")
+    assert _plan(lengths_file, tmp_path, "--remap", "off") == off
+    on = _plan(lengths_file, tmp_path, "--remap", "on")
     assert "remap: on" in capsys.readouterr().out
     assert on["linear_layout"] != on["attention_layout"]
-    auto, _ = _plan(lengths_file, tmp_path)
+    auto = _plan(lengths_file, tmp_path)
     best = min((on, off), key=lambda d: d["predicted"]["step_ms"])
     assert auto == best
     with pytest.raises(SystemExit):

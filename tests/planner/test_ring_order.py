@@ -15,7 +15,8 @@ def _rings(spec: list[tuple[tuple[int, ...], str, list[int]]]) -> tuple[list[Rin
     """``(ranks, placement, lengths)`` per ring -> Rings and the flat lengths list."""
     rings, lengths = [], []
     for ranks, placement, ls in spec:
-        rings.append(Ring(ranks, placement, tuple(range(len(lengths), len(lengths) + len(ls)))))  # type: ignore[arg-type]
+        seqs = tuple(range(len(lengths), len(lengths) + len(ls)))
+        rings.append(Ring(ranks, placement, seqs))  # type: ignore[arg-type]
         lengths += ls
     return rings, lengths
 
