@@ -42,19 +42,18 @@ def check_ring_work(plan: StepPlan, heads: int, kv_heads: int) -> None:
         work = rank_work(plan, r, q_heads=heads, kv_heads=kv_heads, device=CPU)
         rings = [ring for ring in plan.rings if r in ring.ranks]
         local = sorted(s.length for s in plan.sequences if s.placement == "local" and s.ranks == (r,))
-        slots = sum(len(ring.ranks) - 1 for ring in rings)
+        slots = len(rings)  # one local chunk per ring, at its step 0
         n_chunks = min(slots, len(local)) if slots else min(1, len(local))
         # one call per ring step of every ring the rank is in, plus one call per local chunk
         assert len(work.calls) == sum(len(ring.ranks) for ring in rings) + n_chunks
         chunks = [c for c in work.calls if c.kind == "local"]
         assert len(chunks) == n_chunks and [c.step for c in chunks] == list(range(n_chunks))
         assert sorted(n for c in chunks for n in c.batch.lens_q) == local  # whole sequences, each once
-        # each chunk follows a ring step that has a transfer (not a ring's last step), one chunk per step
+        # chunk c follows step 0 of the c-th ring (a rank in no ring: its one chunk is its only call)
         for i, c in enumerate(work.calls):
             if c.kind == "local" and slots:
                 prev = work.calls[i - 1]
-                g = len(rings[prev.queue].ranks)
-                assert prev.kind != "local" and prev.step < g - 1, (r, i, prev)
+                assert prev.kind == "ring_diag" and prev.step == 0 and prev.queue == c.step, (r, i, prev)
         # diagonal steps + the local calls cover the rank's attention-layout tokens exactly once
         own = [c for c in work.calls if c.kind in ("ring_diag", "local")]
         assert sum(c.q_tokens for c in own) == plan.tokens(r, "attention") == work.attention_tokens

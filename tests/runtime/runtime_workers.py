@@ -208,8 +208,8 @@ def check_ring_function(group: ZeppelinGroup, ranks: tuple[int, ...], lengths: t
 
 
 def _interleave_expected(sizes: Sequence[int], chunks: Sequence[tuple[int, ...]], backward: bool) -> list[object]:
-    """The engine's documented event order: chunk ``c`` fills the ``c``-th ring step with a transfer,
-    after the step's compute (backward: and its dK/dV post), before the step's K/V wait."""
+    """The engine's documented event order: chunk ``c`` runs in the ``c``-th ring, after step 0's
+    kernel (backward: and step 0's dK/dV post), before step 0's K/V wait; leftovers after the rings."""
     ev: list[object] = []
     todo = list(chunks)
     for g in sizes:
@@ -217,9 +217,9 @@ def _interleave_expected(sizes: Sequence[int], chunks: Sequence[tuple[int, ...]]
             ev += ["post"] * (j < g - 1) + ["ring"]
             if backward:
                 ev += ["wait"] * (j > 0) + ["post"]
-            if j < g - 1:
-                ev += [todo.pop(0)] if todo else []
-                ev.append("wait")
+            if j == 0 and todo:
+                ev.append(todo.pop(0))
+            ev += ["wait"] * (j < g - 1)
         ev += ["wait"] * backward  # own dK/dV accumulator home
     return ev + todo
 
@@ -236,8 +236,8 @@ def check_local_interleaving(rank: int) -> None:
     cluster = load_cluster("2x2", tokens_per_gpu=256)
     cost = CostModel(model=ModelShape(layers=1, hidden=32, q_heads=4, kv_heads=2, ffn=64, head_dim=8),
                      cluster=cluster)
-    # rank 0: rings (3, 0) then (3, 0, 2, 1) (1 + 3 slots) and 5 local sequences -> 4 chunks;
-    # rank 1: ring (3, 0, 2, 1) (3 slots) and 1 local sequence; ranks 2, 3: rings only.
+    # rank 0: rings (3, 0) then (3, 0, 2, 1) (2 slots) and 5 local sequences -> 2 chunks;
+    # rank 1: ring (3, 0, 2, 1) (1 slot) and 1 local sequence; ranks 2, 3: rings only.
     plan = build_plan([90, 61, 40, 33, 9, 5, 2, 7, 3, 4],
                       [(3, 0, 2, 1), (3, 0), (2, 3), (2, 3), (0,), (1,), (0,), (0,), (0,), (0,)], cluster, cost)
     group = ZeppelinGroup(process_group=None, gpus_per_node=2)
@@ -280,7 +280,8 @@ def check_local_interleaving(rank: int) -> None:
     eng = engine()
     prog = eng.program
     chunks = [c.lens for c in prog.local_chunks]
-    assert chunks == {0: [(9,), (7,), (4,), (2, 3)], 1: [(5,)], 2: [], 3: []}[rank], (rank, chunks)
+    # L^2 greedy: 9 (81) -> chunk 0; 7 (49), 4 (16), 3 (9), 2 (4) -> chunk 1 (its work stays below 81)
+    assert chunks == {0: [(9,), (2, 7, 3, 4)], 1: [(5,)], 2: [], 3: []}[rank], (rank, chunks)
     sizes = [t.layout.size for t in prog.rings]
     assert sizes == {0: [2, 4], 1: [4], 2: [4, 2], 3: [2, 4, 2]}[rank], (rank, sizes)
 
@@ -294,9 +295,9 @@ def check_local_interleaving(rank: int) -> None:
     fwd = events()
     grads = eng.backward(dout, q, k, v, saved)
     bwd = events()
-    if rank == 0:  # spelled out once: every chunk sits between a ring kernel and that step's wait
+    if rank == 0:  # spelled out once: each chunk sits between a ring's step-0 kernel and step 0's wait
         assert fwd == ["post", "ring", (9,), "wait", "ring",
-                       "post", "ring", (7,), "wait", "post", "ring", (4,), "wait", "post", "ring", (2, 3), "wait",
+                       "post", "ring", (2, 7, 3, 4), "wait", "post", "ring", "wait", "post", "ring", "wait",
                        "ring"], fwd
     assert fwd == _interleave_expected(sizes, chunks, False), (rank, fwd)
     assert bwd == _interleave_expected(sizes, chunks, True), (rank, bwd)

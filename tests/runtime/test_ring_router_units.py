@@ -98,13 +98,12 @@ def test_build_program_covers_the_attention_buffer() -> None:
 def test_split_local_is_a_deterministic_balanced_cover() -> None:
     import random
 
-    from zeppelin_megatron.planner.local_chunks import ring_slots, split_local
+    from zeppelin_megatron.planner.local_chunks import split_local
 
     assert split_local([10, 30, 20, 5], 2) == ((1,), (0, 2, 3))  # the module docstring's example
     assert split_local([4, 4, 4], 5) == ((0,), (1,), (2,))        # never more chunks than sequences
     assert split_local([7, 3], 0) == ((0, 1),)                    # no slot: one chunk after the rings
     assert split_local([], 4) == ()
-    assert ring_slots([2, 4, 8]) == 1 + 3 + 7
     rng = random.Random(5)
     for _ in range(200):
         lens = [rng.randint(1, 500) for _ in range(rng.randint(1, 30))]
@@ -120,8 +119,6 @@ def test_split_local_is_a_deterministic_balanced_cover() -> None:
     for bad, msg in (((([3, 0], 2)), "local sequence 1 has length 0"), ((([3], -1)), "slots must be >= 0")):
         with pytest.raises(ValueError, match=msg):
             split_local(*bad)
-    with pytest.raises(ValueError, match="ring size of 1"):
-        ring_slots([2, 1])
 
 
 def test_build_program_local_chunks_cover_the_local_rows() -> None:
@@ -140,6 +137,7 @@ def test_build_program_local_chunks_cover_the_local_rows() -> None:
             assert sorted(r for c in prog.local_chunks for r in c.rows) == sorted(prog.local_rows)
             assert sorted(n for c in prog.local_chunks for n in c.lens) == sorted(prog.local_lens)
             n = len(prog.local_lens)
+            assert prog.slots == sum(t.position is not None for t in prog.rings)
             assert len(prog.local_chunks) == (min(prog.slots, n) if prog.slots else min(1, n))
             seen_split |= len(prog.local_chunks) > 1
     assert seen_split, "no rank had its local sequences split over ring slots"

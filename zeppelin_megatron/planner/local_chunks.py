@@ -1,12 +1,15 @@
 """How a rank's local sequences are cut into chunks that fill its ring-step waits.
 
 The runtime engine (:mod:`zeppelin_megatron.runtime.engine`) runs one chunk of
-the rank's local (single-GPU) sequences after each ring step's own compute and
-before that step's wait, so the local kernel overlaps the step's transfer; the
-simulator's ``runtime`` engine model (:mod:`zeppelin_megatron.sim.program`)
-uses the same split. A rank has one *slot* per ring step with a transfer in a
-ring it is a member of: ``g - 1`` per ring of ``g`` ranks (the last step of a
-ring posts no K/V transfer).
+the rank's local (single-GPU) sequences in each ring it is a member of, after
+the ring's step-0 (diagonal) kernel and before step 0's wait, so the local
+kernel overlaps that step's K/V transfer; the simulator's ``runtime`` engine
+model (:mod:`zeppelin_megatron.sim.program`) uses the same split. A rank has
+one *slot* per ring it is a member of. (One chunk per ring rather than one
+per ring step: every call pays the kernel's call overhead, and a chunk in
+every step delays every step of the ring for its other members. Simulated,
+one chunk per ring was within 0.4% of, or faster than, one chunk per ring
+step on the configurations in ``docs/runtime.md``.)
 
 Split: whole sequences, greedy longest-processing-time by causal work
 ``L^2``: sequences in order of decreasing ``L^2`` (ties: lower index first)
@@ -26,15 +29,7 @@ from __future__ import annotations
 import heapq
 from typing import Sequence
 
-__all__ = ["ring_slots", "split_local"]
-
-
-def ring_slots(ring_sizes: Sequence[int]) -> int:
-    """Slots of a rank that is a member of rings of these sizes: ``sum(g - 1)``."""
-    for g in ring_sizes:
-        if g < 2:
-            raise ValueError(f"a ring has at least 2 ranks, got a ring size of {g}")
-    return sum(g - 1 for g in ring_sizes)
+__all__ = ["split_local"]
 
 
 def split_local(lengths: Sequence[int], slots: int) -> tuple[tuple[int, ...], ...]:

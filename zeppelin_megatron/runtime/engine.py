@@ -8,13 +8,13 @@ Queues: the plan's inter-node rings, then its intra-node rings (both in
 :attr:`StepPlan.rings` order), with the rank's local sequences interleaved.
 The local sequences are cut into chunks of whole sequences
 (:func:`~zeppelin_megatron.planner.local_chunks.split_local`, one chunk per
-*slot*: a ring step with a transfer, ``g - 1`` per ring of ``g`` the rank is a
-member of); chunk ``c`` runs in slot ``c``, after that ring step's own compute
-and before its wait, so the local kernel runs while the transfer is in flight
+*slot*: one slot per ring the rank is a member of); chunk ``c`` runs in the
+``c``-th such ring, after its step-0 kernel and before step 0's wait, so the
+local kernel runs while step 0's K/V transfer is in flight
 (:func:`~zeppelin_megatron.runtime.ring.ring_forward`'s ``fill``). There are
 ``min(slots, local sequences)`` chunks; a rank in no ring (no slot) runs all
 its local sequences as one chunk after the rings. Backward runs each chunk's
-backward in the same slot of the backward ring walk. Each chunk is one causal
+backward in the same ring's step 0 of the backward walk. Each chunk is one causal
 varlen call; its ``(out, lse)`` is saved for backward, so results equal one
 call over all local sequences.
 
@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..planner.local_chunks import ring_slots, split_local
+from ..planner.local_chunks import split_local
 from ..planner.plan import StepPlan
 from ..planner.routing import Route
 from .comm import CommStream
@@ -82,8 +82,8 @@ class RankProgram:
 
     ``local_rows``: attention-buffer rows of its local sequences, sequence after
     sequence (plan order); ``local_lens``: their lengths; ``local_chunks``:
-    the same sequences cut for the slots (chunk ``c`` runs in slot ``c``, the
-    ``c``-th member-ring step with a transfer; see :attr:`slots`);
+    the same sequences cut for the slots (chunk ``c`` runs in step 0 of the
+    ``c``-th ring this rank is a member of; see :attr:`slots`);
     ``tokens``: attention-layout tokens.
     """
 
@@ -96,8 +96,8 @@ class RankProgram:
 
     @property
     def slots(self) -> int:
-        """Ring steps with a transfer in the rings this rank is a member of."""
-        return ring_slots([t.layout.size for t in self.rings if t.position is not None])
+        """Rings this rank is a member of (one local chunk each, at step 0)."""
+        return sum(t.position is not None for t in self.rings)
 
 
 def _pieces(plan: StepPlan, rank: int) -> dict[int, list[tuple[int, int, int]]]:
@@ -145,7 +145,7 @@ def build_program(plan: StepPlan, rank: int, router: Router) -> RankProgram:
         if seq.placement == "local" and seq.ranks[0] == rank:
             per_seq.append(_rows(pieces[s], 0, seq.length))
             local_lens.append(seq.length)
-    slots = ring_slots([t.layout.size for t in rings if t.position is not None])
+    slots = sum(t.position is not None for t in rings)
     chunks = tuple(
         LocalChunk(rows=tuple(r for i in idx for r in per_seq[i]), lens=tuple(local_lens[i] for i in idx))
         for idx in split_local(local_lens, slots))

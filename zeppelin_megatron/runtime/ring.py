@@ -31,10 +31,10 @@ local; each position's dK/dV accumulator travels one hop behind its K/V,
 collecting every position's contribution, and arrives home after ``g`` hops.
 
 Transfers of step ``j`` are posted before step ``j``'s compute and waited on
-after it. An optional ``fill`` callback runs in between at every step that has
-a transfer in flight (``j < g - 1``; backward: after the step's dK/dV
-accumulator is posted too): the engine runs independent local work there, so
-it overlaps the transfer. ``fill`` computes only; it never communicates.
+after it. An optional ``fill`` callback runs in between at step 0 (backward:
+after step 0's dK/dV accumulator is posted too), while step 0's K/V transfer
+is in flight: the engine runs independent local work there, so it overlaps
+the transfer. ``fill`` computes only; it never communicates.
 Ranks that only relay routed traffic for a ring (proxies) run the same loop
 with no compute, so every rank posts the same sequence of transfers.
 """
@@ -237,7 +237,7 @@ def ring_forward(
     """Forward over the ring. ``q`` [n_i, Hq, D], ``kv`` [n_i, 2*Hkv, D] seq-major.
 
     -> ``(out [n_i, Hq, D] q.dtype, lse [n_i, Hq] accumulation dtype)``; None for a relay.
-    ``fill``: called once per step ``j < g - 1``, after its compute, before its wait.
+    ``fill``: called once, after step 0's compute, before step 0's wait.
     """
     g, i, hkv = run.layout.size, run.position, run.hkv
     cache = run.cache
@@ -264,7 +264,7 @@ def ring_forward(
                 out_acc.index_copy_(0, late, o_m)
                 lse_acc.index_copy_(0, late, l_m)
         if pending is not None:
-            if fill is not None:
+            if fill is not None and j == 0:
                 fill()
             kv = run.received(pending, j)
     if i is None:
@@ -284,8 +284,8 @@ def ring_backward(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Backward over the ring. -> ``(dq [n_i, Hq, D], dkv [n_i, 2*Hkv, D])`` in q's dtype; None for a relay.
 
-    ``fill``: called once per step ``j < g - 1``, after its compute and its
-    accumulator post, before its K/V wait.
+    ``fill``: called once, after step 0's compute and accumulator post, before
+    step 0's K/V wait.
     """
     g, i, hkv = run.layout.size, run.position, run.hkv
     cache = run.cache
@@ -334,7 +334,7 @@ def ring_backward(
                 acc.index_add_(0, rows, d)
         acc_pending = run.start(j, acc, acc_t, ACC_TAG)
         if kv_pending is not None:
-            if fill is not None:
+            if fill is not None and j == 0:
                 fill()
             kv = run.received(kv_pending, j)
     home = run.received(acc_pending, g - 1)  # own accumulator, back after g hops

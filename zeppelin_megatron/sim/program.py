@@ -16,13 +16,13 @@ bytes). Per rank, in this order (the runtime engine's order,
      position sends ``3 * sum ring_step_bytes`` to the next, over NVLink or a
      NIC, or split over proxies when routed), compute the step's block
      (``sum diag`` at step 0, ``sum off`` after; at least the call overhead),
-     then (``interleave_local``, the runtime engine) the rank's next local
-     chunk, one call of ``max(sum local_ms, call overhead)``, then wait for
-     the transfer (no transfer, chunk or wait after the last step). Chunks are
-     the runtime's: :func:`~zeppelin_megatron.planner.local_chunks.split_local`
-     over the rank's local sequences (plan order), one per ring step with a
-     transfer of the rings it is a member of; chunks left over (a rank in no
-     ring: all its local sequences, as one call) run after the groups. Proxy
+     then (``interleave_local``, the runtime engine; step 0 only) the rank's
+     next local chunk, one call of ``max(sum local_ms, call overhead)``, then
+     wait for the transfer (none after the last step). Chunks are the
+     runtime's: :func:`~zeppelin_megatron.planner.local_chunks.split_local`
+     over the rank's local sequences (plan order), one per ring the rank is a
+     member of; chunks left over (a rank in no ring: all its local sequences,
+     as one call) run after the groups. Proxy
      ranks of routed hops walk the ring's transfers as relays (post, wait)
      without compute.
    * ``ulysses``: all-to-all in (each member sends ``t_i (2 q + kv) / g`` bytes
@@ -233,7 +233,7 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
         if attention_comm == "ring":
             for ring in plan.rings:
                 for r in ring.ranks:
-                    slots[r] += len(ring.ranks) - 1
+                    slots[r] += 1
         for r in range(world):
             chunk_ms[r] = [max(sum(cost.local_ms(local_lens[r][i]) for i in idx), o)
                            for idx in split_local(local_lens[r], slots[r])]
@@ -255,7 +255,7 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
                     if r in members:
                         ops[r].append(Op("compute", max(diag if j == 0 else off, o), "attention",
                                          label=f"{label} step {j}"))
-                        if j < g - 1 and next_chunk[r] < len(chunk_ms[r]):
+                        if j == 0 and next_chunk[r] < len(chunk_ms[r]):
                             ops[r].append(Op("compute", chunk_ms[r][next_chunk[r]], "local",
                                              label=f"local chunk {next_chunk[r]} (in {label} step {j})"))
                             next_chunk[r] += 1
