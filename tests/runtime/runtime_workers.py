@@ -207,17 +207,19 @@ def check_ring_function(group: ZeppelinGroup, ranks: tuple[int, ...], lengths: t
         assert err <= 1e-9, f"rank {group.rank}: ZigzagRingAttention {name} error {err:.3e}"
 
 
-def _interleave_expected(sizes: Sequence[int], chunks: Sequence[tuple[int, ...]], backward: bool) -> list[object]:
-    """The engine's documented event order: chunk ``c`` runs in the ``c``-th ring, after step 0's
-    kernel (backward: and step 0's dK/dV post), before step 0's K/V wait; leftovers after the rings."""
+def _interleave_expected(rings: Sequence[tuple[int, bool]], chunks: Sequence[tuple[int, ...]],
+                         backward: bool) -> list[object]:
+    """The engine's documented event order for rings ``(size, fills)``: chunk ``c`` runs in the
+    ``c``-th filling ring, after step 0's kernel (backward: and step 0's dK/dV post), before step
+    0's K/V wait; chunks without a slot run after the rings."""
     ev: list[object] = []
     todo = list(chunks)
-    for g in sizes:
+    for g, fills in rings:
         for j in range(g):
             ev += ["post"] * (j < g - 1) + ["ring"]
             if backward:
                 ev += ["wait"] * (j > 0) + ["post"]
-            if j == 0 and todo:
+            if j == 0 and fills and todo:
                 ev.append(todo.pop(0))
             ev += ["wait"] * (j < g - 1)
         ev += ["wait"] * backward  # own dK/dV accumulator home
@@ -236,10 +238,12 @@ def check_local_interleaving(rank: int) -> None:
     cluster = load_cluster("2x2", tokens_per_gpu=256)
     cost = CostModel(model=ModelShape(layers=1, hidden=32, q_heads=4, kv_heads=2, ffn=64, head_dim=8),
                      cluster=cluster)
-    # rank 0: rings (3, 0) then (3, 0, 2, 1) (2 slots) and 5 local sequences -> 2 chunks;
-    # rank 1: ring (3, 0, 2, 1) (1 slot) and 1 local sequence; ranks 2, 3: rings only.
-    plan = build_plan([90, 61, 40, 33, 9, 5, 2, 7, 3, 4],
-                      [(3, 0, 2, 1), (3, 0), (2, 3), (2, 3), (0,), (1,), (0,), (0,), (0,), (0,)], cluster, cost)
+    # Rings in queue order (3, 0), (3, 0, 2, 1), (0, 1); only (0, 1) fills (no member in a later ring).
+    # Rank 0: 4 local sequences, one chunk in (0, 1)'s step 0; rank 1: 1 local sequence, likewise;
+    # ranks 2, 3: no filling ring, their local sequence after the rings.
+    plan = build_plan([90, 61, 40, 9, 5, 2, 7, 3, 4, 6],
+                      [(3, 0, 2, 1), (3, 0), (0, 1), (0,), (1,), (0,), (0,), (0,), (2,), (3,)], cluster, cost)
+    assert [r.ranks for r in plan.rings] == [(3, 0), (3, 0, 2, 1), (0, 1)]
     group = ZeppelinGroup(process_group=None, gpus_per_node=2)
     ref_kernel = get_kernel("reference", cpu, torch.float64)
     log: list[object] = []
@@ -280,10 +284,10 @@ def check_local_interleaving(rank: int) -> None:
     eng = engine()
     prog = eng.program
     chunks = [c.lens for c in prog.local_chunks]
-    # L^2 greedy: 9 (81) -> chunk 0; 7 (49), 4 (16), 3 (9), 2 (4) -> chunk 1 (its work stays below 81)
-    assert chunks == {0: [(9,), (2, 7, 3, 4)], 1: [(5,)], 2: [], 3: []}[rank], (rank, chunks)
-    sizes = [t.layout.size for t in prog.rings]
-    assert sizes == {0: [2, 4], 1: [4], 2: [4, 2], 3: [2, 4, 2]}[rank], (rank, sizes)
+    assert chunks == {0: [(9, 2, 7, 3)], 1: [(5,)], 2: [(4,)], 3: [(6,)]}[rank], (rank, chunks)
+    rings = [(t.layout.size, t.fills) for t in prog.rings]
+    assert rings == {0: [(2, False), (4, False), (2, True)], 1: [(4, False), (2, True)], 2: [(4, False)],
+                     3: [(2, False), (4, False)]}[rank], (rank, rings)
 
     def events() -> list[object]:
         locals_ = {id(b): b.lens_q for _, b in eng.local}
@@ -295,12 +299,14 @@ def check_local_interleaving(rank: int) -> None:
     fwd = events()
     grads = eng.backward(dout, q, k, v, saved)
     bwd = events()
-    if rank == 0:  # spelled out once: each chunk sits between a ring's step-0 kernel and step 0's wait
-        assert fwd == ["post", "ring", (9,), "wait", "ring",
-                       "post", "ring", (2, 7, 3, 4), "wait", "post", "ring", "wait", "post", "ring", "wait",
-                       "ring"], fwd
-    assert fwd == _interleave_expected(sizes, chunks, False), (rank, fwd)
-    assert bwd == _interleave_expected(sizes, chunks, True), (rank, bwd)
+    if rank == 0:  # spelled out once: the chunk sits between (0, 1)'s step-0 kernel and step 0's wait
+        assert fwd == ["post", "ring", "wait", "ring",
+                       "post", "ring", "wait", "post", "ring", "wait", "post", "ring", "wait", "ring",
+                       "post", "ring", (9, 2, 7, 3), "wait", "ring"], fwd
+    if rank == 3:  # no filling ring: local after the rings
+        assert fwd[-1] == (6,) and fwd.count((6,)) == 1, fwd
+    assert fwd == _interleave_expected(rings, chunks, False), (rank, fwd)
+    assert bwd == _interleave_expected(rings, chunks, True), (rank, bwd)
     dist.barrier()
 
     # Same engine with all local sequences as one call (the engine's former local queue): identical bits.

@@ -98,12 +98,14 @@ def test_build_program_covers_the_attention_buffer() -> None:
 def test_split_local_is_a_deterministic_balanced_cover() -> None:
     import random
 
-    from zeppelin_megatron.planner.local_chunks import split_local
+    from zeppelin_megatron.planner.local_chunks import filling_rings, split_local
 
     assert split_local([10, 30, 20, 5], 2) == ((1,), (0, 2, 3))  # the module docstring's example
     assert split_local([4, 4, 4], 5) == ((0,), (1,), (2,))        # never more chunks than sequences
     assert split_local([7, 3], 0) == ((0, 1),)                    # no slot: one chunk after the rings
     assert split_local([], 4) == ()
+    assert filling_rings([(0, 1), (2, 3), (1, 2)]) == (False, False, True)  # the docstring's example
+    assert filling_rings([(0, 1), (2, 3)]) == (True, True) and filling_rings([]) == ()
     rng = random.Random(5)
     for _ in range(200):
         lens = [rng.randint(1, 500) for _ in range(rng.randint(1, 30))]
@@ -122,6 +124,7 @@ def test_split_local_is_a_deterministic_balanced_cover() -> None:
 
 
 def test_build_program_local_chunks_cover_the_local_rows() -> None:
+    from zeppelin_megatron.planner.local_chunks import filling_rings
     from zeppelin_megatron.runtime.router import Router
 
     class _R(Router):
@@ -137,7 +140,11 @@ def test_build_program_local_chunks_cover_the_local_rows() -> None:
             assert sorted(r for c in prog.local_chunks for r in c.rows) == sorted(prog.local_rows)
             assert sorted(n for c in prog.local_chunks for n in c.lens) == sorted(prog.local_lens)
             n = len(prog.local_lens)
-            assert prog.slots == sum(t.position is not None for t in prog.rings)
+            fills = filling_rings([r.ranks for r in plan.rings])
+            member = [r for r in plan.rings if rank in r.ranks]
+            assert prog.slots == sum(f for r, f in zip(plan.rings, fills) if rank in r.ranks) <= 1, prog.slots
+            assert [t.fills for t in prog.rings if t.position is not None] == [
+                f for r, f in zip(plan.rings, fills) if r in member]
             assert len(prog.local_chunks) == (min(prog.slots, n) if prog.slots else min(1, n))
-            seen_split |= len(prog.local_chunks) > 1
-    assert seen_split, "no rank had its local sequences split over ring slots"
+            seen_split |= prog.slots == 1 and n > 0
+    assert seen_split, "no rank had local sequences and a filling ring"

@@ -243,24 +243,24 @@ def test_runtime_engine_runs_a_local_chunk_inside_each_ring_step() -> None:
 
 
 def test_runtime_engine_uses_the_runtime_chunks() -> None:
-    # Rank 0 in rings (0, 1) and (0, 1, 2) (plan order; 2 slots) with 5 local sequences: split_local's 2
-    # chunks, one at step 0 of each ring; rank 3 in no ring: its local sequence after the rings.
-    from zeppelin_megatron.planner.local_chunks import split_local
+    # Rank 0 in rings (0, 1) then (0, 1, 2) with 5 local sequences: only (0, 1, 2) fills (ranks 0
+    # and 1 go on to it after (0, 1)), so one chunk of all 5 runs at its step 0; rank 3 in no ring:
+    # its local sequence after the rings.
+    from zeppelin_megatron.planner.local_chunks import filling_rings, split_local
     from zeppelin_megatron.sim.program import build_layer_program
     cl = _cluster(1, 4, 4, (0, 1, 2, 3))
     cost = _cost(cl)
     local = [900, 3000, 2000, 500, 1200]
     plan = build_plan([30000, 12000, *local, 9000], [(0, 1, 2), (0, 1)] + [(0,)] * 5 + [(3,)], cl, cost)
     assert [r.ranks for r in plan.rings] == [(0, 1), (0, 1, 2)]
-    o = cost.call_overhead_ms
-    idx = split_local(local, 2)
-    assert idx == ((1,), (0, 2, 3, 4))  # 3000^2 = 9e6 vs 2000^2 + 1200^2 + 900^2 + 500^2 = 6.5e6
-    want = [max(sum(cost.local_ms(local[i]) for i in c), o) for c in idx]
+    assert filling_rings([r.ranks for r in plan.rings]) == (False, True)
+    assert split_local(local, 1) == ((0, 1, 2, 3, 4),)
     prog = build_layer_program(plan, cost)
     ops = prog.ops[0]
-    assert [op.ms for op in ops if op.kind == "local"] == pytest.approx(want)
+    assert [op.ms for op in ops if op.kind == "local"] == pytest.approx(
+        [max(sum(cost.local_ms(n) for n in local), cost.call_overhead_ms)])
     seq = [(op.what, op.kind) for op in ops if op.kind not in ("linear", "remap") and op.what != "post"]
     a, loc, w = ("compute", "attention"), ("compute", "local"), ("wait", "ring")
-    assert seq == [a, loc, w, a] + [a, loc, w, a, w, a], seq
-    assert [op.kind for op in prog.ops[3] if op.what == "compute"].count("local") == 1
+    assert seq == [a, w, a] + [a, loc, w, a, w, a], seq
+    assert [(op.what, op.kind) for op in prog.ops[3] if op.kind not in ("linear", "remap")] == [loc]
     assert all(q == [] for q in prog.local_queue)  # nothing left for an end-of-attention queue

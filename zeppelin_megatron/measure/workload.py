@@ -6,9 +6,9 @@ the rank's rings in queue order and its local sequences; for each ring the
 rank is a member of, step ``j`` calls the kernel on
 ``RingCache.batch(layout.source(pos, j))`` (the exact :class:`VarlenBatch` of
 :func:`~zeppelin_megatron.runtime.ring.ring_forward`), and after each step
-after each ring's step 0 the next of the rank's local chunks
-(``RankProgram.local_chunks``, one causal call each) fills step 0's wait;
-chunks left over run after the rings. Ranks that only relay routed traffic
+after step 0 of each ring with ``RingTask.fills`` the next of the rank's
+local chunks (``RankProgram.local_chunks``, one causal call each) fills step
+0's wait; chunks left over run after the rings. Ranks that only relay routed traffic
 compute nothing and fill no slots, so routes are ignored here.
 
 Worked example: a ring over ranks (4, 1) holding one sequence of 8 tokens
@@ -85,7 +85,7 @@ def rank_work(
     members = [t for t in program.rings if t.position is not None]
     local_queue = len(members)
     if attention_comm == "ring":
-        # Local chunk c (queue ``local_queue``, step c) after step 0 of the c-th ring.
+        # Local chunk c (queue ``local_queue``, step c) after step 0 of the c-th filling ring.
         chunks = [KernelCall(queue=local_queue, kind="local", step=c, batch=VarlenBatch(
                       lens_q=ch.lens, lens_k=ch.lens, causal=True, device=device), q_heads=q_heads, kv_heads=kv_heads)
                   for c, ch in enumerate(program.local_chunks)]
@@ -94,7 +94,7 @@ def rank_work(
             assert task.position is not None
             for call in _ring_calls(task.layout, task.position, queue, q_heads, kv_heads, device):
                 calls.append(call)
-                if call.step == 0:
+                if call.step == 0 and task.fills:
                     calls += [c for c in (next(todo, None),) if c is not None]
         calls += list(todo)
     else:

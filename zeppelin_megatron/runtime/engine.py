@@ -4,19 +4,20 @@ Input/output are this rank's tokens in the plan's *attention layout*
 (``attention_layout[rank]`` ranges concatenated): ``q`` [T_a, Hq, D], ``k``,
 ``v`` [T_a, Hkv, D] -> ``out`` [T_a, Hq, D].
 
-Queues: the plan's inter-node rings, then its intra-node rings (both in
-:attr:`StepPlan.rings` order), with the rank's local sequences interleaved.
-The local sequences are cut into chunks of whole sequences
-(:func:`~zeppelin_megatron.planner.local_chunks.split_local`, one chunk per
-*slot*: one slot per ring the rank is a member of); chunk ``c`` runs in the
-``c``-th such ring, after its step-0 kernel and before step 0's wait, so the
-local kernel runs while step 0's K/V transfer is in flight
-(:func:`~zeppelin_megatron.runtime.ring.ring_forward`'s ``fill``). There are
-``min(slots, local sequences)`` chunks; a rank in no ring (no slot) runs all
-its local sequences as one chunk after the rings. Backward runs each chunk's
-backward in the same ring's step 0 of the backward walk. Each chunk is one causal
-varlen call; its ``(out, lse)`` is saved for backward, so results equal one
-call over all local sequences.
+Queues: the plan's rings in :attr:`StepPlan.rings` order, with the rank's
+local sequences placed in one ring wait. A ring *fills*
+(:func:`~zeppelin_megatron.planner.local_chunks.filling_rings`) when none of
+its members is in a later ring; the rank's local sequences, cut into one
+chunk per filling ring it is a member of
+(:func:`~zeppelin_megatron.planner.local_chunks.split_local`; filling rings
+share no rank, so that is one chunk), run as one causal varlen call in step 0
+of that ring, after the step-0 kernel and before step 0's wait, so the local
+kernel runs while step 0's K/V transfer is in flight
+(:func:`~zeppelin_megatron.runtime.ring.ring_forward`'s ``fill``). A rank with
+no filling ring runs them after the rings. Backward runs the chunk's backward
+at the same place of the backward ring walk. The chunk's ``(out, lse)`` is
+saved for backward, so results equal one call over all local sequences after
+the rings (the former order).
 
 A rank takes part in a ring as a member (it holds zigzag chunks) or as a relay
 (it carries routed parts of a cross-node hop); relays run the ring's transfer
@@ -34,7 +35,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..planner.local_chunks import split_local
+from ..planner.local_chunks import filling_rings, split_local
 from ..planner.plan import StepPlan
 from ..planner.routing import Route
 from .comm import CommStream
@@ -52,12 +53,14 @@ class RingTask:
 
     ``position``: ring position (None: relay only). ``rows``: attention-buffer
     rows of the rank's ring tokens in seq-major ring order (empty for relays).
+    ``fills``: a local chunk runs in its step 0 (a filling ring, and a member).
     """
 
     layout: RingLayout
     placement: str
     position: int | None
     rows: tuple[int, ...]
+    fills: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +86,7 @@ class RankProgram:
     ``local_rows``: attention-buffer rows of its local sequences, sequence after
     sequence (plan order); ``local_lens``: their lengths; ``local_chunks``:
     the same sequences cut for the slots (chunk ``c`` runs in step 0 of the
-    ``c``-th ring this rank is a member of; see :attr:`slots`);
+    ``c``-th ring with ``fills``; see :attr:`slots`);
     ``tokens``: attention-layout tokens.
     """
 
@@ -96,8 +99,8 @@ class RankProgram:
 
     @property
     def slots(self) -> int:
-        """Rings this rank is a member of (one local chunk each, at step 0)."""
-        return sum(t.position is not None for t in self.rings)
+        """Filling rings this rank is a member of (one local chunk each, at step 0)."""
+        return sum(t.fills for t in self.rings)
 
 
 def _pieces(plan: StepPlan, rank: int) -> dict[int, list[tuple[int, int, int]]]:
@@ -129,7 +132,8 @@ def _rows(pieces: list[tuple[int, int, int]], a: int, b: int) -> list[int]:
 def build_program(plan: StepPlan, rank: int, router: Router) -> RankProgram:
     pieces = _pieces(plan, rank)
     rings = []
-    for ring in plan.rings:
+    fills = filling_rings([ring.ranks for ring in plan.rings])
+    for ring, ring_fills in zip(plan.rings, fills):
         layout = RingLayout(ranks=ring.ranks, lengths=tuple(plan.sequences[s].length for s in ring.seqs))
         if rank not in router.participants(ring.ranks):
             continue
@@ -138,14 +142,15 @@ def build_program(plan: StepPlan, rank: int, router: Router) -> RankProgram:
         if pos is not None:
             for s_idx, start, end in layout.token_ranges(pos):
                 rows += _rows(pieces[ring.seqs[s_idx]], start, end)
-        rings.append(RingTask(layout=layout, placement=ring.placement, position=pos, rows=tuple(rows)))
+        rings.append(RingTask(layout=layout, placement=ring.placement, position=pos, rows=tuple(rows),
+                              fills=ring_fills and pos is not None))
     per_seq: list[list[int]] = []
     local_lens: list[int] = []
     for s, seq in enumerate(plan.sequences):
         if seq.placement == "local" and seq.ranks[0] == rank:
             per_seq.append(_rows(pieces[s], 0, seq.length))
             local_lens.append(seq.length)
-    slots = sum(t.position is not None for t in rings)
+    slots = sum(t.fills for t in rings)
     chunks = tuple(
         LocalChunk(rows=tuple(r for i in idx for r in per_seq[i]), lens=tuple(local_lens[i] for i in idx))
         for idx in split_local(local_lens, slots))
@@ -237,14 +242,14 @@ class AttentionEngine:
             local[c] = (o, lse)
 
         fill, finish = self._filler(run_chunk)
-        for run, rows in zip(self.runs, self.rows):
+        for run, rows, task in zip(self.runs, self.rows, self.program.rings):
             if run.position is None:
                 ring_forward(run, None, None)
                 saved.append(None)
                 continue
             q_r = q.index_select(0, rows)
             kv_r = torch.cat([k.index_select(0, rows), v.index_select(0, rows)], dim=1)
-            res = ring_forward(run, q_r, kv_r, fill=fill)
+            res = ring_forward(run, q_r, kv_r, fill=fill if task.fills else None)
             assert res is not None
             out.index_copy_(0, rows, res[0])
             saved.append(res)
@@ -269,14 +274,14 @@ class AttentionEngine:
             dv.index_copy_(0, rows, dv_l)
 
         fill, finish = self._filler(run_chunk)
-        for run, rows, res in zip(self.runs, self.rows, saved):
+        for run, rows, res, task in zip(self.runs, self.rows, saved, self.program.rings):
             if run.position is None:
                 ring_backward(run, None, None, None, None, None)
                 continue
             out_r, lse_r = res
             kv_r = torch.cat([k.index_select(0, rows), v.index_select(0, rows)], dim=1)
             grads = ring_backward(run, dout.index_select(0, rows), q.index_select(0, rows), kv_r, out_r, lse_r,
-                                  fill=fill)
+                                  fill=fill if task.fills else None)
             assert grads is not None
             dq.index_copy_(0, rows, grads[0])
             dk.index_copy_(0, rows, grads[1][:, :hkv])

@@ -16,13 +16,14 @@ bytes). Per rank, in this order (the runtime engine's order,
      position sends ``3 * sum ring_step_bytes`` to the next, over NVLink or a
      NIC, or split over proxies when routed), compute the step's block
      (``sum diag`` at step 0, ``sum off`` after; at least the call overhead),
-     then (``interleave_local``, the runtime engine; step 0 only) the rank's
-     next local chunk, one call of ``max(sum local_ms, call overhead)``, then
-     wait for the transfer (none after the last step). Chunks are the
-     runtime's: :func:`~zeppelin_megatron.planner.local_chunks.split_local`
-     over the rank's local sequences (plan order), one per ring the rank is a
-     member of; chunks left over (a rank in no ring: all its local sequences,
-     as one call) run after the groups. Proxy
+     then (``interleave_local``, the runtime engine; step 0 of a *filling*
+     ring, one none of whose members is in a later ring) the rank's next
+     local chunk, one call of ``max(sum local_ms, call overhead)``, then wait
+     for the transfer (none after the last step). Chunks are the runtime's:
+     :func:`~zeppelin_megatron.planner.local_chunks.split_local` over the
+     rank's local sequences (plan order), one per filling ring the rank is a
+     member of; a rank with none runs its local sequences as one call after
+     the groups. Proxy
      ranks of routed hops walk the ring's transfers as relays (post, wait)
      without compute.
    * ``ulysses``: all-to-all in (each member sends ``t_i (2 q + kv) / g`` bytes
@@ -57,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..planner.cost_model import CostModel
-from ..planner.local_chunks import split_local
+from ..planner.local_chunks import filling_rings, split_local
 from ..planner.plan import Ring, StepPlan
 from ..planner.routing import split_counts
 from ..planner.zigzag import zigzag_tokens
@@ -228,17 +229,17 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
         if s.placement == "local":
             local_lens[s.ranks[0]].append(s.length)
     chunk_ms: list[list[float]] = [[] for _ in range(world)]
+    fills = filling_rings([ring.ranks for ring in plan.rings]) if attention_comm == "ring" else ()
     if interleave_local:
         slots = [0] * world
-        if attention_comm == "ring":
-            for ring in plan.rings:
-                for r in ring.ranks:
-                    slots[r] += 1
+        for ring, ring_fills in zip(plan.rings, fills):
+            for r in ring.ranks:
+                slots[r] += ring_fills
         for r in range(world):
             chunk_ms[r] = [max(sum(cost.local_ms(local_lens[r][i]) for i in idx), o)
                            for idx in split_local(local_lens[r], slots[r])]
     next_chunk = [0] * world
-    for ring in plan.rings:
+    for k, ring in enumerate(plan.rings):
         g = len(ring.ranks)
         lengths = [plan.sequences[i].length for i in ring.seqs]
         label = f"{ring.placement} group {list(ring.ranks)[:4]}{'...' if g > 4 else ''} ({len(lengths)} seqs)"
@@ -255,7 +256,7 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
                     if r in members:
                         ops[r].append(Op("compute", max(diag if j == 0 else off, o), "attention",
                                          label=f"{label} step {j}"))
-                        if j == 0 and next_chunk[r] < len(chunk_ms[r]):
+                        if j == 0 and fills[k] and next_chunk[r] < len(chunk_ms[r]):
                             ops[r].append(Op("compute", chunk_ms[r][next_chunk[r]], "local",
                                              label=f"local chunk {next_chunk[r]} (in {label} step {j})"))
                             next_chunk[r] += 1
