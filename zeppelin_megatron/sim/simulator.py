@@ -121,9 +121,9 @@ def simulate(plan: StepPlan, cost: CostModel, *, attention_comm: str = "ring", r
     """Simulate one step of ``plan`` (see module docstring). Deterministic.
 
     ``engine="runtime"``: the order ``zeppelin_megatron.runtime`` executes:
-    rings one after another, each rank's local sequences cut into chunks that
-    run one per ring step between its compute and its wait (a fixed order, not
-    reacting to waits). ``engine="fill"``: local sequences run from a queue
+    rings one after another, each rank's local sequences in step 0 of its
+    filling ring (between the step's compute and its wait) or after the rings
+    (a fixed order, not reacting to waits). ``engine="fill"``: local sequences run from a queue
     whenever a rank is blocked on a ring/group wait (the paper's three-queue
     engine).
     """
