@@ -30,8 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (--dist)")
     p.add_argument("--cp-size", type=int, default=None, help="fixed CP size for te-cp/allgather-cp/wlb-llm")
     p.add_argument("--engine", choices=("runtime", "fill"), default="runtime",
-                   help="runtime: queues strictly in order, as zeppelin_megatron.runtime runs them (default); "
-                        "fill: local sequences also fill ring waits (the paper's three-queue engine)")
+                   help="runtime: the order zeppelin_megatron.runtime runs (rings in plan order, local work inside step 0 "
+                        "of a rank's filling ring, else after the rings; default); "
+                        "fill: local sequences fill any ring wait (the paper's three-queue engine)")
     p.add_argument("--json", default=None, help="write results JSON here")
     p.add_argument("--plot", default=None, help="write a PNG bar chart here")
     p.add_argument("--timeline", default=None,
