@@ -28,9 +28,12 @@ def test_flags_defaults_and_negations() -> None:
     cfg = zeppelin_config_from_args(a)
     assert cfg == ZeppelinConfig(cluster="2x8")
     assert cfg.routing and cfg.check_plan and cfg.metrics and cfg.backend is None
-    assert cfg.remap == "auto"                       # remap decided per micro-step
-    forced = zeppelin_config_from_args(_parse(["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-remap"]))
-    assert forced.remap is True
+    assert cfg.remap is True                         # token-balanced linear layout by default
+    auto = zeppelin_config_from_args(_parse(["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-remap-auto"]))
+    assert auto.remap == "auto"                      # decided per micro-step
+    with pytest.raises(ZeppelinArgsError, match="--zeppelin-remap-auto and --no-zeppelin-remap"):
+        zeppelin_config_from_args(_parse(["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-remap-auto",
+                                          "--no-zeppelin-remap"]))
     b = _parse(["--zeppelin", "--zeppelin-cluster", "2x8", "--no-zeppelin-routing", "--no-zeppelin-remap",
                 "--zeppelin-tokens-per-gpu", "4096", "--zeppelin-backend", "reference",
                 "--zeppelin-placements", "local,intra_node", "--no-zeppelin-metrics"])

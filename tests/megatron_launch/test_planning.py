@@ -140,8 +140,9 @@ def test_planner_options_bound() -> None:
 
 
 
-def test_planner_remap_default_auto_and_forced() -> None:
-    s = _setup()
+def test_planner_remap_default_on_auto_and_off() -> None:
+    assert _setup().planner.remap is True and "remap on" in _setup().describe()
+    s = _setup(zeppelin_remap_auto=True)
     assert s.planner.remap == "auto" and "remap auto" in s.describe()
     lengths = [812, 40_000, 95_000, 2_048] + [4096] * 30
     on = _setup(zeppelin_remap=True)

@@ -33,7 +33,8 @@ def test_remap_flags(lengths_file: Path, tmp_path: Path, capsys: pytest.CaptureF
     on = _plan(lengths_file, tmp_path, "--remap", "on")
     assert "remap: on" in capsys.readouterr().out
     assert on["linear_layout"] != on["attention_layout"]
-    auto = _plan(lengths_file, tmp_path)
+    assert _plan(lengths_file, tmp_path) == on   # the default
+    auto = _plan(lengths_file, tmp_path, "--remap", "auto")
     best = min((on, off), key=lambda d: d["predicted"]["step_ms"])
     assert auto == best
     with pytest.raises(SystemExit):

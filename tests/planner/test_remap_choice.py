@@ -24,13 +24,13 @@ def test_auto_keeps_the_faster_of_the_two(spec: str, tokens: int, seed: int) -> 
     lengths = long_tailed_batch(tokens, seed)
     on = plan_step(lengths, cost.cluster, cost, remap=True)
     off = plan_step(lengths, cost.cluster, cost, remap=False)
-    auto = plan_step(lengths, cost.cluster, cost)                  # the default is "auto"
+    auto = plan_step(lengths, cost.cluster, cost, remap="auto")
     assert on.attention_layout == off.attention_layout == auto.attention_layout
     assert on.routing == off.routing == auto.routing
     assert off.linear_layout == off.attention_layout != on.linear_layout
     assert auto.predicted.step_ms == min(on.predicted.step_ms, off.predicted.step_ms)
     assert auto == (on if on.predicted.step_ms <= off.predicted.step_ms else off)
-    assert auto.to_json() == plan_step(list(lengths), cost.cluster, _cost(spec)).to_json()   # deterministic
+    assert auto.to_json() == plan_step(list(lengths), cost.cluster, _cost(spec), remap="auto").to_json()  # deterministic
 
 
 def test_auto_picks_each_side_on_some_batch() -> None:
@@ -38,7 +38,7 @@ def test_auto_picks_each_side_on_some_batch() -> None:
     picked = set()
     for spec, tokens, seed in CASES + [("2x8", 1 << 18, s) for s in range(6)]:
         cost = _cost(spec)
-        plan = plan_step(long_tailed_batch(tokens, seed), cost.cluster, cost)
+        plan = plan_step(long_tailed_batch(tokens, seed), cost.cluster, cost, remap="auto")
         picked.add(plan.linear_layout == plan.attention_layout)
     assert picked == {True, False}
 
@@ -51,9 +51,19 @@ def test_tie_keeps_the_remap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(api, "predict", lambda plan, cost: replace(real(plan, cost), step_ms=1.0))
     cost = _cost("2x8")
     lengths = long_tailed_batch(1 << 19, 1)
-    plan = plan_step(lengths, cost.cluster, cost)
+    plan = plan_step(lengths, cost.cluster, cost, remap="auto")
     assert plan.linear_layout != plan.attention_layout
     assert plan.linear_layout == plan_step(lengths, cost.cluster, cost, remap=True).linear_layout
+
+
+def test_default_is_the_token_balanced_layout() -> None:
+    """Issue 2: without options every rank holds floor(T/N) or ceil(T/N) linear-layout tokens."""
+    for spec, tokens, seed in CASES + [("2x8", 1 << 18, s) for s in range(6)]:
+        cost = _cost(spec)
+        plan = plan_step(long_tailed_batch(tokens, seed), cost.cluster, cost)
+        counts = {plan.tokens(r, "linear") for r in range(plan.world_size)}
+        t, n = plan.total_tokens, plan.world_size
+        assert counts <= {t // n, -(-t // n)}, (spec, seed, sorted(counts))
 
 
 def test_no_remap_plan_within_capacity_beyond_the_linear_quota() -> None:

@@ -52,9 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel", type=int, default=1, help="TP size (heads split across TP ranks)")
     p.add_argument("--no-routing", action="store_true", help="plan without NIC-aware routing")
     remap = p.add_mutually_exclusive_group()
-    remap.add_argument("--remap", choices=("auto", "on", "off"), default="auto",
-                       help="token-balanced linear layout: auto (default) = remap only when the predicted "
-                            "step is lower; on = always; off = linear layout = attention layout")
+    # default None (meaning "on"): argparse's exclusivity check ignores an option given its own default value
+    remap.add_argument("--remap", choices=("auto", "on", "off"), default=None,
+                       help="token-balanced linear layout: on (default) = always; auto = remap only when the "
+                            "predicted step is lower; off = linear layout = attention layout")
     remap.add_argument("--no-remap", dest="remap", action="store_const", const="off",
                        help="same as --remap off")
     p.add_argument("--json", default=None, help="write the zeppelin-plan/1 JSON here")
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     cost = CostModel(model=load_model(args.model), cluster=cluster, profile=load_profile(args.profile),
                      tensor_parallel=args.tensor_parallel)
     plan = plan_step(read_lengths(args.lengths), cluster, cost, routing=not args.no_routing,
-                     remap=_REMAP[args.remap])
+                     remap=_REMAP[args.remap or "on"])
     print(_table(plan))
     if args.json:
         Path(args.json).write_text(plan.to_json(indent=1) + "\n")

@@ -65,10 +65,11 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="Attention-layout tokens one Zeppelin rank may hold (overrides the cluster file).")
     g.add_argument("--zeppelin-routing", action=argparse.BooleanOptionalAction, default=True,
                    help="Spread cross-node ring hops over idle NICs through proxy GPUs (default: on).")
-    g.add_argument("--zeppelin-remap", action=argparse.BooleanOptionalAction, default="auto",
-                   help="Linear modules on a token-balanced layout: --zeppelin-remap always, "
-                        "--no-zeppelin-remap never (linear layout = attention layout); default: decided per "
-                        "micro-step, remapping only when the planner predicts a faster step.")
+    g.add_argument("--zeppelin-remap", action=argparse.BooleanOptionalAction, default=True,
+                   help="Linear modules on a token-balanced layout (default: on); --no-zeppelin-remap: the "
+                        "linear layout is the attention layout (no remap traffic).")
+    g.add_argument("--zeppelin-remap-auto", action="store_true",
+                   help="Decide remapping per micro-step: remap only when the planner predicts a faster step.")
     g.add_argument("--zeppelin-backend", type=str, default=None, choices=sorted(BACKENDS),
                    help="Attention kernel backend (default: the best usable one).")
     g.add_argument("--zeppelin-check-plan", action=argparse.BooleanOptionalAction, default=True,
@@ -95,7 +96,7 @@ class ZeppelinConfig:
     profile: str | None = None
     tokens_per_gpu: int | None = None
     routing: bool = True
-    remap: bool | Literal["auto"] = "auto"
+    remap: bool | Literal["auto"] = True
     backend: str | None = None
     check_plan: bool = True
     placements: tuple[str, ...] = PLACEMENTS
@@ -135,6 +136,15 @@ class ZeppelinConfig:
             raise ZeppelinArgsError(f"--zeppelin-prefetch must be 0, 1 or 2, got {self.prefetch!r}")
 
 
+def _remap_from_args(args: argparse.Namespace) -> bool | Literal["auto"]:
+    """``--zeppelin-remap`` (default) / ``--no-zeppelin-remap`` / ``--zeppelin-remap-auto``."""
+    if getattr(args, "zeppelin_remap_auto", False):
+        if args.zeppelin_remap is False:
+            raise ZeppelinArgsError("--zeppelin-remap-auto and --no-zeppelin-remap contradict each other")
+        return "auto"
+    return args.zeppelin_remap
+
+
 def zeppelin_config_from_args(args: argparse.Namespace) -> ZeppelinConfig:
     """Read the ``--zeppelin*`` flags of a parsed command line."""
     if not getattr(args, "zeppelin", False):
@@ -144,7 +154,7 @@ def zeppelin_config_from_args(args: argparse.Namespace) -> ZeppelinConfig:
         profile=args.zeppelin_profile,
         tokens_per_gpu=args.zeppelin_tokens_per_gpu,
         routing=args.zeppelin_routing,
-        remap=args.zeppelin_remap,
+        remap=_remap_from_args(args),
         backend=args.zeppelin_backend,
         check_plan=args.zeppelin_check_plan,
         placements=tuple(p.strip() for p in args.zeppelin_placements.split(",") if p.strip()),

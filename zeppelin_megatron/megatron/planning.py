@@ -186,7 +186,7 @@ class Planner:
     cluster: Cluster
     cost: CostModel
     routing: bool = True
-    remap: bool | Literal["auto"] = "auto"
+    remap: bool | Literal["auto"] = True
     slack: float = 0.02
     min_ratio: float = 1.0
     placements: tuple[str, ...] = ("local", "intra_node", "inter_node")

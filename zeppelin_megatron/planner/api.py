@@ -56,7 +56,7 @@ def plan_step(
     cost_model: CostModel,
     *,
     routing: bool = True,
-    remap: bool | Literal["auto"] = "auto",
+    remap: bool | Literal["auto"] = True,
     slack: float = 0.02,
     min_ratio: float = 1.0,
     placements: Sequence[str] = ("local", "intra_node", "inter_node"),
@@ -68,8 +68,8 @@ def plan_step(
         cluster: the cluster (its ``tokens_per_gpu`` bounds each rank's tokens).
         cost_model: calibrated costs for the model on this cluster.
         routing: spread cross-node ring hops over idle NICs where that pays.
-        remap: ``True``: linear modules on a token-balanced layout (remap
-            all-to-alls every layer); ``False``: the linear layout is the
+        remap: ``True`` (default): linear modules on a token-balanced layout
+            (remap all-to-alls every layer); ``False``: the linear layout is the
             attention layout (no remap traffic); ``"auto"``: build both on the
             same attention layout and keep the one with the lower predicted
             step (ties: the remapped one).
