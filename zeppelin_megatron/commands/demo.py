@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from pathlib import Path
 
@@ -24,10 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        import megatron.core  # noqa: F401
-    except ImportError:
-        raise ValueError("zeppelin demo needs megatron-core: pip install 'zeppelin_megatron[megatron]'") from None
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        raise ValueError("zeppelin demo needs megatron-core: pip install 'zeppelin_megatron[megatron]'")
     from ..megatron.demo import DemoConfig, run_demo
 
     cfg = DemoConfig(steps=args.steps, compare_baseline=args.compare_baseline, tokens_per_step=args.tokens_per_step,
