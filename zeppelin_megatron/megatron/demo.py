@@ -164,10 +164,8 @@ def _worker(rank: int, world: int, port: int, cfg: DemoConfig, prefix: str, resu
 def _train(rank: int, cfg: DemoConfig, prefix: str, result_path: str) -> None:
     import torch
     import torch.distributed as dist
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    from ..planner import Cluster, CostModel, ModelShape
-    from .cpu_support import allreduce_grads, build_gpt, causal_mask, init_parallel_state, megatron_on_cpu, tiny_gpt_config
+    from ..planner import CostModel, ModelShape, load_cluster
+    from .cpu_support import allreduce_grads, build_gpt, init_parallel_state, megatron_on_cpu, tiny_gpt_config
     from .data.indexed import DocumentDataset
     from .data.iterator import ZeppelinDataIterator
     from .data.sampler import TokenBudgetSampler
@@ -183,9 +181,8 @@ def _train(rank: int, cfg: DemoConfig, prefix: str, result_path: str) -> None:
         group = zeppelin_group_from_megatron(gpus_per_node=cfg.gpus_per_node)
         shape = ModelShape(name="demo", layers=cfg.layers, hidden=cfg.hidden, q_heads=cfg.heads,
                            kv_heads=cfg.kv_heads, ffn=cfg.ffn, vocab=cfg.vocab)
-        cluster = Cluster(nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node, nics_per_node=cfg.gpus_per_node,
-                          gpu_nic=tuple(range(cfg.gpus_per_node)), nvlink_GBps=450.0, nic_Gbps=400.0,
-                          tokens_per_gpu=cfg.capacity, name="demo (H100 link figures)")
+        # NODESxGPUS: H100 link figures (one NIC per GPU up to 8 GPUs per node), the demo's rank capacity.
+        cluster = load_cluster(f"{cfg.nodes}x{cfg.gpus_per_node}", tokens_per_gpu=cfg.capacity)
         planner = Planner(cluster=cluster, cost=CostModel(model=shape, cluster=cluster))
         dataset = DocumentDataset(prefix=prefix, seq_length=cfg.seq_length)
         sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=cfg.tokens_per_step, seed=cfg.seed)
@@ -231,20 +228,22 @@ def _train(rank: int, cfg: DemoConfig, prefix: str, result_path: str) -> None:
                           f"CPU step {float(stats[1]):.2f} s | {detail}", flush=True)
 
         if cfg.compare_baseline:
-            _baseline(rank, cfg, group, dataset, steps, config, init_state, get_gpt_layer_local_spec(),
-                      build_gpt, causal_mask, per_token_loss, allreduce_grads)
+            _baseline(rank, cfg, group, dataset, steps, config, init_state)
         if rank == 0:
             Path(result_path).write_text(json.dumps(dict(config=asdict(cfg), steps=steps), indent=1))
 
 
 def _baseline(rank: int, cfg: DemoConfig, group: Any, dataset: Any, steps: list[dict[str, Any]], config: Any,
-              init_state: dict[str, Any], spec: Any, build_gpt: Any, causal_mask: Any, per_token_loss: Any,
-              allreduce_grads: Any) -> None:
+              init_state: dict[str, Any]) -> None:
     """The same steps as plain data parallelism: whole documents per rank, Megatron's own attention."""
     import torch
     import torch.distributed as dist
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    model = build_gpt(config, spec, vocab_size=cfg.vocab, max_sequence_length=cfg.seq_length)
+    from .cpu_support import allreduce_grads, build_gpt, causal_mask
+    from .loss import per_token_loss
+
+    model = build_gpt(config, get_gpt_layer_local_spec(), vocab_size=cfg.vocab, max_sequence_length=cfg.seq_length)
     model.load_state_dict(init_state, strict=False)
     optim = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     for rec in steps:
