@@ -85,8 +85,12 @@ class RingLayout:
         """Rank that receives position ``pos``'s K/V at every step (K/V move ``p -> p + 1``)."""
         return self.ranks[(pos + 1) % self.size]
 
+    def prev_position(self, pos: int) -> int:
+        """Position whose K/V (or dK/dV) ``pos`` receives at every step (``p - 1 -> p``)."""
+        return (pos - 1) % self.size
+
     def prev_rank(self, pos: int) -> int:
-        return self.ranks[(pos - 1) % self.size]
+        return self.ranks[self.prev_position(pos)]
 
     def source(self, pos: int, step: int) -> int:
         """Position whose K/V ``pos`` holds at ``step``."""
@@ -226,7 +230,7 @@ class RingRun:
         got = transfer.wait()
         if self.position is None:
             return None
-        prev = (self.position - 1) % self.layout.size
+        prev = self.layout.prev_position(self.position)
         n = self.layout.tokens(self.layout.source(prev, step))
         return got[prev].view(n, 2 * self.hkv, self.head_dim)
 
