@@ -135,14 +135,18 @@ def _timeline(res: Any, path: str, title: str) -> None:
     except ImportError:
         raise ValueError("--timeline needs matplotlib: pip install 'zeppelin_megatron[plot]'") from None
     world = len(res.finish_ms)
+    bars: dict[tuple[str, int], list[tuple[float, float]]] = {}  # (kind, rank) -> (start, duration), in event order
+    for e in res.events:
+        bars.setdefault((e.kind, e.rank), []).append((e.start, e.end - e.start))
     fig, ax = plt.subplots(figsize=(10, max(3.0, 0.12 * world + 1.5)))
     for kind, color in _COLORS.items():
-        bars = [(e.start, e.end - e.start) for e in res.events if e.kind == kind]
+        drawn = False
         for r in range(world):
-            mine = [(e.start, e.end - e.start) for e in res.events if e.kind == kind and e.rank == r]
+            mine = bars.get((kind, r))
             if mine:
                 ax.broken_barh(mine, (r - 0.4, 0.8), color=color)
-        if bars:
+                drawn = True
+        if drawn:
             ax.plot([], [], color=color, lw=6, label=kind + (" (wait)" if kind in ("ring", "group", "remap") else ""))
     ax.set_xlabel("ms within one layer (simulated)")
     ax.set_ylabel("rank")
