@@ -232,15 +232,14 @@ class ZeppelinParallel:
 
 
 def _is_single_prefix(value: Any) -> bool:
-    """``PREFIX`` or ``[PREFIX]`` or ``[WEIGHT, PREFIX]`` (what the data side's ``single_prefix`` accepts)."""
-    items = [value] if isinstance(value, str) else list(value)
-    if len(items) == 2:
-        try:
-            float(items[0])
-        except ValueError:
-            return False
-        return True
-    return len(items) == 1
+    """``PREFIX`` or ``[PREFIX]`` or ``[WEIGHT, PREFIX]``: whether the data side's ``single_prefix`` accepts it."""
+    from .data.indexed import DataError, single_prefix  # numpy only: no Megatron import
+
+    try:
+        single_prefix(value)
+    except DataError:
+        return False
+    return True
 
 
 def _flag(args: argparse.Namespace, name: str, default: Any = None) -> Any:
