@@ -174,6 +174,30 @@ def cached_program(plan: StepPlan, rank: int, router: Router, routed: bool) -> R
     return hit
 
 
+# plan -> {(rank, gpus_per_node, routed, device): (ring row tensors, local chunk (rows, batch))}
+_DEVICE: "weakref.WeakKeyDictionary[StepPlan, dict[tuple[int, int, bool, torch.device], Any]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _device_indices(
+    plan: StepPlan, program: RankProgram, key: tuple[int, int, bool, torch.device]
+) -> tuple[tuple[torch.Tensor, ...], tuple[tuple[torch.Tensor, VarlenBatch], ...]]:
+    """``program``'s row indices and local batches on ``key``'s device, built once per plan (not per layer)."""
+    per_plan = _DEVICE.setdefault(plan, {})
+    hit = per_plan.get(key)
+    if hit is None:
+        device = key[3]
+        rows = tuple(torch.tensor(t.rows, dtype=torch.long, device=device) for t in program.rings)
+        local = tuple(
+            (torch.tensor(c.rows, dtype=torch.long, device=device),
+             VarlenBatch(lens_q=c.lens, lens_k=c.lens, causal=True, device=device))
+            for c in program.local_chunks
+        )
+        hit = per_plan[key] = (rows, local)
+    return hit
+
+
 class AttentionEngine:
     """Executes a :class:`RankProgram` forward and backward with one kernel backend."""
 
@@ -195,19 +219,16 @@ class AttentionEngine:
         self.scale = scale
         self.stream = CommStream(device)
         self.router = Router(group, routes, stream=self.stream)
-        self.program = cached_program(plan, group.rank, self.router, bool(routes))
+        routed = bool(routes)
+        self.program = cached_program(plan, group.rank, self.router, routed)
         self.device = device
         self.runs = [
             RingRun(layout=t.layout, position=t.position, kernel=kernel, scale=scale, router=self.router,
                     hkv=hkv, head_dim=head_dim, dtype=dtype, device=device)
             for t in self.program.rings
         ]
-        self.rows = [torch.tensor(t.rows, dtype=torch.long, device=device) for t in self.program.rings]
-        self.local = [
-            (torch.tensor(c.rows, dtype=torch.long, device=device),
-             VarlenBatch(lens_q=c.lens, lens_k=c.lens, causal=True, device=device))
-            for c in self.program.local_chunks
-        ]
+        self.rows, self.local = _device_indices(
+            plan, self.program, (group.rank, group.gpus_per_node, routed, device))
         self.hkv = hkv
 
     def _filler(self, run_chunk: Callable[[int], None]) -> tuple[Callable[[], None], Callable[[], None]]:

@@ -41,6 +41,7 @@ with no compute, so every rank posts the same sequence of transfers.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable
@@ -185,6 +186,22 @@ class RingCache:
         return hit
 
 
+# layout -> {(position, device): RingCache}; a cache depends only on these, so every layer
+# of a step (one RingLayout object per ring, from the engine's memoised program) shares it.
+_CACHES: "weakref.WeakKeyDictionary[RingLayout, dict[tuple[int, torch.device], RingCache]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def ring_cache(layout: RingLayout, position: int, device: torch.device) -> RingCache:
+    """The :class:`RingCache` of ``(layout, position, device)``, built on first use."""
+    per_layout = _CACHES.setdefault(layout, {})
+    hit = per_layout.get((position, device))
+    if hit is None:
+        hit = per_layout[(position, device)] = RingCache(layout=layout, position=position, device=device)
+    return hit
+
+
 def merge_lse(
     out: torch.Tensor, lse: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,7 +233,7 @@ class RingRun:
     def cache(self) -> RingCache | None:
         if self.position is None:
             return None
-        return RingCache(layout=self.layout, position=self.position, device=self.device)
+        return ring_cache(self.layout, self.position, self.device)
 
     def start(self, step: int, payload: torch.Tensor | None, dtype: torch.dtype, tag: int) -> Any:
         """Post the hops of ``step`` (K/V or accumulators); ``payload`` is what this rank holds."""
