@@ -62,7 +62,9 @@ def split_megatron_lm(argv: list[str], env_value: str | None) -> tuple[str, list
 def main(argv: list[str]) -> None:
     megatron_lm, argv = split_megatron_lm(argv, os.environ.get("MEGATRON_LM"))
     sys.path.insert(0, megatron_lm)
-    if "--zeppelin" not in argv:
+    from zeppelin_megatron.megatron.arguments import zeppelin_requested  # no Megatron import
+
+    if not zeppelin_requested(argv):
         raise SystemExit("pretrain_gpt_zeppelin.py runs Zeppelin: add --zeppelin "
                          "(or run Megatron-LM's pretrain_gpt.py)")
 
