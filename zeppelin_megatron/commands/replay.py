@@ -84,26 +84,17 @@ Item = tuple[str, "StepPlan", str, str]  # (name, plan, attention_comm, note)
 
 def _plans(args: argparse.Namespace, cost: "CostModel", cluster: "Cluster") -> list[Item]:
     """(name, StepPlan, attention_comm, note) for each strategy of ``--strategies``."""
-    from ..planner import plan_step
+    from ..sim.strategies import plan_with  # part of the package; imports the planner only
     from .plan import read_lengths
 
     lengths = read_lengths(args.lengths)
     names = [n.strip() for n in args.strategies.split(",") if n.strip()]
     if not names:
         raise ValueError(f"--strategies: no names in {args.strategies!r}")
-    try:
-        from ..sim.strategies import plan_with
-    except ImportError:  # the simulator package is optional here: Zeppelin's own planner still works
-        plan_with = None
     out: list[Item] = []
     for name in names:
-        if plan_with is None:
-            if name != "zeppelin":
-                raise ValueError(f"strategy {name!r} needs zeppelin_megatron.sim.strategies, which is not importable")
-            out.append((name, plan_step(lengths, cluster, cost), "ring", ""))
-        else:
-            sp = plan_with(name, lengths, cluster, cost)
-            out.append((sp.name, sp.plan, sp.attention_comm, sp.note))
+        sp = plan_with(name, lengths, cluster, cost)
+        out.append((sp.name, sp.plan, sp.attention_comm, sp.note))
     return out
 
 
