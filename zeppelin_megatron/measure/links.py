@@ -19,15 +19,13 @@ model's per-link bandwidth means.
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from .timing import synchronize
+from .timing import time_ms
 
 __all__ = ["LinkResult", "measure_links"]
 
@@ -103,20 +101,11 @@ def _pair(src: int, dst: int, *, device: torch.device, nbytes: int, iters: int, 
             dist.recv(ack, src)
             dist.send(ack, src)
 
-    def timed(fn: Any, *args: int) -> list[float]:
-        for _ in range(warmup):
-            fn(*args)
-        out = []
-        for _ in range(repeats):
-            synchronize(device)
-            t0 = time.perf_counter()
-            fn(*args)
-            synchronize(device)
-            out.append(time.perf_counter() - t0)
-        return out
+    def median_s(fn: Callable[[], None]) -> float:
+        return time_ms(fn, device=device, warmup=warmup, repeats=repeats, wall=True).median / 1e3
 
-    bw_s = statistics.median(timed(stream, iters))
-    rtt_s = statistics.median(timed(ping))
+    bw_s = median_s(lambda: stream(iters))
+    rtt_s = median_s(ping)
     if me != src:
         return None
     return iters * buf.numel() * 4 / bw_s / 1e9, rtt_s / 2 * 1e6
@@ -134,6 +123,8 @@ def measure_links(
         raise ValueError(f"world size {world} is not a multiple of gpus_per_node = {gpus_per_node}")
     if nbytes < 4 or iters < 1:
         raise ValueError(f"need nbytes >= 4 and iters >= 1, got nbytes={nbytes}, iters={iters}")
+    if warmup < 0 or repeats < 1:  # checked on every rank: time_ms would raise on the pair's ranks only
+        raise ValueError(f"need warmup >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
     kw = dict(device=device, nbytes=nbytes, iters=iters, warmup=warmup, repeats=repeats)
     intra = inter = None
     if gpus_per_node >= 2:
