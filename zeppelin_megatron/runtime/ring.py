@@ -50,7 +50,7 @@ import torch
 
 from ..planner.zigzag import ring_source, zigzag_ranges
 from .kernels import AttentionKernel, VarlenBatch, acc_dtype
-from .router import Message, Router
+from .router import Message, Router, Schedule
 
 __all__ = ["RingLayout", "RingCache", "ring_forward", "ring_backward", "ZigzagRingAttention", "merge_lse"]
 
@@ -235,10 +235,22 @@ class RingRun:
             return None
         return ring_cache(self.layout, self.position, self.device)
 
+    @cached_property
+    def _schedules(self) -> dict[int, Schedule]:
+        return {}
+
+    def schedule(self, step: int) -> Schedule:
+        """The routed hops of ``step``; K/V and dK/dV hops have the same sizes, so forward and
+        backward share one build per step."""
+        hit = self._schedules.get(step)
+        if hit is None:
+            msgs = self.layout.messages(step, 2 * self.hkv * self.head_dim)
+            hit = self._schedules[step] = self.router.schedule(msgs, self.layout.ranks)
+        return hit
+
     def start(self, step: int, payload: torch.Tensor | None, dtype: torch.dtype, tag: int) -> Any:
         """Post the hops of ``step`` (K/V or accumulators); ``payload`` is what this rank holds."""
-        msgs = self.layout.messages(step, 2 * self.hkv * self.head_dim)
-        schedule = self.router.schedule(msgs, self.layout.ranks)
+        schedule = self.schedule(step)
         payloads = {self.position: payload.reshape(-1)} if self.position is not None else {}
         return self.router.start(schedule, payloads, dtype=dtype, device=self.device, tag_base=tag)
 
