@@ -135,6 +135,23 @@ def _check_one(rank: int, world: int, tp: int, pad_to: int, seed: int,
     allreduce_grads(model, group.pg)  # data-parallel sum (Megatron's DDP on GPUs)
     dist.all_reduce(loss, group=group.pg)
 
+    if pad_to == 1:
+        # Ranks holding different plans: caught by the first attention layer (the only one that checks),
+        # on every rank, instead of a hang in a later layer's transfers.
+        from zeppelin_megatron.runtime import PlanMismatchError
+
+        k = 0 if group.rank == 0 else 1
+        plan = plan_step(MICRO_STEPS[k], cost.cluster, cost)
+        b = rank_batch(plan, group.rank, docs[k], pad_to=1)
+        bind_step(model, ZeppelinStep(plan=plan, group=group, position_ids=b["position_ids"][0],
+                                      real_tokens=b["real"]))
+        try:
+            model(b["tokens"], b["position_ids"], None, labels=b["labels"])
+        except PlanMismatchError as exc:
+            assert "different step plans" in str(exc)
+        else:
+            raise AssertionError(f"rank {rank}: ranks with different plans were not detected")
+
     what = f"rank {rank} TP={tp} pad_to={pad_to}"
     assert abs(float(loss) - ref_loss) <= 1e-5 * abs(ref_loss), f"{what}: loss {float(loss)} vs {ref_loss}"
     for name, p in model.named_parameters():

@@ -66,3 +66,16 @@ def test_prepare_and_bind_see_through_wrappers() -> None:
         ZeppelinCoreAttention(tiny_gpt_config(attention_dropout=0.1), 1, AttnMaskType.causal, "self")
     with pytest.raises(ZeppelinConfigError, match="causal"):
         ZeppelinCoreAttention(config, 1, AttnMaskType.no_mask, "self")
+
+
+def test_only_the_first_attention_layer_checks_the_plan() -> None:
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from zeppelin_megatron.megatron.attention import ZeppelinCoreAttention
+    from zeppelin_megatron.megatron.cpu_support import tiny_gpt_config
+
+    config = tiny_gpt_config()
+    layers = torch.nn.Sequential(*(ZeppelinCoreAttention(config, i + 1, AttnMaskType.causal, "self") for i in range(3)))
+    prepare_model(layers)
+    bind_step(layers, object())  # type: ignore[arg-type]
+    assert [m.checks_plan for m in layers] == [True, False, False]

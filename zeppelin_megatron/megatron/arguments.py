@@ -73,7 +73,8 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-backend", type=str, default=None, choices=sorted(BACKENDS),
                    help="Attention kernel backend (default: the best usable one).")
     g.add_argument("--zeppelin-check-plan", action=argparse.BooleanOptionalAction, default=True,
-                   help="Check once per attention call that all ranks run the same plan (default: on).")
+                   help="Check that all ranks run the same plan (default: on): one small all-reduce in the first "
+                        "attention layer of every forward.")
     g.add_argument("--zeppelin-placements", type=str, default=",".join(PLACEMENTS),
                    help="Comma-separated placements the planner may use, 'local' plus any of intra_node, "
                         "inter_node (ablations: e.g. local,intra_node never spans nodes).")

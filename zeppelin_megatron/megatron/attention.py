@@ -90,6 +90,7 @@ class ZeppelinCoreAttention(MegatronModule):
         # scores back inside the softmax: the net scale is 1/sqrt(head_dim) either way.
         self.softmax_scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
         self.step: "ZeppelinStep | None" = None
+        self.checks_plan = True  # bind_step keeps it only on the model's first Zeppelin attention layer
 
     def forward(
         self,
@@ -123,7 +124,7 @@ class ZeppelinCoreAttention(MegatronModule):
             raise ValueError(f"query has {total} tokens, fewer than the bound step's real_tokens={t_r}")
         out = zeppelin_attention(
             query[:t_r], key[:t_r], value[:t_r], step.plan, step.group, self.softmax_scale,
-            backend=step.backend, routing=step.routing, check_plan=step.check_plan,
+            backend=step.backend, routing=step.routing, check_plan=step.check_plan and self.checks_plan,
         )  # [T_r, Hq, D]
         if total > t_r:
             out = torch.cat([out, out.new_zeros((total - t_r, *out.shape[1:]))])

@@ -165,7 +165,10 @@ def bind_step(model: Any, step: ZeppelinStep) -> None:
         binding: _Binding | None = getattr(chunk, "_zeppelin_binding", None)
         if binding is None:
             raise ZeppelinBindingError("call prepare_model(model) once before bind_step")
-        for att in binding.attention:
+        for i, att in enumerate(binding.attention):
             att.step = step
+            # Plan agreement needs one collective per micro-step, not one per layer: every rank runs the
+            # layers in the same order, so checking in the first one catches a divergence on all ranks.
+            att.checks_plan = i == 0
         for hook in binding.rotary:
             hook.step = step
