@@ -28,3 +28,13 @@ def test_chunks_cover_and_balance(g: int, extra: int) -> None:
 def test_too_short_to_split_names_values() -> None:
     with pytest.raises(ValueError, match="length 5 .* ring of 3"):
         chunk_bounds(5, 3)
+
+
+def test_position_ranges_merge_adjacent_chunks() -> None:
+    from zeppelin_megatron.planner.zigzag import position_ranges
+
+    assert position_ranges(3, 8, 2, 0) == [(3, 0, 2), (3, 6, 8)]
+    assert position_ranges(3, 8, 2, 1) == [(3, 2, 6)]
+    for length in (8, 9, 17):
+        held = sorted(t for p in range(4) for _, a, b in position_ranges(0, length, 4, p) for t in range(a, b))
+        assert held == list(range(length))

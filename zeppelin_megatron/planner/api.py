@@ -11,7 +11,7 @@ from .linear_layout import linear_layout
 from .partition import PartitionOptions, partition
 from .plan import PlanError, SequencePlan, StepPlan, derive_routing
 from .predict import predict
-from .zigzag import zigzag_ranges
+from .zigzag import position_ranges
 
 __all__ = ["plan_step", "check_lengths", "REMAP_CHOICES"]
 
@@ -96,13 +96,8 @@ def plan_step(
         if a.placement == "local":
             attention[a.ranks[0]].append((i, 0, s))
             continue
-        g = len(a.ranks)
         for p, r in enumerate(a.ranks):
-            (s0, e0), (s1, e1) = zigzag_ranges(s, g, p)
-            if e0 == s1:
-                attention[r].append((i, s0, e1))
-            else:
-                attention[r].extend([(i, s0, e0), (i, s1, e1)])
+            attention[r].extend(position_ranges(i, s, len(a.ranks), p))
     att = tuple(tuple(rs) for rs in attention)
     held = max(sum(e - s for _, s, e in rs) for rs in att)
     if held > cluster.tokens_per_gpu:  # the partitioner keeps every rank within capacity

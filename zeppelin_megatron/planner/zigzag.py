@@ -71,6 +71,17 @@ def zigzag_ranges(length: int, ring_size: int, position: int) -> tuple[tuple[int
     return chunk_range(length, ring_size, position), chunk_range(length, ring_size, 2 * ring_size - 1 - position)
 
 
+def position_ranges(seq: int, length: int, ring_size: int, position: int) -> list[tuple[int, int, int]]:
+    """``(seq, start, end)`` ranges of ring ``position``'s tokens of sequence ``seq``, as a layout lists them.
+
+    The two zigzag chunks, merged into one range when adjacent (the middle
+    position when the two chunks meet). Example: length 8 on a ring of 2:
+    position 0 -> ``[(seq, 0, 2), (seq, 6, 8)]``, position 1 -> ``[(seq, 2, 6)]``.
+    """
+    (s0, e0), (s1, e1) = zigzag_ranges(length, ring_size, position)
+    return [(seq, s0, e1)] if e0 == s1 else [(seq, s0, e0), (seq, s1, e1)]
+
+
 def zigzag_tokens(length: int, ring_size: int, position: int) -> int:
     """Number of tokens held by ring ``position``."""
     (a0, a1), (b0, b1) = zigzag_ranges(length, ring_size, position)

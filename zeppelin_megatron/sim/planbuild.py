@@ -29,7 +29,7 @@ from ..planner.cost_model import CostModel
 from ..planner.linear_layout import linear_layout
 from ..planner.plan import PlanError, SequencePlan, StepPlan, derive_routing
 from ..planner.predict import predict
-from ..planner.zigzag import zigzag_ranges
+from ..planner.zigzag import position_ranges
 
 __all__ = ["build_plan", "placement_of"]
 
@@ -80,11 +80,7 @@ def build_plan(
         for p, r in enumerate(ranks):
             if not 0 <= r < world:
                 raise PlanError(f"build_plan: sequence {i}: rank {r} is outside [0, {world})")
-            (s0, e0), (s1, e1) = zigzag_ranges(int(s), g, p)
-            if e0 == s1:
-                attention[r].append((i, s0, e1))
-            else:
-                attention[r].extend([(i, s0, e0), (i, s1, e1)])
+            attention[r].extend(position_ranges(i, int(s), g, p))
     att = tuple(tuple(rs) for rs in attention)
     lin = linear_layout(att, cluster) if remap else att
     plan = StepPlan(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, sequences=tuple(sequences),
