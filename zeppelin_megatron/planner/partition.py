@@ -29,9 +29,12 @@ greedy "largest first, least loaded first" (LPT) heuristics:
 3. Check and correct. Each result is scored by what it costs the step: the
    busiest GPU's attention time by the rule of :func:`~.predict.predict`
    (:func:`~.score.attention_times`: shared ring calls, ring waits filled by local
-   work, routed cross-node hops) plus the remap time its attention layout
+   work, routed cross-node hops) with the rings run in the engine's order
+   (:func:`~.score.scheduled_attention_times`: a ring starts when its last
+   member leaves its earlier rings) plus the remap time its attention layout
    forces (:func:`~.score.remap_time`; the linear modules' time is the same for every
-   plan). While the busiest GPU exceeds the mean by more than ``slack``,
+   plan). While the busiest GPU (:func:`~.score.attention_times`) exceeds the
+   mean by more than ``slack``,
    level 1 restarts its search from what level 2 made of each node (node load
    = ``G`` x its busiest GPU; a split sequence's cost = its ring's GPU-time)
    and level 2 runs again, up to :data:`CORRECTION_ROUNDS` times. Level 1's
@@ -40,8 +43,9 @@ greedy "largest first, least loaded first" (LPT) heuristics:
    whole is repeated without lends: evening out a lent GPU's time can pile
    short sequences' tokens on the node's other GPUs, and the remap that
    follows can cost more than the balance gained. The best score wins among
-   the results whose busiest GPU is within ``balance_target`` of the mean
-   (1.05); only when no result reaches it does the best score overall win.
+   the results whose busiest GPU (:func:`~.score.attention_times`) is within
+   ``balance_target`` of the mean (1.05); only when no result reaches it does
+   the best score overall win.
 
 Splitting is allowed on a link only where the sequence's compute-to-
 communication ratio (one off-diagonal ring step's kernel time over its
@@ -63,7 +67,7 @@ from .node_balance import NodeState, rebalance_nodes, ring_node_tokens
 from .plan import PlanError
 from .predict import ring_time
 from .routing import Route, plan_routing
-from .score import attention_times, node_remap, rank_tokens, remap_time
+from .score import attention_times, node_remap, rank_tokens, remap_time, scheduled_attention_times
 from .zigzag import zigzag_tokens
 
 __all__ = ["PartitionOptions", "Assignment", "partition", "attention_times", "remap_time"]  # scores re-exported
@@ -191,9 +195,11 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
     lends and then, if level 1 lent any sequence, without: level 1, level 2,
     and up to :data:`CORRECTION_ROUNDS` corrections (:func:`_correct`) while
     the busiest GPU exceeds the mean attention time by more than ``slack``.
-    Every result is scored by busiest-GPU attention time plus remap time; the
-    lowest score among results within ``balance_target`` wins (ties: the
-    earlier), or the lowest overall if none is within it. Lower thresholds, which span more
+    Every result is scored by busiest-GPU attention time with the rings in the
+    engine's order (:func:`~.score.scheduled_attention_times`) plus remap time;
+    the lowest score among results within ``balance_target`` (busiest GPU over
+    mean by :func:`~.score.attention_times`) wins (ties: the earlier), or the
+    lowest overall if none is within it. Lower thresholds, which span more
     sequences over nodes (batches dominated by a few huge sequences), are
     tried unless the best result so far is within ``slack``. A candidate that
     cannot fit the token capacity is skipped; if none fits, the first one's
@@ -229,7 +235,8 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
                 peak, mean = max(att), sum(att) / len(att)
                 within = peak <= mean * (1.0 + options.slack)
                 key = (peak > mean * options.balance_target,
-                       peak + remap_time(ctx, rank_tokens(ctx, assignments)))
+                       max(scheduled_attention_times(ctx, assignments))
+                       + remap_time(ctx, rank_tokens(ctx, assignments)))
                 if best is None or key[0] < best[0][0] or (key[0] == best[0][0] and key[1] < best[0][1] - 1e-9):
                     best = (key, assignments, within)
                 if within or rnd == CORRECTION_ROUNDS or not _correct(ctx, st, assignments, att, rank_in_order,

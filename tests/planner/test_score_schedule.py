@@ -1,0 +1,65 @@
+"""scheduled_attention_times: the partitioner's score with rings run in the engine's order."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeppelin_megatron.planner.partition import Assignment, PartitionOptions, _Ctx, attention_times
+from zeppelin_megatron.planner.score import scheduled_attention_times
+from zeppelin_megatron.planner.workloads import long_tailed_batch
+
+from .conftest import make_cost
+
+
+def _ctx(spec: str, lengths: list[int]) -> _Ctx:
+    return _Ctx(lengths, make_cost(spec, tokens_per_gpu=200_000), PartitionOptions())
+
+
+def test_disjoint_rings_score_as_predict_does() -> None:
+    lengths = [40_000, 30_000, 2_000, 1_000]
+    ctx = _ctx("1x8", lengths)
+    assignments = [Assignment("intra_node", (0, 1, 2, 3)), Assignment("intra_node", (4, 5)),
+                   Assignment("local", (6,)), Assignment("local", (4,))]
+    assert scheduled_attention_times(ctx, assignments) == pytest.approx(attention_times(ctx, assignments))
+
+
+def test_a_shared_member_delays_the_second_ring() -> None:
+    """Rings A = (0, 1) and B = (1, 2): B starts when rank 1 leaves A; rank 2 idles meanwhile,
+    and its local work fills that idle time before it adds any."""
+    lengths = [30_000, 30_000, 1_000]
+    ctx = _ctx("1x4", lengths)
+    a_total, a_own = ctx.ring_times((0, 1), (30_000,))
+    b_total, b_own = ctx.ring_times((1, 2), (30_000,))
+    assert a_total == pytest.approx(b_total)
+    assignments = [Assignment("intra_node", (0, 1)), Assignment("intra_node", (1, 2)), Assignment("local", (2,))]
+    got = scheduled_attention_times(ctx, assignments)
+    flat = attention_times(ctx, assignments)
+    # ring_order runs A first (lower ranks); rank 2 waits a_total for rank 1, which covers its
+    # 1k-token local sequence.
+    assert ctx.w[2] < a_total
+    assert got[0] == pytest.approx(a_total)
+    assert got[1] == pytest.approx(a_total + b_total)
+    assert got[2] == pytest.approx(a_total + b_total)
+    assert got[3] == 0.0
+    assert flat[2] == pytest.approx(b_total + max(0.0, max(ctx.w[2], ctx.cost.call_overhead_ms) - (b_total - b_own)))
+    assert got[2] > flat[2]
+
+
+def test_never_below_predict_and_equal_without_shared_ranks() -> None:
+    cost = make_cost("2x8")
+    from zeppelin_megatron.planner.partition import partition
+
+    for seed in range(6):
+        lengths = long_tailed_batch(1 << 19, seed)
+        ctx = _Ctx(lengths, cost, PartitionOptions())
+        assignments = partition(lengths, cost, PartitionOptions())
+        got, flat = scheduled_attention_times(ctx, assignments), attention_times(ctx, assignments)
+        rings_of = [set() for _ in got]
+        for a in assignments:
+            if a.placement != "local":
+                for r in a.ranks:
+                    rings_of[r].add(a.ranks)
+        for r, (x, y) in enumerate(zip(got, flat)):
+            assert x >= y - 1e-9
+        if all(len(s) <= 1 for s in rings_of):
+            assert got == pytest.approx(flat)
