@@ -63,3 +63,56 @@ def test_never_below_predict_and_equal_without_shared_ranks() -> None:
             assert x >= y - 1e-9
         if all(len(s) <= 1 for s in rings_of):
             assert got == pytest.approx(flat)
+
+
+def test_node_peak_is_the_scheduled_score_of_that_node() -> None:
+    """node_scheduled_peak on one node's sequences equals scheduled_attention_times' busiest GPU there."""
+    from zeppelin_megatron.planner.score import node_scheduled_peak
+
+    lengths = [40_000, 30_000, 20_000, 3_000, 2_000, 1_000]
+    ctx = _ctx("2x4", lengths)
+    assignments = [Assignment("intra_node", (0, 1, 2, 3)), Assignment("intra_node", (0, 1)),
+                   Assignment("intra_node", (4, 5, 6)), Assignment("local", (2,)), Assignment("local", (3,)),
+                   Assignment("local", (7,))]
+    full = scheduled_attention_times(ctx, assignments)
+    busy = [0.0] * 8
+    for node, ranks in ((0, [0, 1, 2, 3]), (1, [4, 5, 6, 7])):
+        placed = {i: a for i, a in enumerate(assignments) if a.ranks[0] in ranks}
+        assert node_scheduled_peak(ctx, placed, ranks, busy) == pytest.approx(max(full[r] for r in ranks))
+    # A node-spanning ring's time on a GPU delays that GPU's node rings.
+    placed = {i: a for i, a in enumerate(assignments) if a.ranks[0] < 4}
+    later = node_scheduled_peak(ctx, placed, [0, 1, 2, 3], [5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    assert later == pytest.approx(max(full[:4]) + 5.0)
+
+
+def test_shared_calls_make_the_whole_node_fill_cheaper() -> None:
+    """Two overhead-bound sequences on one ring pay the per-call overhead once per step."""
+    from zeppelin_megatron.planner.score import node_scheduled_peak
+
+    ctx = _ctx("1x8", [6_000, 6_000])
+    ranks = list(range(8))
+    shared = {0: Assignment("intra_node", tuple(ranks)), 1: Assignment("intra_node", tuple(ranks))}
+    one_total, _ = ctx.ring_times(tuple(ranks), (6_000,))
+    assert node_scheduled_peak(ctx, shared, ranks, [0.0] * 8) < 2 * one_total
+
+
+def test_level_two_results() -> None:
+    """_place_gpus gives one result, or two that differ; the first is the summed-time rule's."""
+    from zeppelin_megatron.planner.partition import _assign_nodes, _place_gpus
+
+    cost = make_cost("2x8")
+    seen_two = False
+    for seed in range(8):  # seeds 0 and 7 give two results
+        lengths = long_tailed_batch(1 << 19, seed)
+        ctx = _Ctx(lengths, cost, PartitionOptions())
+        order = sorted(range(len(lengths)), key=lambda i: (-ctx.w[i], -lengths[i], i))
+        st = _assign_nodes(ctx, order, ctx.limit, {i: k for k, i in enumerate(order)})
+        results = _place_gpus(ctx, st)
+        assert 1 <= len(results) <= 2
+        for res in results:
+            assert len(res) == len(lengths)
+            assert all(a.placement == "inter_node" for i, a in enumerate(res) if i in st.inter)
+        if len(results) == 2:
+            seen_two = True
+            assert results[0] != results[1]
+    assert seen_two

@@ -22,7 +22,8 @@ from .zigzag import zigzag_tokens
 if TYPE_CHECKING:
     from .partition import Assignment, _Ctx
 
-__all__ = ["attention_times", "scheduled_attention_times", "rank_tokens", "remap_time", "node_remap"]
+__all__ = ["attention_times", "scheduled_attention_times", "node_scheduled_peak", "rank_tokens", "remap_time",
+           "node_remap"]
 
 
 def attention_times(ctx: _Ctx, assignments: list[Assignment]) -> list[float]:
@@ -72,20 +73,49 @@ def scheduled_attention_times(ctx: _Ctx, assignments: list[Assignment]) -> list[
             local[a.ranks[0]] += ctx.w[i]
         else:
             groups.setdefault(a.ranks, []).append(i)
-    rings = [Ring(ranks, assignments[seqs[0]].placement, tuple(seqs)) for ranks, seqs in groups.items()]  # type: ignore[arg-type]
-    free = [0.0] * cl.world_size
-    idle = [0.0] * cl.world_size
+    out = _schedule(ctx, groups, dict(enumerate(local)), dict.fromkeys(range(cl.world_size), 0.0), assignments)
+    return [out[r] for r in range(cl.world_size)]
+
+
+def node_scheduled_peak(ctx: _Ctx, placed: dict[int, Assignment], ranks: Sequence[int],
+                        busy: Sequence[float]) -> float:
+    """Busiest GPU of one node under :func:`scheduled_attention_times` rules, for level 2's fills.
+
+    ``placed``: the node's node-local sequences (sequence -> assignment);
+    ``ranks``: the node's GPUs; ``busy[r]``: rank ``r``'s node-spanning ring
+    time (global rank index), counted as run before the node's own rings.
+    """
+    groups: dict[tuple[int, ...], list[int]] = {}
+    local = {r: 0.0 for r in ranks}
+    for i in sorted(placed):
+        a = placed[i]
+        if a.placement == "local":
+            local[a.ranks[0]] += ctx.w[i]
+        else:
+            groups.setdefault(a.ranks, []).append(i)
+    return max(_schedule(ctx, groups, local, {r: busy[r] for r in ranks}, placed).values())
+
+
+def _schedule(ctx: _Ctx, groups: dict[tuple[int, ...], list[int]], local: dict[int, float],
+              busy: dict[int, float], assignments: "Sequence[Assignment] | dict[int, Assignment]") -> dict[int, float]:
+    """Attention time of each rank of ``local``/``busy`` (same keys, every ring member among them):
+    rings ``groups`` (ranks -> sequences) in :func:`~.plan.ring_order` after ``busy``; local work
+    fills idle time (see :func:`scheduled_attention_times`)."""
+    rings = [Ring(ranks, assignments[seqs[0]].placement, tuple(seqs))  # type: ignore[arg-type]
+             for ranks, seqs in groups.items()]
+    free = dict(busy)
+    idle = dict.fromkeys(busy, 0.0)
     for ring in ring_order(rings, ctx.lengths):
         total, own = ctx.ring_times(ring.ranks, tuple(ctx.lengths[i] for i in ring.seqs))
         start = max(free[r] for r in ring.ranks)
         for r in ring.ranks:
             idle[r] += start - free[r] + total - own
             free[r] = start + total
-    o = cost.call_overhead_ms
-    out = []
-    for end, wait, loc in zip(free, idle, local):
-        loc = max(loc, o) if loc > 0 else 0.0
-        out.append(end + max(0.0, loc - wait))
+    o = ctx.cost.call_overhead_ms
+    out = {}
+    for r, end in free.items():
+        loc = max(local[r], o) if local[r] > 0 else 0.0
+        out[r] = end + max(0.0, loc - idle[r])
     return out
 
 
