@@ -14,7 +14,6 @@ from zeppelin_megatron.measure import format_comparison, format_replay, rank_wor
 from zeppelin_megatron.measure.replay import measure_ideal, plan_works
 from zeppelin_megatron.measure.attention import call_pairs
 from zeppelin_megatron.planner import CostModel, StepPlan, load_cluster, load_model, plan_step
-from zeppelin_megatron.planner.local_chunks import filling_rings
 from zeppelin_megatron.runtime.kernels import get_kernel
 from zeppelin_megatron.sim.planbuild import build_plan
 from zeppelin_megatron.sim.strategies import plan_with
@@ -43,22 +42,28 @@ def check_ring_work(plan: StepPlan, heads: int, kv_heads: int) -> None:
         work = rank_work(plan, r, q_heads=heads, kv_heads=kv_heads, device=CPU)
         rings = [ring for ring in plan.rings if r in ring.ranks]
         local = sorted(s.length for s in plan.sequences if s.placement == "local" and s.ranks == (r,))
-        fills = dict(zip(plan.rings, filling_rings([ring.ranks for ring in plan.rings])))
-        slots = sum(fills[ring] for ring in rings)  # filling rings: at most one per rank
-        assert slots <= 1
-        n_chunks = min(slots, len(local)) if slots else min(1, len(local))
+        ring_index = {ring.ranks: k for k, ring in enumerate(plan.rings)}
+        slots = {(x.ring, x.step): x.seqs for x in plan.local_slots if x.rank == r}
+        leftover = len(local) > sum(len(seqs) for seqs in slots.values())
+        n_chunks = len(slots) + leftover
         # one call per ring step of every ring the rank is in, plus one call per local chunk
         assert len(work.calls) == sum(len(ring.ranks) for ring in rings) + n_chunks
         chunks = [c for c in work.calls if c.kind == "local"]
-        assert len(chunks) == n_chunks and [c.step for c in chunks] == list(range(n_chunks))
+        assert len(chunks) == n_chunks and sorted(c.step for c in chunks) == list(range(n_chunks))
         assert sorted(n for c in chunks for n in c.batch.lens_q) == local  # whole sequences, each once
-        # the chunk follows step 0 of the rank's filling ring, or comes last (no filling ring)
+        # a slot's chunk follows its ring step's call; the leftover chunk comes last
+        placed = 0
         for i, c in enumerate(work.calls):
-            if c.kind == "local" and slots:
-                prev = work.calls[i - 1]
-                assert prev.kind == "ring_diag" and prev.step == 0 and fills[rings[prev.queue]], (r, i, prev)
-            elif c.kind == "local":
-                assert i == len(work.calls) - 1
+            if c.kind != "local":
+                continue
+            prev = work.calls[i - 1]
+            at = (ring_index[rings[prev.queue].ranks], prev.step) if prev.kind != "local" else None
+            if at in slots:
+                assert c.batch.lens_q == tuple(plan.sequences[j].length for j in slots[at]), (r, i)
+                placed += 1
+            else:
+                assert leftover and i == len(work.calls) - 1, (r, i, prev)
+        assert placed == len(slots)
         # diagonal steps + the local calls cover the rank's attention-layout tokens exactly once
         own = [c for c in work.calls if c.kind in ("ring_diag", "local")]
         assert sum(c.q_tokens for c in own) == plan.tokens(r, "attention") == work.attention_tokens

@@ -4,14 +4,18 @@ Plans mix long inter-node rings (random rank order, spanning >= 2 nodes),
 medium intra-node rings, and many short local sequences (a long-tailed length
 mix); ranks often sit in several rings; attention-layout ranges are shuffled
 and local sequences are sometimes cut into pieces, so the runtime cannot rely
-on any layout convention beyond what the plan states.
+on any layout convention beyond what the plan states. With ``local_slots``,
+about half of each rank's local sequences run in random ring steps of its rings
+(``StepPlan.local_slots``), the rest after the rings.
 """
 
 from __future__ import annotations
 
 import random
 
-from zeppelin_megatron.planner.plan import SequencePlan, StepPlan
+from dataclasses import replace
+
+from zeppelin_megatron.planner.plan import LocalSlot, SequencePlan, StepPlan
 from zeppelin_megatron.planner.routing import Route
 from zeppelin_megatron.planner.zigzag import zigzag_ranges
 
@@ -26,6 +30,7 @@ def random_plan(
     n_inter_rings: int = 2,
     routing: bool = True,
     max_len: int = 96,
+    local_slots: bool = True,
 ) -> StepPlan:
     rng = random.Random(seed)
     world = nodes * gpus_per_node
@@ -102,7 +107,7 @@ def random_plan(
                 extra = rng.sample(others, rng.randint(0, len(others))) if others else []
                 routes.append(Route(s.ranks, src, dst, (src % gpus_per_node, *extra)))
                 seen.add((s.ranks, src, dst))
-    return StepPlan(
+    plan = StepPlan(
         nodes=nodes,
         gpus_per_node=gpus_per_node,
         sequences=tuple(seqs),
@@ -110,6 +115,17 @@ def random_plan(
         linear_layout=tuple(tuple(r) for r in lin),
         routing=tuple(routes),
     )
+    if not local_slots:
+        return plan
+    steps = {r: [(k, j) for k, ring in enumerate(plan.rings) if r in ring.ranks for j in range(len(ring.ranks) - 1)]
+             for r in range(world)}
+    chosen: dict[tuple[int, int, int], list[int]] = {}
+    for i, s in enumerate(seqs):
+        r = s.ranks[0]
+        if s.placement == "local" and steps[r] and rng.random() < 0.5:
+            k, j = rng.choice(steps[r])
+            chosen.setdefault((r, k, j), []).append(i)
+    return replace(plan, local_slots=tuple(LocalSlot(r, k, j, tuple(v)) for (r, k, j), v in sorted(chosen.items())))
 
 
 def placements(plan: StepPlan) -> set[str]:

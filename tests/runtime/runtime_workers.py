@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -10,7 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from plan_factory import placements, random_plan
-from zeppelin_megatron.planner.plan import StepPlan
+from zeppelin_megatron.planner.plan import LocalSlot, StepPlan
 from zeppelin_megatron.planner.routing import Route
 from zeppelin_megatron.runtime import (
     PlanMismatchError,
@@ -207,43 +208,46 @@ def check_ring_function(group: ZeppelinGroup, ranks: tuple[int, ...], lengths: t
         assert err <= 1e-9, f"rank {group.rank}: ZigzagRingAttention {name} error {err:.3e}"
 
 
-def _interleave_expected(rings: Sequence[tuple[int, bool]], chunks: Sequence[tuple[int, ...]],
-                         backward: bool) -> list[object]:
-    """The engine's documented event order for rings ``(size, fills)``: chunk ``c`` runs in the
-    ``c``-th filling ring, after step 0's kernel (backward: and step 0's dK/dV post), before step
-    0's K/V wait; chunks without a slot run after the rings."""
+def _interleave_expected(rings: Sequence[tuple[int, tuple[tuple[int, int], ...]]],
+                         chunks: Sequence[tuple[int, ...]], backward: bool) -> list[object]:
+    """The engine's documented event order for rings ``(size, fills)``: chunk ``c`` of a fill
+    ``(j, c)`` runs after step ``j``'s kernel (backward: and step ``j``'s dK/dV post), before
+    step ``j``'s K/V wait; chunks in no fill run after the rings, in order."""
     ev: list[object] = []
-    todo = list(chunks)
+    placed = {c for _, fills in rings for _, c in fills}
     for g, fills in rings:
         for j in range(g):
             ev += ["post"] * (j < g - 1) + ["ring"]
             if backward:
                 ev += ["wait"] * (j > 0) + ["post"]
-            if j == 0 and fills and todo:
-                ev.append(todo.pop(0))
+            ev += [chunks[c] for step, c in fills if step == j]
             ev += ["wait"] * (j < g - 1)
         ev += ["wait"] * backward  # own dK/dV accumulator home
-    return ev + todo
+    return ev + [c for i, c in enumerate(chunks) if i not in placed]
 
 
 def check_local_interleaving(rank: int) -> None:
-    """Local chunks run inside ring steps (after the step's compute, before its wait); results are
-    bitwise those of one call over all local sequences."""
+    """Local chunks run in the plan's slots (after the step's compute, before its wait, at any
+    step), the rest after the rings; results are bitwise those of one call over all local sequences."""
     from zeppelin_megatron.planner import CostModel, ModelShape, load_cluster
     from zeppelin_megatron.runtime.engine import AttentionEngine
-    from zeppelin_megatron.runtime.kernels import VarlenBatch, get_kernel
+    from zeppelin_megatron.runtime.kernels import get_kernel
     from zeppelin_megatron.sim.planbuild import build_plan
 
     cpu = torch.device("cpu")
     cluster = load_cluster("2x2", tokens_per_gpu=256)
     cost = CostModel(model=ModelShape(layers=1, hidden=32, q_heads=4, kv_heads=2, ffn=64, head_dim=8),
                      cluster=cluster)
-    # Rings in queue order (3, 0), (3, 0, 2, 1), (0, 1); only (0, 1) fills (no member in a later ring).
-    # Rank 0: 4 local sequences, one chunk in (0, 1)'s step 0; rank 1: 1 local sequence, likewise;
-    # ranks 2, 3: no filling ring, their local sequence after the rings.
+    # Rings in queue order (3, 0), (3, 0, 2, 1), (0, 1). Slots: rank 0 runs sequence 5 (2 tokens) in
+    # ring 0 step 0 and sequences 3, 6 (9, 7) in ring 1 step 2, sequence 7 (3) after the rings;
+    # rank 1 sequence 4 (5) in ring 2 step 0; rank 2 sequence 8 (4) in ring 1 step 1; rank 3 has no
+    # slot: sequence 9 (6) after the rings.
     plan = build_plan([90, 61, 40, 9, 5, 2, 7, 3, 4, 6],
-                      [(3, 0, 2, 1), (3, 0), (0, 1), (0,), (1,), (0,), (0,), (0,), (2,), (3,)], cluster, cost)
+                      [(3, 0, 2, 1), (3, 0), (0, 1), (0,), (1,), (0,), (0,), (0,), (2,), (3,)], cluster, cost,
+                      local_slots=False)
     assert [r.ranks for r in plan.rings] == [(3, 0), (3, 0, 2, 1), (0, 1)]
+    plan = replace(plan, local_slots=(LocalSlot(0, 0, 0, (5,)), LocalSlot(0, 1, 2, (3, 6)), LocalSlot(1, 2, 0, (4,)),
+                                      LocalSlot(2, 1, 1, (8,))))
     group = ZeppelinGroup(process_group=None, gpus_per_node=2)
     ref_kernel = get_kernel("reference", cpu, torch.float64)
     log: list[object] = []
@@ -259,8 +263,8 @@ def check_local_interleaving(rank: int) -> None:
             log.append(batch)
             return ref_kernel.backward(dout, q, k, v, out, lse, batch, scale)
 
-    def engine() -> AttentionEngine:
-        e = AttentionEngine(plan, group, kernel=Recording(), scale=0.3, routes=(), hkv=2, head_dim=8,
+    def engine(p: StepPlan = plan) -> AttentionEngine:
+        e = AttentionEngine(p, group, kernel=Recording(), scale=0.3, routes=(), hkv=2, head_dim=8,
                             dtype=torch.float64, device=cpu)
         start = e.router.start
 
@@ -284,10 +288,10 @@ def check_local_interleaving(rank: int) -> None:
     eng = engine()
     prog = eng.program
     chunks = [c.lens for c in prog.local_chunks]
-    assert chunks == {0: [(9, 2, 7, 3)], 1: [(5,)], 2: [(4,)], 3: [(6,)]}[rank], (rank, chunks)
+    assert chunks == {0: [(2,), (9, 7), (3,)], 1: [(5,)], 2: [(4,)], 3: [(6,)]}[rank], (rank, chunks)
     rings = [(t.layout.size, t.fills) for t in prog.rings]
-    assert rings == {0: [(2, False), (4, False), (2, True)], 1: [(4, False), (2, True)], 2: [(4, False)],
-                     3: [(2, False), (4, False)]}[rank], (rank, rings)
+    assert rings == {0: [(2, ((0, 0),)), (4, ((2, 1),)), (2, ())], 1: [(4, ()), (2, ((0, 0),))],
+                     2: [(4, ((1, 0),))], 3: [(2, ()), (4, ())]}[rank], (rank, rings)
 
     def events() -> list[object]:
         locals_ = {id(b): b.lens_q for _, b in eng.local}
@@ -299,21 +303,19 @@ def check_local_interleaving(rank: int) -> None:
     fwd = events()
     grads = eng.backward(dout, q, k, v, saved)
     bwd = events()
-    if rank == 0:  # spelled out once: the chunk sits between (0, 1)'s step-0 kernel and step 0's wait
-        assert fwd == ["post", "ring", "wait", "ring",
-                       "post", "ring", "wait", "post", "ring", "wait", "post", "ring", "wait", "ring",
-                       "post", "ring", (9, 2, 7, 3), "wait", "ring"], fwd
-    if rank == 3:  # no filling ring: local after the rings
+    if rank == 0:  # spelled out once: each slot's call between its step's kernel and that step's wait
+        assert fwd == ["post", "ring", (2,), "wait", "ring",
+                       "post", "ring", "wait", "post", "ring", "wait", "post", "ring", (9, 7), "wait", "ring",
+                       "post", "ring", "wait", "ring", (3,)], fwd
+    if rank == 3:  # no slot: local after the rings
         assert fwd[-1] == (6,) and fwd.count((6,)) == 1, fwd
     assert fwd == _interleave_expected(rings, chunks, False), (rank, fwd)
     assert bwd == _interleave_expected(rings, chunks, True), (rank, bwd)
     dist.barrier()
 
     # Same engine with all local sequences as one call (the engine's former local queue): identical bits.
-    whole = engine()
-    rows = torch.tensor(prog.local_rows, dtype=torch.long)
-    whole.local = [(rows, VarlenBatch(lens_q=prog.local_lens, lens_k=prog.local_lens, causal=True, device=cpu))
-                   ] if prog.local_lens else []
+    whole = engine(replace(plan, local_slots=()))
+    assert [c.lens for c in whole.program.local_chunks] == ([prog.local_lens] if prog.local_lens else [])
     out1, saved1 = whole.forward(q, k, v)
     grads1 = whole.backward(dout, q, k, v, saved1)
     log.clear()

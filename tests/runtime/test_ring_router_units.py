@@ -95,36 +95,7 @@ def test_build_program_covers_the_attention_buffer() -> None:
             r.ranks for r in plan.rings if any(t.layout.ranks == r.ranks for t in prog.rings)]
 
 
-def test_split_local_is_a_deterministic_balanced_cover() -> None:
-    import random
-
-    from zeppelin_megatron.planner.local_chunks import filling_rings, split_local
-
-    assert split_local([10, 30, 20, 5], 2) == ((1,), (0, 2, 3))  # the module docstring's example
-    assert split_local([4, 4, 4], 5) == ((0,), (1,), (2,))        # never more chunks than sequences
-    assert split_local([7, 3], 0) == ((0, 1),)                    # no slot: one chunk after the rings
-    assert split_local([], 4) == ()
-    assert filling_rings([(0, 1), (2, 3), (1, 2)]) == (False, False, True)  # the docstring's example
-    assert filling_rings([(0, 1), (2, 3)]) == (True, True) and filling_rings([]) == ()
-    rng = random.Random(5)
-    for _ in range(200):
-        lens = [rng.randint(1, 500) for _ in range(rng.randint(1, 30))]
-        slots = rng.randint(0, 12)
-        chunks = split_local(lens, slots)
-        assert chunks == split_local(list(lens), slots)
-        assert len(chunks) == max(1, min(slots, len(lens)))
-        assert sorted(i for c in chunks for i in c) == list(range(len(lens)))
-        assert all(c and list(c) == sorted(c) for c in chunks)
-        work = [sum(lens[i] ** 2 for i in c) for c in chunks]
-        # greedy LPT: the heaviest chunk exceeds the mean by at most one sequence's work
-        assert max(work) <= sum(work) / len(work) + max(n * n for n in lens)
-    for bad, msg in (((([3, 0], 2)), "local sequence 1 has length 0"), ((([3], -1)), "slots must be >= 0")):
-        with pytest.raises(ValueError, match=msg):
-            split_local(*bad)
-
-
-def test_build_program_local_chunks_cover_the_local_rows() -> None:
-    from zeppelin_megatron.planner.local_chunks import filling_rings
+def test_build_program_local_chunks_follow_the_plans_slots() -> None:
     from zeppelin_megatron.runtime.router import Router
 
     class _R(Router):
@@ -132,19 +103,28 @@ def test_build_program_local_chunks_cover_the_local_rows() -> None:
             self.group = FakeGroup(size=plan.world_size, gpus_per_node=plan.gpus_per_node)
             self._routes = {(r.ring, r.src, r.dst): r for r in plan.routing}
 
-    seen_split = False
+    seen = {"slot": False, "later step": False, "leftover": False}
     for seed in (11, 12, 13):
         plan = random_plan(seed, 2, 4)
         for rank in range(plan.world_size):
             prog = build_program(plan, rank, _R(plan))
             assert sorted(r for c in prog.local_chunks for r in c.rows) == sorted(prog.local_rows)
             assert sorted(n for c in prog.local_chunks for n in c.lens) == sorted(prog.local_lens)
-            n = len(prog.local_lens)
-            fills = filling_rings([r.ranks for r in plan.rings])
-            member = [r for r in plan.rings if rank in r.ranks]
-            assert prog.slots == sum(f for r, f in zip(plan.rings, fills) if rank in r.ranks) <= 1, prog.slots
-            assert [t.fills for t in prog.rings if t.position is not None] == [
-                f for r, f in zip(plan.rings, fills) if r in member]
-            assert len(prog.local_chunks) == (min(prog.slots, n) if prog.slots else min(1, n))
-            seen_split |= prog.slots == 1 and n > 0
-    assert seen_split, "no rank had local sequences and a filling ring"
+            mine = sorted((x.ring, x.step, x.seqs) for x in plan.local_slots if x.rank == rank)
+            assert prog.slots == len(mine)
+            # chunk c < slots is the c-th slot in (ring, step) order, named by its ring's fills
+            member_rings = [k for k, ring in enumerate(plan.rings) if rank in ring.ranks]
+            fills = [(k, j, c) for k, t in zip(member_rings, [t for t in prog.rings if t.position is not None])
+                     for j, c in t.fills]
+            assert [(k, j) for k, j, _ in sorted(fills, key=lambda f: f[2])] == [(k, j) for k, j, _ in mine]
+            for c, (_, _, seqs) in enumerate(mine):
+                assert prog.local_chunks[c].lens == tuple(plan.sequences[i].length for i in seqs)
+            left = [s.length for i, s in enumerate(plan.sequences) if s.placement == "local" and s.ranks == (rank,)
+                    and all(i not in seqs for _, _, seqs in mine)]
+            assert len(prog.local_chunks) == len(mine) + bool(left)
+            if left:
+                assert list(prog.local_chunks[-1].lens) == left  # after the rings, plan order
+            seen["slot"] |= bool(mine)
+            seen["later step"] |= any(j > 0 for _, j, _ in mine)
+            seen["leftover"] |= bool(left)
+    assert all(seen.values()), seen

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import math
 
 import pytest
@@ -216,12 +218,15 @@ def test_agrees_with_the_planner_prediction_where_its_assumptions_hold() -> None
 
 def test_runtime_engine_runs_a_local_chunk_inside_each_ring_step() -> None:
     # 1 node x 2 GPUs: one ring (0, 1) (1 step with a transfer), one local sequence per rank,
-    # token-balanced so no remap. The runtime engine runs the local call after the ring's
-    # step-0 compute, before its wait: the transfer hides behind diag + local.
+    # token-balanced so no remap; the plan puts each rank's local sequence in the ring's step 0.
+    # The runtime engine runs the local call after the ring's step-0 compute, before its wait:
+    # the transfer hides behind diag + local.
+    from zeppelin_megatron.planner.plan import LocalSlot
     from zeppelin_megatron.sim.program import build_layer_program
     cl = _cluster(1, 2, 2, (0, 1))
     cost = _cost(cl)
-    plan = build_plan([16384, 3000, 3000], [(0, 1), (0,), (1,)], cl, cost)
+    plan = build_plan([16384, 3000, 3000], [(0, 1), (0,), (1,)], cl, cost, local_slots=False)
+    plan = replace(plan, local_slots=(LocalSlot(0, 0, 0, (1,)), LocalSlot(1, 0, 0, (2,))))
     assert not any(s.lin_rank != s.att_rank for s in plan.remap.segments)
     o = cost.call_overhead_ms
     diag, off = cost.ring_compute_profile(16384, 2)
@@ -242,25 +247,31 @@ def test_runtime_engine_runs_a_local_chunk_inside_each_ring_step() -> None:
         lin + max(max(diag, o) + max(cost.local_ms(3000), o), comm) + max(off, o))
 
 
-def test_runtime_engine_uses_the_runtime_chunks() -> None:
-    # Rank 0 in rings (0, 1) then (0, 1, 2) with 5 local sequences: only (0, 1, 2) fills (ranks 0
-    # and 1 go on to it after (0, 1)), so one chunk of all 5 runs at its step 0; rank 3 in no ring:
-    # its local sequence after the rings.
-    from zeppelin_megatron.planner.local_chunks import filling_rings, split_local
+def test_runtime_engine_runs_the_plans_local_slots() -> None:
+    # Rings (0, 1) then (0, 1, 2): rank 2 starts (0, 1, 2) while ranks 0, 1 are still in (0, 1),
+    # so it idles at step 0 of its ring; build_plan's schedule (planner.local_schedule) puts its
+    # local sequence that fits there, and the one too long for the gap too ((0, 1, 2) is the last
+    # ring: it fills). Rank 3, in no ring, runs its local sequence after the (absent) rings.
+    from zeppelin_megatron.planner.local_schedule import ring_timeline
+    from zeppelin_megatron.planner.plan import LocalSlot
     from zeppelin_megatron.sim.program import build_layer_program
     cl = _cluster(1, 4, 4, (0, 1, 2, 3))
     cost = _cost(cl)
-    local = [900, 3000, 2000, 500, 1200]
-    plan = build_plan([30000, 12000, *local, 9000], [(0, 1, 2), (0, 1)] + [(0,)] * 5 + [(3,)], cl, cost)
+    plan = build_plan([12000, 40000, 4000, 40000, 9000], [(0, 1, 2), (0, 1), (2,), (2,), (3,)], cl, cost)
     assert [r.ranks for r in plan.rings] == [(0, 1), (0, 1, 2)]
-    assert filling_rings([r.ranks for r in plan.rings]) == (False, True)
-    assert split_local(local, 1) == ((0, 1, 2, 3, 4),)
+    gaps, _ = ring_timeline(plan, cost)
+    gap = gaps[(2, 1, 0)]
+    assert cost.local_ms(4000) < gap < cost.local_ms(40000)
+    assert plan.local_slots == (LocalSlot(2, 1, 0, (2, 3)),)
     prog = build_layer_program(plan, cost)
-    ops = prog.ops[0]
-    assert [op.ms for op in ops if op.kind == "local"] == pytest.approx(
-        [max(sum(cost.local_ms(n) for n in local), cost.call_overhead_ms)])
-    seq = [(op.what, op.kind) for op in ops if op.kind not in ("linear", "remap") and op.what != "post"]
+    ops = [op for op in prog.ops[2] if op.kind not in ("linear", "remap") and op.what != "post"]
     a, loc, w = ("compute", "attention"), ("compute", "local"), ("wait", "ring")
-    assert seq == [a, w, a] + [a, loc, w, a, w, a], seq
+    assert [(op.what, op.kind) for op in ops] == [a, loc, w, a, w, a]
+    assert [op.ms for op in ops if op.kind == "local"] == pytest.approx([cost.local_ms(4000) + cost.local_ms(40000)])
     assert [(op.what, op.kind) for op in prog.ops[3] if op.kind not in ("linear", "remap")] == [loc]
     assert all(q == [] for q in prog.local_queue)  # nothing left for an end-of-attention queue
+    # without slots rank 2 idles, then runs both sequences after the rings: a longer layer
+    no_slot = build_layer_program(replace(plan, local_slots=()), cost)
+    assert [(op.what, op.kind) for op in no_slot.ops[2] if op.kind not in ("linear", "remap")
+            and op.what != "post"] == [a, w, a, w, a, loc]
+    assert simulate(plan, cost).layer_ms < simulate(replace(plan, local_slots=()), cost).layer_ms

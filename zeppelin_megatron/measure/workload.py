@@ -5,10 +5,10 @@ runtime itself: :func:`~zeppelin_megatron.runtime.engine.build_program` gives
 the rank's rings in queue order and its local sequences; for each ring the
 rank is a member of, step ``j`` calls the kernel on
 ``RingCache.batch(layout.source(pos, j))`` (the exact :class:`VarlenBatch` of
-:func:`~zeppelin_megatron.runtime.ring.ring_forward`), and after each step
-after step 0 of each ring with ``RingTask.fills`` the next of the rank's
-local chunks (``RankProgram.local_chunks``, one causal call each) fills step
-0's wait; chunks left over run after the rings. Ranks that only relay routed traffic
+:func:`~zeppelin_megatron.runtime.ring.ring_forward`), and after step ``j``
+the local chunks the ring's ``RingTask.fills`` put there
+(``RankProgram.local_chunks``, one causal call each; the plan's
+``local_slots``); chunks left over run after the rings. Ranks that only relay routed traffic
 compute nothing and fill no slots, so routes are ignored here.
 
 Worked example: a ring over ranks (4, 1) holding one sequence of 8 tokens
@@ -85,18 +85,20 @@ def rank_work(
     members = [t for t in program.rings if t.position is not None]
     local_queue = len(members)
     if attention_comm == "ring":
-        # Local chunk c (queue ``local_queue``, step c) after step 0 of the c-th filling ring.
+        # Local chunk c (queue ``local_queue``, step c) where its ring's fills put it, else at the end.
         chunks = [KernelCall(queue=local_queue, kind="local", step=c, batch=VarlenBatch(
                       lens_q=ch.lens, lens_k=ch.lens, causal=True, device=device), q_heads=q_heads, kv_heads=kv_heads)
                   for c, ch in enumerate(program.local_chunks)]
-        todo = iter(chunks)
+        placed: set[int] = set()
         for queue, task in enumerate(members):
             assert task.position is not None
             for call in _ring_calls(task.layout, task.position, queue, q_heads, kv_heads, device):
                 calls.append(call)
-                if call.step == 0 and task.fills:
-                    calls += [c for c in (next(todo, None),) if c is not None]
-        calls += list(todo)
+                for step, c in task.fills:
+                    if step == call.step:
+                        calls.append(chunks[c])
+                        placed.add(c)
+        calls += [ch for c, ch in enumerate(chunks) if c not in placed]
     else:
         for queue, task in enumerate(members):
             assert task.position is not None

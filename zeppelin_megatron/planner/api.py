@@ -8,6 +8,7 @@ from typing import Literal, Sequence
 from .cluster import Cluster
 from .cost_model import CostModel
 from .linear_layout import linear_layout
+from .local_schedule import with_local_slots
 from .partition import PartitionOptions, partition
 from .plan import PlanError, SequencePlan, StepPlan, derive_routing
 from .predict import predict
@@ -110,6 +111,7 @@ def plan_step(
     first = StepPlan(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, sequences=sequences,
                      attention_layout=att, linear_layout=lin)
     first = replace(first, routing=derive_routing(first, cost_model, enabled=routing), validate=False)
+    first = with_local_slots(first, cost_model)
     candidates = [first]
     if remap is not True and remap is not False:  # "auto"
         candidates.append(replace(first, linear_layout=att, validate=False))

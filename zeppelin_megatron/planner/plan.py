@@ -7,6 +7,8 @@ A plan says, for one global batch:
 * ``attention_layout[r]`` / ``linear_layout[r]``: rank ``r``'s tokens as
   ``(seq, start, end)`` ranges, concatenated in order;
 * ``routing``: proxy routes for cross-node ring hops;
+* ``local_slots``: where local sequences run among their rank's ring steps
+  (:class:`LocalSlot`; those named nowhere run after the rings);
 * ``predicted``: the cost model's step and per-rank times (may be absent).
 
 Derived on demand: :attr:`StepPlan.rings` (split sequences grouped by their
@@ -31,8 +33,8 @@ if TYPE_CHECKING:
     from .cost_model import CostModel
 
 __all__ = [
-    "PlanError", "SequencePlan", "Ring", "Prediction", "StepPlan", "derive_routing", "ring_order", "PLAN_SCHEMA",
-    "PLACEMENTS",
+    "PlanError", "SequencePlan", "Ring", "LocalSlot", "Prediction", "StepPlan", "derive_routing", "ring_order",
+    "PLAN_SCHEMA", "PLACEMENTS",
 ]
 
 PLAN_SCHEMA = "zeppelin-plan/1"
@@ -58,6 +60,24 @@ class Ring:
 
     ranks: tuple[int, ...]
     placement: Placement
+    seqs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LocalSlot:
+    """Local sequences ``seqs`` of ``rank`` run as one causal call inside ring ``ring``
+    (an index into :attr:`StepPlan.rings`), after the rank's step-``step`` kernel and
+    before that step's wait (``0 <= step <= g - 2``), so they overlap the step's transfer
+    or a late ring partner. The engine runs the call at the same place in backward.
+
+    Example: ``LocalSlot(rank=3, ring=1, step=0, seqs=(7, 9))``: rank 3, a member of
+    the second ring in queue order, runs sequences 7 and 9 right after that ring's
+    diagonal (step 0) kernel.
+    """
+
+    rank: int
+    ring: int
+    step: int
     seqs: tuple[int, ...]
 
 
@@ -100,6 +120,9 @@ class StepPlan:
     attention_layout: tuple[tuple[TokenRange, ...], ...]
     linear_layout: tuple[tuple[TokenRange, ...], ...]
     routing: tuple[Route, ...] = ()
+    local_slots: tuple[LocalSlot, ...] = ()
+    """Ring-step slots of local sequences (:class:`LocalSlot`); a local sequence in no slot runs
+    after its rank's rings, with the other such sequences of that rank, in one call."""
     predicted: Prediction | None = None
     validate: InitVar[bool] = True
     """``False`` skips the layout checks (only for plans built from a validated one)."""
@@ -109,6 +132,7 @@ class StepPlan:
             _validate(self)
         else:
             _check_routing(self)
+        _check_local_slots(self)
 
     # -- derived -----------------------------------------------------------
     @property
@@ -162,6 +186,9 @@ class StepPlan:
                 for r in self.routing
             ],
         }
+        if self.local_slots:  # absent when empty: plans without slots keep their JSON and digest
+            d["local_slots"] = [{"rank": x.rank, "ring": x.ring, "step": x.step, "seqs": list(x.seqs)}
+                                for x in self.local_slots]
         if self.predicted is not None:
             d["predicted"] = self.predicted.to_dict()
         return d
@@ -209,6 +236,7 @@ class StepPlan:
         predicted = None
         if doc.get("predicted") is not None:
             predicted = _prediction(doc["predicted"])
+        slots = _local_slots(doc)
         if "routing" in doc:
             routing = []
             for i, r in enumerate(_list(doc, "routing", "plan")):
@@ -218,9 +246,9 @@ class StepPlan:
                 routing.append(Route(tuple(_list(r, "ring", where)), _int(r, "src", where, 0),
                                      _int(r, "dst", where, 0), tuple(_list(r, "proxies", where))))
             return cls(nodes=nodes, gpus_per_node=gpus, sequences=tuple(sequences), attention_layout=att,
-                       linear_layout=lin, routing=tuple(routing), predicted=predicted)
+                       linear_layout=lin, routing=tuple(routing), local_slots=slots, predicted=predicted)
         plan = cls(nodes=nodes, gpus_per_node=gpus, sequences=tuple(sequences), attention_layout=att,
-                   linear_layout=lin, routing=(), predicted=predicted)
+                   linear_layout=lin, routing=(), local_slots=slots, predicted=predicted)
         if cost_model is not None:
             cluster = cost_model.cluster
         if cluster is None:
@@ -322,6 +350,20 @@ def _layout(doc: dict[str, Any], key: str) -> tuple[tuple[TokenRange, ...], ...]
                 raise PlanError(f"{key}[{r}][{k}] must be [seq, start, end] integers, got {item!r}")
             rs.append((item[0], item[1], item[2]))
         out.append(tuple(rs))
+    return tuple(out)
+
+
+def _local_slots(doc: dict[str, Any]) -> tuple[LocalSlot, ...]:
+    out = []
+    for k, x in enumerate(_list(doc, "local_slots", "plan") if "local_slots" in doc else []):
+        where = f"local_slots[{k}]"
+        if not isinstance(x, dict):
+            raise PlanError(f"{where}: expected an object")
+        seqs = _list(x, "seqs", where)
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in seqs):
+            raise PlanError(f"{where}.seqs must be integers, got {seqs!r}")
+        out.append(LocalSlot(_int(x, "rank", where, 0), _int(x, "ring", where, 0), _int(x, "step", where, 0),
+                             tuple(seqs)))
     return tuple(out)
 
 
@@ -447,6 +489,40 @@ def _check_cover(
             by_rank.setdefault(r, []).append((start, end))
         held.append({r: _merge(v) for r, v in by_rank.items()})
     return held
+
+
+def _check_local_slots(plan: StepPlan) -> None:
+    """Each slot names a ring step of one of its rank's rings and local sequences of that rank;
+    no sequence in two slots, no two slots at one ring step of a rank."""
+    if not plan.local_slots:
+        return
+    rings = plan.rings
+    seen: dict[int, int] = {}
+    places: set[tuple[int, int, int]] = set()
+    for k, x in enumerate(plan.local_slots):
+        where = f"local_slots[{k}] (rank {x.rank}, ring {x.ring}, step {x.step})"
+        if not 0 <= x.ring < len(rings):
+            raise PlanError(f"{where}: ring index {x.ring} is outside [0, {len(rings)})")
+        ranks = rings[x.ring].ranks
+        if x.rank not in ranks:
+            raise PlanError(f"{where}: rank {x.rank} is not a member of ring {list(ranks)}")
+        if not 0 <= x.step <= len(ranks) - 2:
+            raise PlanError(f"{where}: step must be in [0, {len(ranks) - 2}] for a ring of {len(ranks)}")
+        if (x.rank, x.ring, x.step) in places:
+            raise PlanError(f"{where}: a second slot at the same ring step of the same rank")
+        places.add((x.rank, x.ring, x.step))
+        if not x.seqs:
+            raise PlanError(f"{where}: no sequences")
+        for i in x.seqs:
+            if not 0 <= i < len(plan.sequences):
+                raise PlanError(f"{where}: sequence index {i} is outside [0, {len(plan.sequences)})")
+            s = plan.sequences[i]
+            if s.placement != "local" or s.ranks != (x.rank,):
+                raise PlanError(f"{where}: sequence {i} ({s.placement} on ranks {list(s.ranks)}) is not a local "
+                                f"sequence of rank {x.rank}")
+            if i in seen:
+                raise PlanError(f"{where}: sequence {i} is already in local_slots[{seen[i]}]")
+            seen[i] = k
 
 
 def _check_routing(plan: StepPlan) -> None:

@@ -5,19 +5,15 @@ Input/output are this rank's tokens in the plan's *attention layout*
 ``v`` [T_a, Hkv, D] -> ``out`` [T_a, Hq, D].
 
 Queues: the plan's rings in :attr:`StepPlan.rings` order, with the rank's
-local sequences placed in one ring wait. A ring *fills*
-(:func:`~zeppelin_megatron.planner.local_chunks.filling_rings`) when none of
-its members is in a later ring; the rank's local sequences, cut into one
-chunk per filling ring it is a member of
-(:func:`~zeppelin_megatron.planner.local_chunks.split_local`; filling rings
-share no rank, so that is one chunk), run as one causal varlen call in step 0
-of that ring, after the step-0 kernel and before step 0's wait, so the local
-kernel runs while step 0's K/V transfer is in flight
-(:func:`~zeppelin_megatron.runtime.ring.ring_forward`'s ``fill``). A rank with
-no filling ring runs them after the rings. Backward runs the chunk's backward
-at the same place of the backward ring walk. The chunk's ``(out, lse)`` is
-saved for backward, so results equal one call over all local sequences after
-the rings (the former order).
+local sequences where the plan's ``local_slots`` put them
+(:mod:`~zeppelin_megatron.planner.local_schedule`): each slot is one causal
+varlen call inside one of the rank's rings, after the step-``j`` kernel and
+before step ``j``'s wait, so it runs while that step's K/V transfer is in
+flight or a partner is late (:func:`~zeppelin_megatron.runtime.ring.ring_forward`'s
+``fill``). The rank's local sequences in no slot run as one call after the
+rings. Backward runs each chunk's backward at the same place of the backward
+ring walk. Each chunk's ``(out, lse)`` is saved for backward, so results equal
+one call over all local sequences after the rings.
 
 A rank takes part in a ring as a member (it holds zigzag chunks) or as a relay
 (it carries routed parts of a cross-node hop); relays run the ring's transfer
@@ -35,7 +31,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..planner.local_chunks import filling_rings, split_local
 from ..planner.plan import StepPlan
 from ..planner.routing import Route
 from .comm import CommStream
@@ -53,14 +48,15 @@ class RingTask:
 
     ``position``: ring position (None: relay only). ``rows``: attention-buffer
     rows of the rank's ring tokens in seq-major ring order (empty for relays).
-    ``fills``: a local chunk runs in its step 0 (a filling ring, and a member).
+    ``fills``: ``(step, local chunk index)`` pairs, by step: the chunks run in
+    this ring (members only).
     """
 
     layout: RingLayout
     placement: str
     position: int | None
     rows: tuple[int, ...]
-    fills: bool = False
+    fills: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,8 +81,9 @@ class RankProgram:
 
     ``local_rows``: attention-buffer rows of its local sequences, sequence after
     sequence (plan order); ``local_lens``: their lengths; ``local_chunks``:
-    the same sequences cut for the slots (chunk ``c`` runs in step 0 of the
-    ``c``-th ring with ``fills``; see :attr:`slots`);
+    the same sequences as the calls that run them: the plan's slots of this
+    rank in ring and step order (named by the rings' ``fills``), then, if any
+    local sequence is in no slot, one chunk of those run after the rings;
     ``tokens``: attention-layout tokens.
     """
 
@@ -99,8 +96,8 @@ class RankProgram:
 
     @property
     def slots(self) -> int:
-        """Filling rings this rank is a member of (one local chunk each, at step 0)."""
-        return sum(t.fills for t in self.rings)
+        """Local chunks that run inside a ring step (the rest, at most one, after the rings)."""
+        return sum(len(t.fills) for t in self.rings)
 
 
 def _pieces(plan: StepPlan, rank: int) -> dict[int, list[tuple[int, int, int]]]:
@@ -131,9 +128,24 @@ def _rows(pieces: list[tuple[int, int, int]], a: int, b: int) -> list[int]:
 
 def build_program(plan: StepPlan, rank: int, router: Router) -> RankProgram:
     pieces = _pieces(plan, rank)
+    mine = sorted((x.ring, x.step, x.seqs) for x in plan.local_slots if x.rank == rank)
+    per_seq: dict[int, list[int]] = {}
+    local_lens: list[int] = []
+    for s, seq in enumerate(plan.sequences):
+        if seq.placement == "local" and seq.ranks[0] == rank:
+            per_seq[s] = _rows(pieces[s], 0, seq.length)
+            local_lens.append(seq.length)
+    slotted = {i for _, _, seqs in mine for i in seqs}
+    groups = [seqs for _, _, seqs in mine] + [tuple(i for i in per_seq if i not in slotted)]
+    chunks = tuple(
+        LocalChunk(rows=tuple(r for i in idx for r in per_seq[i]),
+                   lens=tuple(plan.sequences[i].length for i in idx))
+        for idx in groups if idx)
+    fills: dict[int, list[tuple[int, int]]] = {}
+    for c, (k, j, _) in enumerate(mine):
+        fills.setdefault(k, []).append((j, c))
     rings = []
-    fills = filling_rings([ring.ranks for ring in plan.rings])
-    for ring, ring_fills in zip(plan.rings, fills):
+    for k, ring in enumerate(plan.rings):
         layout = RingLayout(ranks=ring.ranks, lengths=tuple(plan.sequences[s].length for s in ring.seqs))
         if rank not in router.participants(ring.ranks):
             continue
@@ -143,18 +155,8 @@ def build_program(plan: StepPlan, rank: int, router: Router) -> RankProgram:
             for s_idx, start, end in layout.token_ranges(pos):
                 rows += _rows(pieces[ring.seqs[s_idx]], start, end)
         rings.append(RingTask(layout=layout, placement=ring.placement, position=pos, rows=tuple(rows),
-                              fills=ring_fills and pos is not None))
-    per_seq: list[list[int]] = []
-    local_lens: list[int] = []
-    for s, seq in enumerate(plan.sequences):
-        if seq.placement == "local" and seq.ranks[0] == rank:
-            per_seq.append(_rows(pieces[s], 0, seq.length))
-            local_lens.append(seq.length)
-    slots = sum(t.fills for t in rings)
-    chunks = tuple(
-        LocalChunk(rows=tuple(r for i in idx for r in per_seq[i]), lens=tuple(local_lens[i] for i in idx))
-        for idx in split_local(local_lens, slots))
-    return RankProgram(rank=rank, rings=tuple(rings), local_rows=tuple(r for rows in per_seq for r in rows),
+                              fills=tuple(fills.get(k, ())) if pos is not None else ()))
+    return RankProgram(rank=rank, rings=tuple(rings), local_rows=tuple(r for rows in per_seq.values() for r in rows),
                        local_lens=tuple(local_lens), local_chunks=chunks, tokens=plan.tokens(rank, "attention"))
 
 
@@ -231,20 +233,33 @@ class AttentionEngine:
             plan, self.program, (group.rank, group.gpus_per_node, routed, device))
         self.hkv = hkv
 
-    def _filler(self, run_chunk: Callable[[int], None]) -> tuple[Callable[[], None], Callable[[], None]]:
-        """-> ``(fill, finish)``: ``fill`` runs the next local chunk (if any), ``finish`` the rest."""
-        todo = iter(range(len(self.local)))
+    def _filler(
+        self, run_chunk: Callable[[int], None]
+    ) -> tuple[Callable[[RingTask], Callable[[int], None] | None], Callable[[], None]]:
+        """-> ``(fill_for, finish)``: ``fill_for(task)`` is the ring's ``fill(j)`` (None when no chunk
+        runs in it), running the chunks the plan put at step ``j``; ``finish`` runs the chunks left."""
+        done: set[int] = set()
 
-        def fill() -> None:
-            c = next(todo, None)
-            if c is not None:
-                run_chunk(c)
+        def run(c: int) -> None:
+            done.add(c)
+            run_chunk(c)
+
+        def fill_for(task: RingTask) -> Callable[[int], None] | None:
+            if not task.fills:
+                return None
+
+            def fill(j: int) -> None:
+                for step, c in task.fills:
+                    if step == j and c not in done:
+                        run(c)
+            return fill
 
         def finish() -> None:
-            for c in todo:
-                run_chunk(c)
+            for c in range(len(self.local)):
+                if c not in done:
+                    run(c)
 
-        return fill, finish
+        return fill_for, finish
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -262,7 +277,7 @@ class AttentionEngine:
             out.index_copy_(0, rows, o)
             local[c] = (o, lse)
 
-        fill, finish = self._filler(run_chunk)
+        fill_for, finish = self._filler(run_chunk)
         for run, rows, task in zip(self.runs, self.rows, self.program.rings):
             if run.position is None:
                 ring_forward(run, None, None)
@@ -270,7 +285,7 @@ class AttentionEngine:
                 continue
             q_r = q.index_select(0, rows)
             kv_r = torch.cat([k.index_select(0, rows), v.index_select(0, rows)], dim=1)
-            res = ring_forward(run, q_r, kv_r, fill=fill if task.fills else None)
+            res = ring_forward(run, q_r, kv_r, fill=fill_for(task))
             assert res is not None
             out.index_copy_(0, rows, res[0])
             saved.append(res)
@@ -294,7 +309,7 @@ class AttentionEngine:
             dk.index_copy_(0, rows, dk_l)
             dv.index_copy_(0, rows, dv_l)
 
-        fill, finish = self._filler(run_chunk)
+        fill_for, finish = self._filler(run_chunk)
         for run, rows, res, task in zip(self.runs, self.rows, saved, self.program.rings):
             if run.position is None:
                 ring_backward(run, None, None, None, None, None)
@@ -302,7 +317,7 @@ class AttentionEngine:
             out_r, lse_r = res
             kv_r = torch.cat([k.index_select(0, rows), v.index_select(0, rows)], dim=1)
             grads = ring_backward(run, dout.index_select(0, rows), q.index_select(0, rows), kv_r, out_r, lse_r,
-                                  fill=fill if task.fills else None)
+                                  fill=fill_for(task))
             assert grads is not None
             dq.index_copy_(0, rows, grads[0])
             dk.index_copy_(0, rows, grads[1][:, :hkv])

@@ -31,10 +31,11 @@ local; each position's dK/dV accumulator travels one hop behind its K/V,
 collecting every position's contribution, and arrives home after ``g`` hops.
 
 Transfers of step ``j`` are posted before step ``j``'s compute and waited on
-after it. An optional ``fill`` callback runs in between at step 0 (backward:
-after step 0's dK/dV accumulator is posted too), while step 0's K/V transfer
-is in flight: the engine runs independent local work there, so it overlaps
-the transfer. ``fill`` computes only; it never communicates.
+after it. An optional ``fill(j)`` callback runs in between at every step
+``j < g - 1`` (backward: after step ``j``'s dK/dV accumulator is posted too),
+while step ``j``'s K/V transfer is in flight: the engine runs the local work
+the plan put at that step (``StepPlan.local_slots``), so it overlaps the
+transfer or a late partner. ``fill`` computes only; it never communicates.
 Ranks that only relay routed traffic for a ring (proxies) run the same loop
 with no compute, so every rank posts the same sequence of transfers.
 """
@@ -265,12 +266,12 @@ class RingRun:
 
 
 def ring_forward(
-    run: RingRun, q: torch.Tensor | None, kv: torch.Tensor | None, *, fill: Callable[[], None] | None = None
+    run: RingRun, q: torch.Tensor | None, kv: torch.Tensor | None, *, fill: Callable[[int], None] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Forward over the ring. ``q`` [n_i, Hq, D], ``kv`` [n_i, 2*Hkv, D] seq-major.
 
     -> ``(out [n_i, Hq, D] q.dtype, lse [n_i, Hq] accumulation dtype)``; None for a relay.
-    ``fill``: called once, after step 0's compute, before step 0's wait.
+    ``fill(j)``: called at each step ``j < g - 1``, after its compute, before its wait.
     """
     g, i, hkv = run.layout.size, run.position, run.hkv
     cache = run.cache
@@ -297,8 +298,8 @@ def ring_forward(
                 out_acc.index_copy_(0, late, o_m)
                 lse_acc.index_copy_(0, late, l_m)
         if pending is not None:
-            if fill is not None and j == 0:
-                fill()
+            if fill is not None:
+                fill(j)
             kv = run.received(pending, j)
     if i is None:
         return None
@@ -313,12 +314,12 @@ def ring_backward(
     out: torch.Tensor | None,
     lse: torch.Tensor | None,
     *,
-    fill: Callable[[], None] | None = None,
+    fill: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Backward over the ring. -> ``(dq [n_i, Hq, D], dkv [n_i, 2*Hkv, D])`` in q's dtype; None for a relay.
 
-    ``fill``: called once, after step 0's compute and accumulator post, before
-    step 0's K/V wait.
+    ``fill(j)``: called at each step ``j < g - 1``, after its compute and
+    accumulator post, before its K/V wait.
     """
     g, i, hkv = run.layout.size, run.position, run.hkv
     cache = run.cache
@@ -367,8 +368,8 @@ def ring_backward(
                 acc.index_add_(0, rows, d)
         acc_pending = run.start(j, acc, acc_t, ACC_TAG)
         if kv_pending is not None:
-            if fill is not None and j == 0:
-                fill()
+            if fill is not None:
+                fill(j)
             kv = run.received(kv_pending, j)
     home = run.received(acc_pending, g - 1)  # own accumulator, back after g hops
     if i is None:

@@ -12,7 +12,11 @@ simulator (and, for ring plans, the runtime) executes:
 * linear layout: the attention layout (``remap=False``, what the baselines do:
   their linear modules run on the tokens the attention holds) or the planner's
   token-balanced layout (``remap=True``);
-* routing: none, or the planner's cost-model routes (``routing=True``).
+* routing: none, or the planner's cost-model routes (``routing=True``);
+* local slots: where each rank's local sequences run among its ring steps,
+  as the planner schedules them (:func:`~zeppelin_megatron.planner.local_schedule.schedule_local`),
+  so ring baselines get the runtime engine's overlap too (``local_slots=False``:
+  every local sequence after the rings).
 
 Worked example, 1 node x 2 GPUs, lengths ``[10, 3]``, groups ``[(0, 1), (1,)]``:
 sequence 0 is ``intra_node`` over ranks 0, 1 (chunks ``[0,3)+[8,10)`` on rank 0,
@@ -27,6 +31,7 @@ from typing import Sequence
 from ..planner.cluster import Cluster
 from ..planner.cost_model import CostModel
 from ..planner.linear_layout import linear_layout
+from ..planner.local_schedule import with_local_slots
 from ..planner.plan import PlanError, SequencePlan, StepPlan, derive_routing
 from ..planner.predict import predict
 from ..planner.zigzag import position_ranges
@@ -49,6 +54,7 @@ def build_plan(
     *,
     remap: bool = False,
     routing: bool = False,
+    local_slots: bool = True,
     with_prediction: bool = True,
 ) -> StepPlan:
     """A validated plan holding sequence ``i`` on ``groups[i]`` (see module docstring).
@@ -87,6 +93,8 @@ def build_plan(
                     attention_layout=att, linear_layout=lin)
     if routing:
         plan = replace(plan, routing=derive_routing(plan, cost, enabled=True), validate=False)
+    if local_slots:
+        plan = with_local_slots(plan, cost)
     if with_prediction:
         plan = replace(plan, predicted=predict(plan, cost), validate=False)
     return plan

@@ -16,13 +16,11 @@ bytes). Per rank, in this order (the runtime engine's order,
      position sends ``3 * sum ring_step_bytes`` to the next, over NVLink or a
      NIC, or split over proxies when routed), compute the step's block
      (``sum diag`` at step 0, ``sum off`` after; at least the call overhead),
-     then (``interleave_local``, the runtime engine; step 0 of a *filling*
-     ring, one none of whose members is in a later ring) the rank's next
-     local chunk, one call of ``max(sum local_ms, call overhead)``, then wait
-     for the transfer (none after the last step). Chunks are the runtime's:
-     :func:`~zeppelin_megatron.planner.local_chunks.split_local` over the
-     rank's local sequences (plan order), one per filling ring the rank is a
-     member of; a rank with none runs its local sequences as one call after
+     then (``interleave_local``, the runtime engine) the local sequences the
+     plan's ``local_slots`` put at this rank's step ``j`` of this ring
+     (:mod:`~zeppelin_megatron.planner.local_schedule`), one call of
+     ``max(sum local_ms, call overhead)``, then wait for the transfer (none
+     after the last step). The rank's other local sequences run as one call after
      the groups. Proxy
      ranks of routed hops walk the ring's transfers as relays (post, wait)
      without compute.
@@ -58,7 +56,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..planner.cost_model import CostModel
-from ..planner.local_chunks import filling_rings, split_local
 from ..planner.plan import Ring, StepPlan
 from ..planner.routing import split_counts
 from ..planner.zigzag import zigzag_tokens
@@ -182,9 +179,9 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
     """Per-rank op lists and the transfers they name (see module docstring).
 
     ``routing=False`` ignores the plan's routes (every hop direct).
-    ``interleave_local``: local chunks fill ring steps as the runtime engine
-    runs them (``True``), or every local sequence goes to the end-of-attention
-    queue (``False``; what the ``fill`` engine draws from).
+    ``interleave_local``: local sequences run in the plan's ``local_slots`` as
+    the runtime engine runs them (``True``), or every local sequence goes to the
+    end-of-attention queue (``False``; what the ``fill`` engine draws from).
     """
     world = plan.world_size
     o = cost.call_overhead_ms
@@ -223,22 +220,17 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
             for p in route.proxies[1:]:
                 relays[route.ring].add(cl.rank_of(cl.node_of(route.src), p))
                 relays[route.ring].add(cl.rank_of(cl.node_of(route.dst), p))
-    # Local sequences per rank in plan order; with interleave_local, the runtime's chunks of them.
+    # Local sequences per rank in plan order; with interleave_local, the plan's slots get theirs.
     local_lens: list[list[int]] = [[] for _ in range(world)]
-    for s in plan.sequences:
-        if s.placement == "local":
+    slotted: dict[tuple[int, int, int], float] = {}
+    in_slot: set[int] = set()
+    if interleave_local and attention_comm == "ring":
+        for x in plan.local_slots:
+            slotted[(x.rank, x.ring, x.step)] = max(sum(cost.local_ms(plan.sequences[i].length) for i in x.seqs), o)
+            in_slot.update(x.seqs)
+    for i, s in enumerate(plan.sequences):
+        if s.placement == "local" and i not in in_slot:
             local_lens[s.ranks[0]].append(s.length)
-    chunk_ms: list[list[float]] = [[] for _ in range(world)]
-    fills = filling_rings([ring.ranks for ring in plan.rings]) if attention_comm == "ring" else ()
-    if interleave_local:
-        slots = [0] * world
-        for ring, ring_fills in zip(plan.rings, fills):
-            for r in ring.ranks:
-                slots[r] += ring_fills
-        for r in range(world):
-            chunk_ms[r] = [max(sum(cost.local_ms(local_lens[r][i]) for i in idx), o)
-                           for idx in split_local(local_lens[r], slots[r])]
-    next_chunk = [0] * world
     for k, ring in enumerate(plan.rings):
         g = len(ring.ranks)
         lengths = [plan.sequences[i].length for i in ring.seqs]
@@ -256,10 +248,9 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
                     if r in members:
                         ops[r].append(Op("compute", max(diag if j == 0 else off, o), "attention",
                                          label=f"{label} step {j}"))
-                        if j == 0 and fills[k] and next_chunk[r] < len(chunk_ms[r]):
-                            ops[r].append(Op("compute", chunk_ms[r][next_chunk[r]], "local",
-                                             label=f"local chunk {next_chunk[r]} (in {label} step {j})"))
-                            next_chunk[r] += 1
+                        if (r, k, j) in slotted:
+                            ops[r].append(Op("compute", slotted[(r, k, j)], "local",
+                                             label=f"local slot (in {label} step {j})"))
                     if j < g - 1:
                         ops[r].append(Op("wait", key=keys[j], kind="ring", label=f"{label} step {j}"))
         elif attention_comm == "ulysses":
@@ -303,8 +294,9 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
     queue: list[list[float]] = [[] for _ in range(world)]
     for r in range(world):
         if interleave_local:
-            for c in range(next_chunk[r], len(chunk_ms[r])):
-                ops[r].append(Op("compute", chunk_ms[r][c], "local", label=f"local chunk {c}"))
+            if local_lens[r]:
+                ops[r].append(Op("compute", max(sum(cost.local_ms(n) for n in local_lens[r]), o), "local",
+                                 label="local sequences after the rings"))
             continue
         queue[r] = sorted((cost.local_ms(n) for n in local_lens[r]), reverse=True)
         if queue[r]:

@@ -1,0 +1,164 @@
+"""Local slots: the estimated ring timeline, the packing of local sequences into its gaps, and the
+``local_slots`` field of a plan (validation, JSON)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from zeppelin_megatron.planner import CostModel, PlanError, StepPlan, load_cluster, load_model, plan_step
+from zeppelin_megatron.planner.local_schedule import filling_rings, ring_timeline, schedule_local
+from zeppelin_megatron.planner.plan import LocalSlot
+from zeppelin_megatron.planner.workloads import long_tailed_batch
+from zeppelin_megatron.sim.planbuild import build_plan
+
+
+@pytest.fixture(scope="module")
+def node4() -> tuple[object, CostModel]:
+    cl = load_cluster("1x4")
+    return cl, CostModel(model=load_model(None), cluster=cl)
+
+
+def test_timeline_matches_a_hand_computed_convoy(node4: tuple[object, CostModel]) -> None:
+    # Rings in queue order A = (0, 1) (one 40k sequence) then B = (1, 2) (one 12k sequence).
+    # A: both post step 0 at 0; step 0 lasts max(diag, o) or the transfer, whichever is longer;
+    # then the last step (off). Rank 1 reaches B at A's end T_A; rank 2 posted B at 0, ran its
+    # diagonal and waits for rank 1's hop: gap = T_A + comm_B - c_B.
+    cl, cost = node4
+    plan = build_plan([40000, 12000, 3000], [(0, 1), (1, 2), (2,)], cl, cost, local_slots=False)
+    assert [r.ranks for r in plan.rings] == [(0, 1), (1, 2)]
+    o = cost.call_overhead_ms
+    d_a, f_a = cost.ring_compute_profile(40000, 2)
+    d_b, f_b = cost.ring_compute_profile(12000, 2)
+    comm_a = cost.nvlink_ms(3 * cost.ring_step_bytes(40000, 2))
+    comm_b = cost.nvlink_ms(3 * cost.ring_step_bytes(12000, 2))
+    t_a = max(max(d_a, o), comm_a) + max(f_a, o)
+    gaps, free = ring_timeline(plan, cost)
+    assert gaps[(0, 0, 0)] == pytest.approx(max(0.0, comm_a - max(d_a, o)))
+    assert gaps[(2, 1, 0)] == pytest.approx(t_a + comm_b - max(d_b, o))
+    assert gaps[(1, 1, 0)] == pytest.approx(max(0.0, comm_b - max(d_b, o)))
+    assert free[0] == pytest.approx(t_a)
+    assert free[1] == pytest.approx(t_a + max(max(d_b, o), comm_b) + max(f_b, o))
+    assert free[2] == pytest.approx(t_a + comm_b + max(f_b, o))  # its kernel ended long before the data came
+    assert free[3] == 0.0
+    # the 3k local sequence of rank 2 fits its gap: one slot at B's step 0
+    assert cost.local_ms(3000) < gaps[(2, 1, 0)]
+    assert schedule_local(plan, cost) == (LocalSlot(2, 1, 0, (2,)),)
+
+
+def test_sequences_that_fit_no_gap_overflow_into_the_filling_ring_or_run_after() -> None:
+    # Rings A = (0, 1), B = (1, 2), C = (2, 3) in queue order (C starts early: its members are
+    # free at 0; then A, then B behind both). B fills (no member in a later ring); A and C do not.
+    # Rank 2's 60k sequence fits no gap: it goes to B's step 0 with what fits there. Rank 0's
+    # long local sequence fits no gap and rank 0 has no filling ring: after its rings.
+    cl = load_cluster("1x4")
+    cost = CostModel(model=load_model(None), cluster=cl)
+    plan = build_plan([40000, 12000, 30000, 3000, 60000, 50000], [(0, 1), (1, 2), (2, 3), (2,), (2,), (0,)], cl,
+                      cost, local_slots=False)
+    rings = [r.ranks for r in plan.rings]
+    assert rings == [(0, 1), (2, 3), (1, 2)]
+    assert filling_rings(rings) == (False, False, True)
+    gaps = ring_timeline(plan, cost)[0]
+    assert cost.local_ms(60000) > max(g for (r, _, _), g in gaps.items() if r == 2)
+    assert cost.local_ms(50000) > max(g for (r, _, _), g in gaps.items() if r == 0)
+    slots = schedule_local(plan, cost)
+    assert [x for x in slots if x.rank == 0] == []  # sequence 5 after the rings
+    assert [(x.ring, x.step) for x in slots if 4 in x.seqs] == [(2, 0)]
+
+
+def test_filling_rings() -> None:
+    assert filling_rings([(0, 1), (2, 3), (1, 2)]) == (False, False, True)  # the docstring's example
+    assert filling_rings([(0, 1), (2, 3)]) == (True, True) and filling_rings([]) == ()
+
+
+def test_best_fit_largest_first_and_the_call_overhead(node4: tuple[object, CostModel]) -> None:
+    # Several small local sequences on rank 2: every slot's call fits its gap, calls cost at least
+    # the overhead, and the packing is deterministic.
+    cl, cost = node4
+    local = [2000, 1500, 900, 700, 500, 300]
+    plan = build_plan([40000, 12000, *local], [(0, 1), (1, 2)] + [(2,)] * len(local), cl, cost, local_slots=False)
+    gaps = ring_timeline(plan, cost)[0]
+    slots = schedule_local(plan, cost)
+    assert slots == schedule_local(plan, cost)
+    assert slots, "rank 2 has a gap of a whole ring of rank 1"
+    for x in slots:
+        ms = max(sum(cost.local_ms(plan.sequences[i].length) for i in x.seqs), cost.call_overhead_ms)
+        assert ms <= gaps[(x.rank, x.ring, x.step)] + 1e-9
+    placed = sorted(i for x in slots for i in x.seqs)
+    assert placed[0] == 2  # the largest local sequence fits, so it goes first
+
+
+def test_planner_slots_are_valid_fit_their_gaps_and_are_deterministic() -> None:
+    cl = load_cluster("4x8")
+    cost = CostModel(model=load_model(None), cluster=cl)
+    for seed in range(4):
+        lengths = long_tailed_batch(1 << 20, seed=seed)
+        plan = plan_step(lengths, cl, cost)
+        assert plan.local_slots == plan_step(lengths, cl, cost).local_slots
+        gaps = ring_timeline(plan, cost)[0]
+        fills = filling_rings([r.ranks for r in plan.rings])
+        seen: set[int] = set()
+        for x in plan.local_slots:
+            ms = max(sum(cost.local_ms(plan.sequences[i].length) for i in x.seqs), cost.call_overhead_ms)
+            assert ms <= gaps[(x.rank, x.ring, x.step)] + 1e-9 or (fills[x.ring] and x.step == 0)
+            assert not seen & set(x.seqs)
+            seen |= set(x.seqs)
+        assert StepPlan.from_json(plan.to_json()).local_slots == plan.local_slots
+
+
+def _plan_with_rings() -> StepPlan:
+    cl = load_cluster("1x4")
+    cost = CostModel(model=load_model(None), cluster=cl)
+    return build_plan([4000, 3000, 100, 200, 300], [(0, 1, 2), (1, 2), (0,), (2,), (3,)], cl, cost,
+                      local_slots=False)
+
+
+def test_local_slots_round_trip_and_keep_old_documents_unchanged() -> None:
+    plan = _plan_with_rings()
+    assert "local_slots" not in plan.to_dict()  # no slots: the document (and digest) as before
+    slotted = replace(plan, local_slots=(LocalSlot(0, 0, 1, (2,)), LocalSlot(2, 1, 0, (3,))))
+    back = StepPlan.from_json(slotted.to_json())
+    assert back.local_slots == slotted.local_slots and back.digest() == slotted.digest() != plan.digest()
+
+
+@pytest.mark.parametrize("slot, msg", [
+    (LocalSlot(0, 5, 0, (2,)), r"ring index 5 is outside \[0, 2\)"),
+    (LocalSlot(3, 0, 0, (4,)), r"rank 3 is not a member of ring \[0, 1, 2\]"),
+    (LocalSlot(0, 0, 2, (2,)), r"step must be in \[0, 1\] for a ring of 3"),
+    (LocalSlot(0, 0, 0, ()), "no sequences"),
+    (LocalSlot(0, 0, 0, (9,)), r"sequence index 9 is outside \[0, 5\)"),
+    (LocalSlot(0, 0, 0, (3,)), r"sequence 3 \(local on ranks \[2\]\) is not a local sequence of rank 0"),
+    (LocalSlot(0, 0, 0, (0,)), r"sequence 0 \(intra_node"),
+])
+def test_bad_local_slots_are_refused_with_the_value(slot: LocalSlot, msg: str) -> None:
+    with pytest.raises(PlanError, match=msg):
+        replace(_plan_with_rings(), local_slots=(slot,))
+
+
+def test_a_sequence_in_two_slots_or_two_slots_at_one_step_are_refused() -> None:
+    plan = _plan_with_rings()
+    with pytest.raises(PlanError, match=r"sequence 2 is already in local_slots\[0\]"):
+        replace(plan, local_slots=(LocalSlot(0, 0, 0, (2,)), LocalSlot(0, 0, 1, (2,))))
+    with pytest.raises(PlanError, match="a second slot at the same ring step"):
+        replace(plan, local_slots=(LocalSlot(2, 0, 0, (3,)), LocalSlot(2, 0, 0, (3,))))
+    doc = replace(plan, local_slots=(LocalSlot(0, 0, 0, (2,)),)).to_dict()
+    doc["local_slots"][0]["step"] = -1
+    with pytest.raises(PlanError, match=r"local_slots\[0\].step must be an integer >= 0, got -1"):
+        StepPlan.from_json(doc)
+    doc["local_slots"] = {"rank": 0}
+    with pytest.raises(PlanError, match="local_slots must be a list"):
+        StepPlan.from_json(doc)
+
+
+def test_random_plans_schedule_only_where_a_rank_is_a_member() -> None:
+    rng = random.Random(3)
+    cl = load_cluster("2x4", tokens_per_gpu=1 << 17)
+    cost = CostModel(model=load_model(None), cluster=cl)
+    for _ in range(5):
+        lengths = [rng.choice([rng.randint(100, 3000), rng.randint(20000, 60000)]) for _ in range(40)]
+        plan = plan_step(lengths, cl, cost)
+        for x in plan.local_slots:
+            assert x.rank in plan.rings[x.ring].ranks
+            assert 0 <= x.step <= len(plan.rings[x.ring].ranks) - 2

@@ -1,0 +1,172 @@
+"""Where each rank's local sequences run among its ring steps (the plan's ``local_slots``).
+
+A rank spends part of every layer blocked in its rings: waiting for a ring
+partner still busy in an earlier ring (rings run in one global order, see
+:func:`~.plan.ring_order`), or for a transfer slower than the step's kernel.
+The paper's engine fills that time from a queue of local (single-GPU)
+sequences. The runtime cannot react to waits it cannot see ahead of time (a
+GPU stream runs what the host queued), so the planner decides in advance:
+
+1. :func:`ring_timeline` estimates, per layer (forward + backward, the cost
+   model's units), when every rank posts each ring step and how long it then
+   idles. Ring ``k`` member at position ``p`` posts step ``j`` at
+   ``post[p][j]``: step 0 when it is free of its earlier rings, step ``j + 1``
+   after its step-``j`` kernel (``c_j = max(diag or off, overhead)``) and the
+   step's transfers are done. A hop ``p -> p+1`` starts when every rank it
+   touches (both ends, and routing relays) has posted the step, and lasts
+   ``nvlink_ms`` (one node) or ``routed_ms`` (over its route's proxies; one NIC
+   unrouted), with no contention. The member's *gap* at step ``j`` is
+   ``max(0, done_j - (post[p][j] + c_j))``, where ``done_j`` is when the last
+   hop it sends or receives ends. Relays post like members, without kernels.
+2. :func:`schedule_local` packs each rank's local sequences into its gaps,
+   best fit, largest first: a sequence goes to the gap whose call
+   (``max(sum of its sequences' local_ms, overhead)``) still fits with the least
+   room left (ties: the earlier ring, then the earlier step). A call that fits
+   its gap delays nothing (the rank would have waited anyway), so the estimated
+   timeline stays valid as slots are filled.
+3. Sequences that fit no gap go to step 0 of the rank's *filling* ring, if it
+   has one: a ring none of whose members is in a later ring
+   (:func:`filling_rings`; they share no rank, so a rank has at most one). The
+   call may outlast the step's wait there and hold up the ring's other members,
+   but no later ring queues behind it, and the rank starts its share of the
+   layout all-to-all (the remap) sooner than after its rings. A rank with no
+   filling ring runs them after its rings.
+
+Worked example (one node of 4 GPUs, overhead ``o``): rings in queue order
+``A = (0, 1)`` and ``B = (1, 2)``, each one step of kernel ``c`` then a transfer
+``t < c``, then the last step: rank 2 posts ``B`` step 0 at 0, runs its
+diagonal kernel (``c``) and waits for rank 1, which only posts ``B`` at ``2c``
+(``A`` took it two kernels): rank 2's gap at ``B`` step 0 is about
+``2c + t - c = c + t``, so its local sequences worth up to ``c + t`` run there
+instead of after the rings.
+
+Deterministic: plain float arithmetic in a fixed order, explicit tie-breaks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from .plan import LocalSlot, StepPlan
+
+if TYPE_CHECKING:
+    from .cost_model import CostModel
+
+__all__ = ["filling_rings", "ring_timeline", "schedule_local", "with_local_slots"]
+
+
+def filling_rings(rings: Sequence[Sequence[int]]) -> tuple[bool, ...]:
+    """Per ring (member ranks, in queue order): True when no member is in a later ring.
+
+    Example: rings ``[(0, 1), (2, 3), (1, 2)]`` -> ``(False, False, True)``
+    (ranks 1 and 2 go on to ring ``(1, 2)``).
+    """
+    out: list[bool] = []
+    later: set[int] = set()
+    for ranks in reversed(rings):
+        out.append(not later.intersection(ranks))
+        later.update(ranks)
+    return tuple(reversed(out))
+
+
+def _hops(plan: StepPlan, ring_ranks: Sequence[int], nbytes: float,
+          cost: "CostModel") -> list[tuple[tuple[int, ...], float]]:
+    """``(ranks the hop touches, ms)`` for every hop ``p -> p+1`` of one ring step."""
+    cl = cost.cluster
+    g = len(ring_ranks)
+    routes = plan.routes_for(ring_ranks)
+    out = []
+    for p, src in enumerate(ring_ranks):
+        dst = ring_ranks[(p + 1) % g]
+        a, b = cl.node_of(src), cl.node_of(dst)
+        if a == b:
+            out.append(((src, dst), cost.nvlink_ms(nbytes)))
+            continue
+        route = routes.get((src, dst))
+        proxies = route.proxies if route is not None else (cl.local_of(src),)
+        relays = tuple(cl.rank_of(n, x) for x in proxies[1:] for n in (a, b))
+        out.append(((src, dst) + relays, cost.routed_ms(nbytes, len(proxies))))
+    return out
+
+
+def ring_timeline(plan: StepPlan, cost: "CostModel") -> tuple[dict[tuple[int, int, int], float], list[float]]:
+    """``(gaps, free)``: ``gaps[(rank, ring index, step)]`` = estimated idle ms of a member after
+    its step kernel (steps ``0 .. g-2``); ``free[rank]`` = when its last ring ends. Per layer,
+    no local work (see the module docstring)."""
+    o = cost.call_overhead_ms
+    free = [0.0] * plan.world_size
+    gaps: dict[tuple[int, int, int], float] = {}
+    for k, ring in enumerate(plan.rings):
+        g = len(ring.ranks)
+        diag = off = 0.0
+        step_bytes = 0
+        for i in ring.seqs:
+            s = plan.sequences[i].length
+            d, f = cost.ring_compute_profile(s, g)
+            diag, off, step_bytes = diag + d, off + f, step_bytes + cost.ring_step_bytes(s, g)
+        hops = _hops(plan, ring.ranks, 3 * step_bytes, cost)
+        members = set(ring.ranks)
+        everyone = sorted(members.union(*(h[0] for h in hops)))
+        post = {r: free[r] for r in everyone}
+        for j in range(g - 1):
+            c = max(diag if j == 0 else off, o)
+            done = dict.fromkeys(everyone, 0.0)
+            for touched, ms in hops:
+                end = max(post[r] for r in touched) + ms
+                for r in touched:
+                    done[r] = max(done[r], end)
+            for r in everyone:
+                ready = post[r] + (c if r in members else 0.0)
+                if r in members:
+                    gaps[(r, k, j)] = max(0.0, done[r] - ready)
+                post[r] = max(ready, done[r])
+        last = max(off, o)  # rings have g >= 2
+        for r in everyone:
+            free[r] = post[r] + (last if r in members else 0.0)
+    return gaps, free
+
+
+def schedule_local(plan: StepPlan, cost: "CostModel") -> tuple[LocalSlot, ...]:
+    """Local slots for ``plan`` (see the module docstring), ordered by rank, ring, step."""
+    o = cost.call_overhead_ms
+    gaps, _ = ring_timeline(plan, cost)
+    by_rank: dict[int, list[tuple[int, int, float]]] = {}
+    for (r, k, j), gap in sorted(gaps.items()):
+        if gap > o:  # a call shorter than the overhead does not exist
+            by_rank.setdefault(r, []).append((k, j, gap))
+    filling: dict[int, int] = {}
+    for k, (ring, fills) in enumerate(zip(plan.rings, filling_rings([ring.ranks for ring in plan.rings]))):
+        if fills:
+            filling.update(dict.fromkeys(ring.ranks, k))
+    local: dict[int, list[int]] = {}
+    for i, s in enumerate(plan.sequences):
+        if s.placement == "local" and (s.ranks[0] in by_rank or s.ranks[0] in filling):
+            local.setdefault(s.ranks[0], []).append(i)
+    slots: list[LocalSlot] = []
+    for r in sorted(local):
+        ms = {i: cost.local_ms(plan.sequences[i].length) for i in local[r]}
+        used: dict[tuple[int, int], float] = {}
+        chosen: dict[tuple[int, int], list[int]] = {}
+        for i in sorted(local[r], key=lambda i: (-ms[i], i)):
+            best: tuple[float, int, int] | None = None
+            for k, j, gap in by_rank.get(r, ()):
+                room = gap - max(used.get((k, j), 0.0) + ms[i], o)
+                if room >= 0 and (best is None or room < best[0]):
+                    best = (room, k, j)
+            if best is not None:
+                key = best[1:]
+                used[key] = used.get(key, 0.0) + ms[i]
+                chosen.setdefault(key, []).append(i)
+            elif r in filling:  # fits no gap: overflow into the filling ring's step 0 (no room left there)
+                key = (filling[r], 0)
+                used[key] = float("inf")
+                chosen.setdefault(key, []).append(i)
+        slots += [LocalSlot(r, k, j, tuple(sorted(seqs))) for (k, j), seqs in sorted(chosen.items())]
+    return tuple(slots)
+
+
+def with_local_slots(plan: StepPlan, cost: "CostModel") -> StepPlan:
+    """``plan`` with :func:`schedule_local`'s slots (its other fields unchanged)."""
+    from dataclasses import replace
+
+    return replace(plan, local_slots=schedule_local(plan, cost), validate=False)
