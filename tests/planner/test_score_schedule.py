@@ -116,3 +116,18 @@ def test_level_two_results() -> None:
             seen_two = True
             assert results[0] != results[1]
     assert seen_two
+
+
+def test_node_cost_uses_the_fastest_ring_when_none_meets_the_limit() -> None:
+    """A sequence no ring brings under the limit costs its fastest ring, not the whole node's
+    (each ring step pays the per-call overhead, so 8 GPUs can be slower than 5)."""
+    cost = make_cost("1x8", model="configs/models/llama_3b.yaml")
+    s = 17_686
+    lengths = [s] + [500] * 200
+    ctx = _Ctx(lengths, cost, PartitionOptions())
+    times = {g: cost.ring_ms(s, g, inter_node=False) for g in range(2, 9)}
+    assert min(times.values()) > ctx.limit  # no ring meets the limit
+    g = ctx.fastest_intra(s)
+    assert times[g] == min(times.values()) and g < 8
+    assert times[8] > times[g] + cost.call_overhead_ms  # overhead-bound: the whole node is slower
+    assert ctx.node_cost(0) == pytest.approx(g * times[g])
