@@ -6,7 +6,9 @@ mix); ranks often sit in several rings; attention-layout ranges are shuffled
 and local sequences are sometimes cut into pieces, so the runtime cannot rely
 on any layout convention beyond what the plan states. With ``local_slots``,
 about half of each rank's local sequences run in random ring steps of its rings
-(``StepPlan.local_slots``), the rest after the rings.
+(``StepPlan.local_slots``), the rest after the rings. Multi-node plans with
+``routing`` often route their remap over a random set of proxies
+(``StepPlan.remap_proxies``).
 """
 
 from __future__ import annotations
@@ -115,6 +117,9 @@ def random_plan(
         linear_layout=tuple(tuple(r) for r in lin),
         routing=tuple(routes),
     )
+    if routing and nodes >= 2 and rng.random() < 0.7:
+        proxies = rng.sample(range(gpus_per_node), rng.randint(1, gpus_per_node))
+        plan = replace(plan, remap_proxies=tuple(proxies))
     if not local_slots:
         return plan
     steps = {r: [(k, j) for k, ring in enumerate(plan.rings) if r in ring.ranks for j in range(len(ring.ranks) - 1)]

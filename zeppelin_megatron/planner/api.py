@@ -9,6 +9,7 @@ from .cluster import Cluster
 from .cost_model import CostModel
 from .linear_layout import linear_layout
 from .local_schedule import with_local_slots
+from .remap_routing import remap_proxies_for
 from .partition import PartitionOptions, partition
 from .plan import PlanError, SequencePlan, StepPlan, derive_routing
 from .predict import predict
@@ -111,10 +112,12 @@ def plan_step(
     first = StepPlan(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, sequences=sequences,
                      attention_layout=att, linear_layout=lin)
     first = replace(first, routing=derive_routing(first, cost_model, enabled=routing), validate=False)
+    if routing and lin is not att:
+        first = replace(first, remap_proxies=remap_proxies_for(first, cost_model), validate=False)
     first = with_local_slots(first, cost_model)
     candidates = [first]
     if remap is not True and remap is not False:  # "auto"
-        candidates.append(replace(first, linear_layout=att, validate=False))
+        candidates.append(replace(first, linear_layout=att, remap_proxies=(), validate=False))
     candidates = [replace(p, predicted=predict(p, cost_model), validate=False) for p in candidates]
     # "auto": the lower predicted step; min() keeps the first (remapped) one on a tie.
     return min(candidates, key=lambda p: p.predicted.step_ms)  # type: ignore[union-attr]

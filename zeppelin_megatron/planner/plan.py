@@ -7,6 +7,8 @@ A plan says, for one global batch:
 * ``attention_layout[r]`` / ``linear_layout[r]``: rank ``r``'s tokens as
   ``(seq, start, end)`` ranges, concatenated in order;
 * ``routing``: proxy routes for cross-node ring hops;
+* ``remap_proxies``: local indices of the GPUs whose NICs carry the layout
+  all-to-all's cross-node traffic (:mod:`~.remap_routing`; empty: direct);
 * ``local_slots``: where local sequences run among their rank's ring steps
   (:class:`LocalSlot`; those named nowhere run after the rings);
 * ``predicted``: the cost model's step and per-rank times (may be absent).
@@ -120,6 +122,9 @@ class StepPlan:
     attention_layout: tuple[tuple[TokenRange, ...], ...]
     linear_layout: tuple[tuple[TokenRange, ...], ...]
     routing: tuple[Route, ...] = ()
+    remap_proxies: tuple[int, ...] = ()
+    """Local indices whose rail-aligned NICs carry the remap's cross-node rows (:mod:`~.remap_routing`);
+    empty: every row goes straight from its source to its destination."""
     local_slots: tuple[LocalSlot, ...] = ()
     """Ring-step slots of local sequences (:class:`LocalSlot`); a local sequence in no slot runs
     after its rank's rings, with the other such sequences of that rank, in one call."""
@@ -133,6 +138,11 @@ class StepPlan:
         else:
             _check_routing(self)
         _check_local_slots(self)
+        gpn = self.gpus_per_node
+        if (len(set(self.remap_proxies)) != len(self.remap_proxies)
+                or not all(isinstance(p, int) and 0 <= p < gpn for p in self.remap_proxies)):
+            raise PlanError(f"remap_proxies must be distinct local indices in [0, {gpn}), "
+                            f"got {list(self.remap_proxies)}")
 
     # -- derived -----------------------------------------------------------
     @property
@@ -186,6 +196,8 @@ class StepPlan:
                 for r in self.routing
             ],
         }
+        if self.remap_proxies:  # absent when empty, like local_slots
+            d["remap_proxies"] = list(self.remap_proxies)
         if self.local_slots:  # absent when empty: plans without slots keep their JSON and digest
             d["local_slots"] = [{"rank": x.rank, "ring": x.ring, "step": x.step, "seqs": list(x.seqs)}
                                 for x in self.local_slots]
@@ -237,6 +249,7 @@ class StepPlan:
         if doc.get("predicted") is not None:
             predicted = _prediction(doc["predicted"])
         slots = _local_slots(doc)
+        proxies = tuple(_list(doc, "remap_proxies", "plan")) if "remap_proxies" in doc else ()
         if "routing" in doc:
             routing = []
             for i, r in enumerate(_list(doc, "routing", "plan")):
@@ -246,9 +259,11 @@ class StepPlan:
                 routing.append(Route(tuple(_list(r, "ring", where)), _int(r, "src", where, 0),
                                      _int(r, "dst", where, 0), tuple(_list(r, "proxies", where))))
             return cls(nodes=nodes, gpus_per_node=gpus, sequences=tuple(sequences), attention_layout=att,
-                       linear_layout=lin, routing=tuple(routing), local_slots=slots, predicted=predicted)
+                       linear_layout=lin, routing=tuple(routing), remap_proxies=proxies, local_slots=slots,
+                       predicted=predicted)
         plan = cls(nodes=nodes, gpus_per_node=gpus, sequences=tuple(sequences), attention_layout=att,
-                   linear_layout=lin, routing=(), local_slots=slots, predicted=predicted)
+                   linear_layout=lin, routing=(), remap_proxies=proxies, local_slots=slots,
+                   predicted=predicted)
         if cost_model is not None:
             cluster = cost_model.cluster
         if cluster is None:

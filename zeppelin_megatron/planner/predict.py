@@ -24,6 +24,10 @@ Per layer, forward + backward, for each rank ``r``:
   gradients); per token moved, each side sends ``2 * q_bytes + kv_bytes``.
   A rank's time is its NVLink bytes over NVLink bandwidth plus its network
   bytes over its NIC's share; the all-to-all finishes with the slowest rank.
+  Routed (``plan.remap_proxies``, ``k`` proxies): a node's cross-node bytes
+  spread evenly over the ``k`` proxies' NICs (each direction of a NIC on its
+  own: ``max(node out, node in) / k``), and each rank also forwards
+  ``2 (k-1)/k`` of its larger direction over NVLink (dispatch and combine).
 
 Step time, with a remap: ``layers * (max_r attn_r + max_r linear_r + remap)``
 (the all-to-alls are barriers: every rank waits for the slowest attention and
@@ -41,7 +45,7 @@ from .cost_model import CostModel
 from .plan import Prediction, StepPlan
 from .routing import Route
 
-__all__ = ["predict", "attention_time", "ring_time", "rank_attention"]
+__all__ = ["predict", "attention_time", "ring_time", "rank_attention", "remap_time"]
 
 _ROUND = 6
 
@@ -74,23 +78,9 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
     attn, own_compute = rank_attention(ring_total, ring_own, local, o)
     linear = [cost.linear_ms(plan.tokens(r, "linear")) for r in range(world)]
 
-    # Remap: bytes each rank sends, per direction of a token's move.
-    per_token = 2 * cost.q_bytes_per_token + kvb
-    remap_intra = [0.0] * world
-    remap_inter = [0.0] * world
     no_remap = plan.linear_layout == plan.attention_layout
-    for seg in () if no_remap else plan.remap.segments:  # no remap: every token stays put
-        a, b = seg.lin_rank, seg.att_rank
-        if a == b:
-            continue
-        target = remap_intra if cl.node_of(a) == cl.node_of(b) else remap_inter
-        target[a] += seg.length * per_token
-        target[b] += seg.length * per_token
-    remap = 0.0
+    remap, remap_intra, remap_inter = remap_time(plan, cost, plan.remap_proxies)
     for r in range(world):
-        nic_share = cl.gpus_sharing_nic(cl.nic_of(r))
-        t = cost.nvlink_ms(remap_intra[r]) + cost.nic_ms(remap_inter[r] * nic_share)
-        remap = max(remap, t)
         intra_b[r] += remap_intra[r]
         inter_b[r] += remap_inter[r]
 
@@ -112,6 +102,48 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
         intra_MB=_r([layers * b / 1e6 for b in intra_b]),
         inter_MB=_r([layers * b / 1e6 for b in inter_b]),
     )
+
+
+def remap_time(
+    plan: StepPlan, cost: CostModel, proxies: Sequence[int]
+) -> tuple[float, list[float], list[float]]:
+    """The remap's per-layer time with ``proxies`` (``()``: direct), and each rank's NVLink and network
+    bytes (module docstring). A plan without a remap (linear layout = attention layout) costs 0."""
+    cl = cost.cluster
+    world = plan.world_size
+    per_token = 2 * cost.q_bytes_per_token + cost.kv_bytes_per_token
+    intra = [0.0] * world
+    inter = [0.0] * world
+    out = [0.0] * world  # network bytes a rank sends / receives (routed: full duplex per NIC)
+    into = [0.0] * world
+    no_remap = plan.linear_layout == plan.attention_layout
+    for seg in () if no_remap else plan.remap.segments:  # no remap: every token stays put
+        a, b = seg.lin_rank, seg.att_rank
+        if a == b:
+            continue
+        nbytes = seg.length * per_token
+        target = intra if cl.node_of(a) == cl.node_of(b) else inter
+        target[a] += nbytes
+        target[b] += nbytes
+        if target is inter:
+            out[a] += nbytes
+            into[b] += nbytes
+    k = len(proxies)
+    node_out = [0.0] * cl.nodes
+    node_in = [0.0] * cl.nodes
+    for r in range(world):
+        node_out[cl.node_of(r)] += out[r]
+        node_in[cl.node_of(r)] += into[r]
+    remap = 0.0
+    for r in range(world):
+        n = cl.node_of(r)
+        if k:
+            t = (cost.nvlink_ms(intra[r] + 2 * max(out[r], into[r]) * (k - 1) / k)
+                 + cost.nic_ms(max(node_out[n], node_in[n]) / k))
+        else:
+            t = cost.nvlink_ms(intra[r]) + cost.nic_ms(inter[r] * cl.gpus_sharing_nic(cl.nic_of(r)))
+        remap = max(remap, t)
+    return remap, intra, inter
 
 
 def ring_time(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 from .linear_layout import balanced_quotas
 from .plan import Ring, ring_order
 from .predict import rank_attention
+from .remap_routing import nic_proxies
 from .zigzag import zigzag_tokens
 
 if TYPE_CHECKING:
@@ -137,19 +138,32 @@ def remap_time(ctx: _Ctx, tokens: Sequence[int]) -> float:
     of every node with the quotas of :func:`~.linear_layout.balanced_quotas` (equals the plan's remap time)."""
     gpn = ctx.gpn
     quota = balanced_quotas(tokens)
-    return max(node_remap(ctx, tokens[n * gpn:(n + 1) * gpn], quota[n * gpn:(n + 1) * gpn])
-               for n in range(ctx.cluster.nodes))
+
+    def slowest(routed: bool) -> float:
+        return max(node_remap(ctx, tokens[n * gpn:(n + 1) * gpn], quota[n * gpn:(n + 1) * gpn], routed=routed)
+                   for n in range(ctx.cluster.nodes))
+    # the plan routes its remap only where that is predicted faster (remap_routing.remap_proxies_for)
+    return min(slowest(False), slowest(True)) if _proxies(ctx) > 1 else slowest(False)
 
 
-def node_remap(ctx: _Ctx, held: Sequence[int], quota: Sequence[int]) -> float:
+def _proxies(ctx: _Ctx) -> int:
+    """How many NICs a routed remap would use (1: routing off or one NIC per node)."""
+    return len(nic_proxies(ctx.cluster.gpu_nic)) if ctx.options.routing else 1
+
+
+def node_remap(ctx: _Ctx, held: Sequence[int], quota: Sequence[int], *, routed: bool = True) -> float:
     """Remap time (ms, one layer) of one node's slowest GPU, GPU ``l`` holding ``held[l]`` of ``quota[l]``.
 
     Counts what :func:`~.linear_layout.linear_layout` moves: surpluses fill the
     node's deficits in local order over NVLink; what is left (a surplus or a
     deficit) crosses nodes. Times it as :func:`~.predict.predict` does: NVLink
     bytes over NVLink plus network bytes over the GPU's NIC share, ``2 q + kv``
-    bytes per token, counted on both sides. Example: held ``[10, 2]``, quota
-    ``[4, 4]``: GPU 0 sends 2 tokens to GPU 1 over NVLink and 4 across nodes.
+    bytes per token, counted on both sides; with routing (the plan's
+    ``remap_proxies``, one GPU per NIC) the node's network bytes spread over the
+    ``k`` proxies' NICs (``max(out, in) / k`` each) and each GPU forwards ``2 (k-1)/k``
+    of its larger direction over NVLink (``routed=False``: direct, as if routing were off).
+    Example: held ``[10, 2]``, quota ``[4, 4]``: GPU 0 sends 2 tokens to GPU 1
+    over NVLink and 4 across nodes.
     """
     cost = ctx.cost
     surplus = [max(0, h - q) for h, q in zip(held, quota)]
@@ -167,5 +181,10 @@ def node_remap(ctx: _Ctx, held: Sequence[int], quota: Sequence[int]) -> float:
             if not surplus[donors[d]]:
                 d += 1
     per_token = 2 * cost.q_bytes_per_token + cost.kv_bytes_per_token
+    k = _proxies(ctx) if routed else 1
+    if k > 1:  # surplus left: rows this GPU sends across nodes; need left: rows it receives
+        cross = max(sum(surplus), sum(need))
+        return max(cost.nvlink_ms((intra[l] + 2 * max(surplus[l], need[l]) * (k - 1) / k) * per_token)
+                   + cost.nic_ms(cross * per_token / k) for l in range(len(held)))
     return max(cost.nvlink_ms(intra[l] * per_token)
                + cost.nic_ms((surplus[l] + need[l]) * per_token * ctx.nic_share[l]) for l in range(len(held)))

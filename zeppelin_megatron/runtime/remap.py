@@ -12,6 +12,15 @@ One transfer is ``gather -> all_to_all_single -> scatter``::
     recv = all_to_all(send, send_counts, recv_counts)
     y = empty(T_dst, *F); y[recv_index] = recv
 
+Routed (``plan.remap_proxies`` non-empty, :mod:`~zeppelin_megatron.planner.remap_routing`):
+the send buffer is the first staging buffer; three ``all_to_all`` phases move
+cross-node rows over the proxies' rail-aligned NICs::
+
+    buf = x[send_index]
+    for phase in phases:                      # NVLink, network (rail-aligned), NVLink
+        buf = cat(buf[keep_index], all_to_all(buf[send_index], send_counts, recv_counts))
+    y = empty(T_dst, *F); y[recv_index] = buf[final_index]
+
 ``to_attention`` and ``to_linear`` are exact inverses, so each one's backward is
 the other's forward applied to the gradient.
 """
@@ -24,6 +33,7 @@ from typing import Any, Literal
 import torch
 
 from ..planner.plan import StepPlan
+from ..planner.remap_routing import RoutedExchange, routed_exchange
 from .comm import all_to_all_uneven
 from .group import ZeppelinGroup
 
@@ -51,6 +61,23 @@ def _indices(
     return hit
 
 
+_RoutedIndices = tuple[RoutedExchange, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]
+_ROUTED: "weakref.WeakKeyDictionary[StepPlan, dict[Any, _RoutedIndices]]" = weakref.WeakKeyDictionary()
+
+
+def _routed(plan: StepPlan, rank: int, direction: Direction, device: torch.device) -> _RoutedIndices:
+    """``rank``'s routed exchange and its phases' (send, keep) and final indices on ``device``, cached per plan."""
+    per_plan = _ROUTED.setdefault(plan, {})
+    key = (rank, direction, str(device))
+    hit = per_plan.get(key)
+    if hit is None:
+        ex = routed_exchange(plan.remap, direction, plan.gpus_per_node, plan.remap_proxies)[rank]
+        idx = [(torch.as_tensor(p.send_index, dtype=torch.long).to(device),
+                torch.as_tensor(p.keep_index, dtype=torch.long).to(device)) for p in ex.phases]
+        hit = per_plan[key] = (ex, idx, torch.as_tensor(ex.final_index, dtype=torch.long).to(device))
+    return hit
+
+
 def remap_tokens(x: torch.Tensor, plan: StepPlan, group: ZeppelinGroup, direction: Direction) -> torch.Tensor:
     """Move ``x`` [T_src, *F] (this rank's buffer in the source layout) -> [T_dst, *F] (no autograd)."""
     rank = group.rank
@@ -64,7 +91,14 @@ def remap_tokens(x: torch.Tensor, plan: StepPlan, group: ZeppelinGroup, directio
     ex = plan.remap.exchange(rank, direction)
     send_index, recv_index = _indices(plan, rank, direction, x.device)
     send = x.index_select(0, send_index)
-    recv = all_to_all_uneven(send, ex.send_counts, ex.recv_counts, group)
+    if plan.remap_proxies and group.size > 1:
+        routed, idx, final = _routed(plan, rank, direction, x.device)
+        for phase, (p_send, p_keep) in zip(routed.phases, idx):
+            got = all_to_all_uneven(send.index_select(0, p_send), phase.send_counts, phase.recv_counts, group)
+            send = torch.cat([send.index_select(0, p_keep), got])
+        recv = send.index_select(0, final)
+    else:
+        recv = all_to_all_uneven(send, ex.send_counts, ex.recv_counts, group)
     y = x.new_empty((plan.tokens(rank, dst_layout), *x.shape[1:]))
     y.index_copy_(0, recv_index, recv)
     return y

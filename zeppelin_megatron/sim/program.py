@@ -8,7 +8,8 @@ bytes). Per rank, in this order (the runtime engine's order,
 1. linear modules, first half: ``linear_ms(linear-layout tokens) / 2``;
 2. remap in (plans whose linear layout differs from the attention layout):
    flows linear rank -> attention rank, ``(2 q + kv)`` bytes per moved token
-   (forward q, k, v in and backward output-gradient in);
+   (forward q, k, v in and backward output-gradient in); with ``remap_proxies``
+   each cross-node pair is split over the proxies' NICs as the runtime routes it;
 3. attention, group by group in ``plan.rings`` order (inter-node rings, then
    intra-node rings), with the rank's local sequences interleaved:
 
@@ -139,6 +140,36 @@ def _pairs_transfer(key: tuple, category: str, cost: CostModel, pair_bytes: dict
     return t
 
 
+def _remap_transfer(key: tuple, cost: CostModel, rows: dict[tuple[int, int], int], per_token: float,
+                    proxies: tuple[int, ...]) -> Transfer:
+    """The remap all-to-all: direct (:func:`_pairs_transfer`), or routed as the runtime routes it
+    (:mod:`~zeppelin_megatron.planner.remap_routing`): each cross-node pair's rows split over
+    ``proxies`` with ``split_counts``, part ``p`` on the chain ``src -> P_src(p)`` (NVLink),
+    ``P_src(p) -> P_dst(p)`` (the proxy's NIC), ``P_dst(p) -> dst`` (NVLink)."""
+    if not proxies:
+        return _pairs_transfer(key, "remap", cost, {ab: n * per_token for ab, n in rows.items()})
+    cl = cost.cluster
+    t = Transfer(key, "remap")
+    for (a, b), n in sorted(rows.items()):
+        if a == b or n <= 0:
+            continue
+        na, nb = cl.node_of(a), cl.node_of(b)
+        if na == nb:
+            t.chains.append([Hop(a, b, n * per_token, "nvl")])
+            continue
+        for p, part in zip(proxies, split_counts(n, len(proxies))):
+            if part <= 0:
+                continue
+            pa, pb = cl.rank_of(na, p), cl.rank_of(nb, p)
+            nbytes = part * per_token
+            chain = [Hop(a, pa, nbytes, "nvl")] if pa != a else []
+            chain.append(Hop(pa, pb, nbytes, "nic"))
+            if pb != b:
+                chain.append(Hop(pb, b, nbytes, "nvl"))
+            t.chains.append(chain)
+    return t
+
+
 def _ring_transfer(plan: StepPlan, ring: Ring, step: int, nbytes: float, cost: CostModel,
                    routing: bool) -> Transfer:
     cl = cost.cluster
@@ -200,14 +231,15 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
             ops[r].append(Op("compute", lin_half[r], "linear", label="linear (first half)"))
 
     # Remap in/out: per (linear rank, attention rank) pair, tokens moved.
-    moved: dict[tuple[int, int], float] = defaultdict(float)
+    moved: dict[tuple[int, int], int] = defaultdict(int)
     for seg in plan.remap.segments:
         if seg.lin_rank != seg.att_rank:
-            moved[(seg.lin_rank, seg.att_rank)] += seg.length * per_token
+            moved[(seg.lin_rank, seg.att_rank)] += seg.length
     remap_keys: tuple[tuple, tuple] | None = None
     if moved:
-        tin = add(_pairs_transfer(("remap", "in"), "remap", cost, moved))
-        tout = add(_pairs_transfer(("remap", "out"), "remap", cost, {(b, a): v for (a, b), v in moved.items()}))
+        tin = add(_remap_transfer(("remap", "in"), cost, moved, per_token, plan.remap_proxies))
+        tout = add(_remap_transfer(("remap", "out"), cost, {(b, a): v for (a, b), v in moved.items()}, per_token,
+                                   plan.remap_proxies))
         remap_keys = (tin, tout)
         for r in range(world):
             ops[r] += [Op("post", key=tin), Op("wait", key=tin, kind="remap", label="remap in")]
