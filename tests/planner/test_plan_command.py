@@ -31,7 +31,11 @@ def test_remap_flags(lengths_file: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert off["linear_layout"] == off["attention_layout"]
     assert _plan(lengths_file, tmp_path, "--remap", "off") == off
     on = _plan(lengths_file, tmp_path, "--remap", "on")
-    assert "remap: on" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "remap: on" in text
+    slotted = sum(len(x["seqs"]) for x in on.get("local_slots", []))
+    assert f"local sequences in ring waits: {slotted} (in {len(on.get('local_slots', []))} calls" in text
+    assert ("cross-node rows routed over local GPUs" in text) == bool(on.get("remap_proxies"))
     assert on["linear_layout"] != on["attention_layout"]
     assert _plan(lengths_file, tmp_path) == on   # the default
     auto = _plan(lengths_file, tmp_path, "--remap", "auto")

@@ -87,7 +87,10 @@ def _table(plan: StepPlan) -> str:
         "",
         f"sequences: {len(plan.sequences)} ({kinds['local']} local, {kinds['intra_node']} intra_node, "
         f"{kinds['inter_node']} inter_node), tokens: {plan.total_tokens}, routed hops: {len(plan.routing)}",
-        f"remap: {'off (linear layout = attention layout)' if plan.linear_layout == plan.attention_layout else 'on'}",
+        f"remap: {'off (linear layout = attention layout)' if plan.linear_layout == plan.attention_layout else 'on'}"
+        + (f", cross-node rows routed over local GPUs {list(plan.remap_proxies)}" if plan.remap_proxies else ""),
+        f"local sequences in ring waits: {sum(len(x.seqs) for x in plan.local_slots)} "
+        f"(in {len(plan.local_slots)} calls; the rest after their rank's rings)",
         f"predicted step: {pred.step_ms:.1f} ms (cost model), remap {pred.remap_ms:.1f} ms, "
         f"attention max/mean: {max(att) / mean if mean else 1.0:.3f}",
     ]
