@@ -24,13 +24,16 @@ GPU stream runs what the host queued), so the planner decides in advance:
    room left (ties: the earlier ring, then the earlier step). A call that fits
    its gap delays nothing (the rank would have waited anyway), so the estimated
    timeline stays valid as slots are filled.
-3. Sequences that fit no gap go to step 0 of the rank's *filling* ring, if it
-   has one: a ring none of whose members is in a later ring
-   (:func:`filling_rings`; they share no rank, so a rank has at most one). The
-   call may outlast the step's wait there and hold up the ring's other members,
-   but no later ring queues behind it, and the rank starts its share of the
-   layout all-to-all (the remap) sooner than after its rings. A rank with no
-   filling ring runs them after its rings.
+3. A sequence that fits no gap goes where it overflows least: the slot whose
+   call would exceed its gap by the least, among the rank's gaps and step 0 of
+   its *filling* ring, a ring none of whose members is in a later ring
+   (:func:`filling_rings`; they share no rank, so a rank has at most one); on a
+   tie the filling ring, where the overflow holds up no later ring. Nothing
+   else is put in a slot that overflowed. The estimate can be short of the real
+   wait (contention, routing relays), so a long sequence often still hides
+   there, and the rank starts its share of the layout all-to-all (the remap)
+   sooner than after its rings. A rank with neither gaps nor a filling ring
+   runs such sequences after its rings.
 
 Worked example (one node of 4 GPUs, overhead ``o``): rings in queue order
 ``A = (0, 1)`` and ``B = (1, 2)``, each one step of kernel ``c`` then a transfer
@@ -157,8 +160,19 @@ def schedule_local(plan: StepPlan, cost: "CostModel") -> tuple[LocalSlot, ...]:
                 key = best[1:]
                 used[key] = used.get(key, 0.0) + ms[i]
                 chosen.setdefault(key, []).append(i)
-            elif r in filling:  # fits no gap: overflow into the filling ring's step 0 (no room left there)
-                key = (filling[r], 0)
+                continue
+            # fits no gap: the least overflow, the filling ring's step 0 on a tie (then no room left there)
+            options = list(by_rank.get(r, ()))
+            if r in filling:
+                options.append((filling[r], 0, gaps.get((r, filling[r], 0), 0.0)))
+            least: tuple[float, int, int, int] | None = None
+            for k, j, gap in options:
+                over = max(used.get((k, j), 0.0) + ms[i], o) - gap
+                option = (over, 0 if (k, j) == (filling.get(r), 0) else 1, k, j)
+                if least is None or option < least:
+                    least = option
+            if least is not None:
+                key = least[2:]
                 used[key] = float("inf")
                 chosen.setdefault(key, []).append(i)
         slots += [LocalSlot(r, k, j, tuple(sorted(seqs))) for (k, j), seqs in sorted(chosen.items())]
