@@ -25,33 +25,23 @@ greedy "largest first, least loaded first" (LPT) heuristics:
    under target (``intra_node``), ring order by local index. The node is
    filled twice, once that way and once giving every split sequence a ring
    over the whole node (even ring loads); the fill with the lower peak plus
-   node remap time (:func:`~.score.node_remap`) wins. Two peaks decide, so
-   level 2 gives up to two results: the summed ring and local times of each
-   GPU, and :func:`~.score.node_scheduled_peak` (sequences on the same ranks
-   share one call per ring step, so overhead-bound rings cost less; rings in
-   the engine's order; local work filling waits).
+   node remap time (:func:`~.score.node_remap`) wins.
 3. Check and correct. Each result is scored by what it costs the step: the
    busiest GPU's attention time by the rule of :func:`~.predict.predict`
    (:func:`~.score.attention_times`: shared ring calls, ring waits filled by local
-   work, routed cross-node hops) with the rings run in the engine's order
-   (:func:`~.score.scheduled_attention_times`: a ring starts when its last
-   member leaves its earlier rings) plus the remap time its attention layout
+   work, routed cross-node hops) plus the remap time its attention layout
    forces (:func:`~.score.remap_time`; the linear modules' time is the same for every
-   plan). While the busiest GPU (:func:`~.score.attention_times`) exceeds the
-   mean by more than ``slack``,
+   plan). While the busiest GPU exceeds the mean by more than ``slack``,
    level 1 restarts its search from what level 2 made of each node (node load
    = ``G`` x its busiest GPU; a split sequence's cost = its ring's GPU-time)
    and level 2 runs again, up to :data:`CORRECTION_ROUNDS` times. Level 1's
    estimates (smallest ring, even GPUs) differ from level 2's outcome by a few
-   percent, as much as the balance target. Both of level 2's results are
-   scored; the correction continues from the first (summed times), so the
-   second only adds candidates. If level 1 lent any sequence, the
+   percent, as much as the balance target. If level 1 lent any sequence, the
    whole is repeated without lends: evening out a lent GPU's time can pile
    short sequences' tokens on the node's other GPUs, and the remap that
    follows can cost more than the balance gained. The best score wins among
-   the results whose busiest GPU (:func:`~.score.attention_times`) is within
-   ``balance_target`` of the mean (1.05); only when no result reaches it does
-   the best score overall win.
+   the results whose busiest GPU is within ``balance_target`` of the mean
+   (1.05); only when no result reaches it does the best score overall win.
 
 Splitting is allowed on a link only where the sequence's compute-to-
 communication ratio (one off-diagonal ring step's kernel time over its
@@ -73,8 +63,7 @@ from .node_balance import NodeState, rebalance_nodes, ring_node_tokens
 from .plan import PlanError
 from .predict import ring_time
 from .routing import Route, plan_routing
-from .score import (attention_times, node_remap, node_scheduled_peak, rank_tokens, remap_time,
-                    scheduled_attention_times)
+from .score import attention_times, node_remap, rank_tokens, remap_time
 from .zigzag import zigzag_tokens
 
 __all__ = ["PartitionOptions", "Assignment", "partition", "attention_times", "remap_time"]  # scores re-exported
@@ -218,16 +207,12 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
     """Place every sequence; see the module docstring. Deterministic.
 
     For each span threshold (the target, then lower ones while needed), with
-    lends and then, if level 1 lent any sequence, without: level 1, level 2
-    (up to two results, :func:`_place_gpus`), and up to
-    :data:`CORRECTION_ROUNDS` corrections (:func:`_correct`, from level 2's
-    first result) while the busiest GPU exceeds the mean attention time by
-    more than ``slack``.
-    Every result is scored by busiest-GPU attention time with the rings in the
-    engine's order (:func:`~.score.scheduled_attention_times`) plus remap time;
-    the lowest score among results within ``balance_target`` (busiest GPU over
-    mean by :func:`~.score.attention_times`) wins (ties: the earlier), or the
-    lowest overall if none is within it. Lower thresholds, which span more
+    lends and then, if level 1 lent any sequence, without: level 1, level 2,
+    and up to :data:`CORRECTION_ROUNDS` corrections (:func:`_correct`) while
+    the busiest GPU exceeds the mean attention time by more than ``slack``.
+    Every result is scored by busiest-GPU attention time plus remap time; the
+    lowest score among results within ``balance_target`` wins (ties: the
+    earlier), or the lowest overall if none is within it. Lower thresholds, which span more
     sequences over nodes (batches dominated by a few huge sequences), are
     tried unless the best result so far is within ``slack``. A candidate that
     cannot fit the token capacity is skipped; if none fits, the first one's
@@ -255,22 +240,17 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
             seen.add(key)
             for rnd in range(CORRECTION_ROUNDS + 1):
                 try:
-                    results = _place_gpus(ctx, st)
+                    assignments = _place_gpus(ctx, st)
                 except PlanError as exc:
                     error = error or exc
                     break
-                # Every result competes; the correction continues from the first (summed-time fills).
-                for k, result in enumerate(results):
-                    att_k = attention_times(ctx, result)
-                    peak, mean = max(att_k), sum(att_k) / len(att_k)
-                    within_k = peak <= mean * (1.0 + options.slack)
-                    key = (peak > mean * options.balance_target,
-                           max(scheduled_attention_times(ctx, result))
-                           + remap_time(ctx, rank_tokens(ctx, result)))
-                    if best is None or key[0] < best[0][0] or (key[0] == best[0][0] and key[1] < best[0][1] - 1e-9):
-                        best = (key, result, within_k)
-                    if k == 0:
-                        assignments, att, within = result, att_k, within_k
+                att = attention_times(ctx, assignments)
+                peak, mean = max(att), sum(att) / len(att)
+                within = peak <= mean * (1.0 + options.slack)
+                key = (peak > mean * options.balance_target,
+                       peak + remap_time(ctx, rank_tokens(ctx, assignments)))
+                if best is None or key[0] < best[0][0] or (key[0] == best[0][0] and key[1] < best[0][1] - 1e-9):
+                    best = (key, assignments, within)
                 if within or rnd == CORRECTION_ROUNDS or not _correct(ctx, st, assignments, att, rank_in_order,
                                                                       lend=lend):
                     break
@@ -305,19 +285,8 @@ def _correct(ctx: _Ctx, st: NodeState, assignments: list[Assignment], att: list[
     return rebalance_nodes(ctx, st, rank_in_order, lend=lend)
 
 
-def _place_gpus(ctx: _Ctx, st: NodeState) -> list[list[Assignment]]:
-    """Level 2 for every node, after the node-spanning rings: one or two lists of every sequence's assignment.
-
-    Each node is filled twice by :func:`_place_node` (smallest fitting rings, and
-    whole-node rings); which fill a node keeps is decided by two rules, giving
-    up to two results (the second only where it differs): the fill with the
-    lower busiest GPU by summed per-sequence times (``gpu_load``: every ring
-    member pays each of its sequences' :meth:`CostModel.ring_ms`), and the fill
-    with the lower busiest GPU by :func:`~.score.node_scheduled_peak` (shared
-    ring calls, ring order, local work filling waits); both plus
-    :func:`~.score.node_remap`. Nodes are independent: a fill touches only its
-    node's GPUs.
-    """
+def _place_gpus(ctx: _Ctx, st: NodeState) -> list[Assignment]:
+    """Level 2 for every node, after the node-spanning rings; returns every sequence's assignment."""
     cl, gpn, lengths = ctx.cluster, ctx.gpn, ctx.lengths
     out: dict[int, Assignment] = {i: Assignment("inter_node", r) for i, r in st.inter.items()}
     gpu_load = [0.0] * cl.world_size
@@ -332,22 +301,20 @@ def _place_gpus(ctx: _Ctx, st: NodeState) -> list[list[Assignment]]:
         raise PlanError(f"node-spanning rings put {gpu_tok[over[0]]} tokens on rank {over[0]}, "
                         f"more than tokens_per_gpu = {ctx.cap}")
     quota = [ctx.total_tokens // cl.world_size] * gpn  # the linear layout's, to a token
-    outs = [dict(out), dict(out)]
-    differ = False
     for n in range(cl.nodes):
         ranks = [cl.rank_of(n, l) for l in range(gpn)]
         t_lim = max(st.load[n] / gpn, ctx.target) * (1.0 + ctx.options.slack)
-        trials = [_place_node(ctx, n, st.seqs[n], ranks, list(gpu_load), list(gpu_tok), t_lim, whole_node)
-                  for whole_node in (False, True)]
-        remaps = [node_remap(ctx, [tr[2][r] for r in ranks], quota) for tr in trials]
-        summed = [max(tr[1][r] for r in ranks) + rm for tr, rm in zip(trials, remaps)]
-        sched = [node_scheduled_peak(ctx, tr[0], ranks, gpu_load) + rm for tr, rm in zip(trials, remaps)]
-        # The whole-node fill wins only when it is cheaper (ties: the first fill).
-        pick = [int(summed[1] < summed[0] - 1e-9), int(sched[1] < sched[0] - 1e-9)]
-        differ = differ or pick[0] != pick[1]
-        for k in (0, 1):
-            outs[k].update(trials[pick[k]][0])
-    return [[o[i] for i in range(len(lengths))] for o in (outs if differ else outs[:1])]
+        # Two candidate fills of the node; keep the one whose busiest GPU plus remap is cheapest.
+        best: tuple[float, tuple[dict[int, Assignment], list[float], list[int]]] | None = None
+        for whole_node in (False, True):
+            trial = _place_node(ctx, n, st.seqs[n], ranks, list(gpu_load), list(gpu_tok), t_lim, whole_node)
+            score = max(trial[1][r] for r in ranks) + node_remap(ctx, [trial[2][r] for r in ranks], quota)
+            if best is None or score < best[0] - 1e-9:
+                best = (score, trial)
+        assert best is not None
+        placed, gpu_load, gpu_tok = best[1]
+        out.update(placed)
+    return [out[i] for i in range(len(lengths))]
 
 
 def _place_node(

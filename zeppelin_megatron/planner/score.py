@@ -2,10 +2,6 @@
 
 * :func:`attention_times`: each GPU's attention time (one layer) of a set of
   assignments, exactly as :func:`~.predict.predict` computes it;
-* :func:`scheduled_attention_times`: the same with the rings run in the
-  engine's global order (:func:`~.plan.ring_order`): a ring starts when its
-  last member is free, so a rank in two rings holds up its second ring's
-  members ("convoys"), which :func:`~.predict.predict` does not count;
 * :func:`remap_time` / :func:`node_remap`: the remap time the attention
   layout forces, from per-rank token counts alone (equal to the plan's).
 """
@@ -15,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from .linear_layout import balanced_quotas
-from .plan import Ring, ring_order
 from .predict import rank_attention
 from .remap_routing import nic_proxies
 from .zigzag import zigzag_tokens
@@ -23,8 +18,7 @@ from .zigzag import zigzag_tokens
 if TYPE_CHECKING:
     from .partition import Assignment, _Ctx
 
-__all__ = ["attention_times", "scheduled_attention_times", "node_scheduled_peak", "rank_tokens", "remap_time",
-           "node_remap"]
+__all__ = ["attention_times", "rank_tokens", "remap_time", "node_remap"]
 
 
 def attention_times(ctx: _Ctx, assignments: list[Assignment]) -> list[float]:
@@ -49,75 +43,6 @@ def attention_times(ctx: _Ctx, assignments: list[Assignment]) -> list[float]:
             ring_total[r] += total
             ring_own[r] += own
     return rank_attention(ring_total, ring_own, local, cost.call_overhead_ms)[0]
-
-
-def scheduled_attention_times(ctx: _Ctx, assignments: list[Assignment]) -> list[float]:
-    """Per-GPU attention time (one layer) of ``assignments`` with the rings run in the engine's order.
-
-    Rings (sequences with the same ranks share one) run in :func:`~.plan.ring_order`;
-    each starts when its last member is free and keeps every member busy for
-    its :func:`~.predict.ring_time` total. A member's idle time (before a
-    ring starts, and inside it, ``total - own``) is filled by its local work
-    (at least one call overhead), as :func:`~.predict.rank_attention` fills
-    ring waits: ``attn_r = end_r + max(0, local_r - idle_r)``, ``end_r`` the
-    end of the rank's last ring. Without shared members this equals
-    :func:`attention_times`; with them it is at least as large.
-
-    Example: rings ``A = (0, 1)`` then ``B = (1, 2)``, each 4 ms, no local
-    work: rank 2 waits for rank 1 (4 ms idle) and ends at 8 ms, not 4.
-    """
-    cl, cost = ctx.cluster, ctx.cost
-    groups: dict[tuple[int, ...], list[int]] = {}
-    local = [0.0] * cl.world_size
-    for i, a in enumerate(assignments):
-        if a.placement == "local":
-            local[a.ranks[0]] += ctx.w[i]
-        else:
-            groups.setdefault(a.ranks, []).append(i)
-    out = _schedule(ctx, groups, dict(enumerate(local)), dict.fromkeys(range(cl.world_size), 0.0), assignments)
-    return [out[r] for r in range(cl.world_size)]
-
-
-def node_scheduled_peak(ctx: _Ctx, placed: dict[int, Assignment], ranks: Sequence[int],
-                        busy: Sequence[float]) -> float:
-    """Busiest GPU of one node under :func:`scheduled_attention_times` rules, for level 2's fills.
-
-    ``placed``: the node's node-local sequences (sequence -> assignment);
-    ``ranks``: the node's GPUs; ``busy[r]``: rank ``r``'s node-spanning ring
-    time (global rank index), counted as run before the node's own rings.
-    """
-    groups: dict[tuple[int, ...], list[int]] = {}
-    local = {r: 0.0 for r in ranks}
-    for i in sorted(placed):
-        a = placed[i]
-        if a.placement == "local":
-            local[a.ranks[0]] += ctx.w[i]
-        else:
-            groups.setdefault(a.ranks, []).append(i)
-    return max(_schedule(ctx, groups, local, {r: busy[r] for r in ranks}, placed).values())
-
-
-def _schedule(ctx: _Ctx, groups: dict[tuple[int, ...], list[int]], local: dict[int, float],
-              busy: dict[int, float], assignments: "Sequence[Assignment] | dict[int, Assignment]") -> dict[int, float]:
-    """Attention time of each rank of ``local``/``busy`` (same keys, every ring member among them):
-    rings ``groups`` (ranks -> sequences) in :func:`~.plan.ring_order` after ``busy``; local work
-    fills idle time (see :func:`scheduled_attention_times`)."""
-    rings = [Ring(ranks, assignments[seqs[0]].placement, tuple(seqs))  # type: ignore[arg-type]
-             for ranks, seqs in groups.items()]
-    free = dict(busy)
-    idle = dict.fromkeys(busy, 0.0)
-    for ring in ring_order(rings, ctx.lengths):
-        total, own = ctx.ring_times(ring.ranks, tuple(ctx.lengths[i] for i in ring.seqs))
-        start = max(free[r] for r in ring.ranks)
-        for r in ring.ranks:
-            idle[r] += start - free[r] + total - own
-            free[r] = start + total
-    o = ctx.cost.call_overhead_ms
-    out = {}
-    for r, end in free.items():
-        loc = max(local[r], o) if local[r] > 0 else 0.0
-        out[r] = end + max(0.0, loc - idle[r])
-    return out
 
 
 def rank_tokens(ctx: _Ctx, assignments: list[Assignment]) -> list[int]:
