@@ -60,3 +60,16 @@ def test_plan_routes_inter_node_rings() -> None:
     no = plan_step([60_000, 500, 700], cost.cluster, cost, routing=False)
     assert no.routing == ()
     assert no.predicted.step_ms > plan.predicted.step_ms
+
+
+def test_route_parts_paths_offsets_and_relays() -> None:
+    from zeppelin_megatron.planner.routing import Route, RoutePart, route_parts
+
+    # the docstring's example: 2 nodes x 4 GPUs, 1 -> 6 over proxies (1, 3), 10 elements
+    parts = route_parts(Route((1, 6), 1, 6, (1, 3)), 10, 4)
+    assert parts == [RoutePart(0, 0, 5, (1, 6)), RoutePart(1, 5, 5, (1, 3, 7, 6))]
+    assert [p.relays for p in parts] == [(), (3, 7)]
+    # a proxy at the destination's local index ends on the destination; empty parts are left out
+    parts = route_parts(Route((0, 5), 0, 5, (0, 1, 2)), 2, 4)
+    assert parts == [RoutePart(0, 0, 1, (0, 5)), RoutePart(1, 1, 1, (0, 1, 5))]
+    assert sum(p.count for p in route_parts(Route((0, 5), 0, 5, (0, 1, 2, 3)), 1001, 4)) == 1001

@@ -51,6 +51,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from .plan import LocalSlot, StepPlan
+from .routing import route_parts
 
 if TYPE_CHECKING:
     from .cost_model import CostModel
@@ -81,14 +82,15 @@ def _hops(plan: StepPlan, ring_ranks: Sequence[int], nbytes: float,
     out = []
     for p, src in enumerate(ring_ranks):
         dst = ring_ranks[(p + 1) % g]
-        a, b = cl.node_of(src), cl.node_of(dst)
-        if a == b:
+        if cl.node_of(src) == cl.node_of(dst):
             out.append(((src, dst), cost.nvlink_ms(nbytes)))
             continue
         route = routes.get((src, dst))
-        proxies = route.proxies if route is not None else (cl.local_of(src),)
-        relays = tuple(cl.rank_of(n, x) for x in proxies[1:] for n in (a, b))
-        out.append(((src, dst) + relays, cost.routed_ms(nbytes, len(proxies))))
+        if route is None:
+            out.append(((src, dst), cost.routed_ms(nbytes, 1)))
+            continue
+        relays = tuple(r for rp in route_parts(route, len(route.proxies), cl.gpus_per_node) for r in rp.relays)
+        out.append(((src, dst) + relays, cost.routed_ms(nbytes, len(route.proxies))))
     return out
 
 

@@ -27,7 +27,7 @@ from .cluster import Cluster
 if TYPE_CHECKING:
     from .cost_model import CostModel
 
-__all__ = ["Route", "split_counts", "cross_hops", "plan_routing"]
+__all__ = ["Route", "RoutePart", "split_counts", "route_parts", "cross_hops", "plan_routing"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,49 @@ def split_counts(n: int, parts: int) -> list[int]:
         raise ValueError(f"parts must be >= 1, got {parts}")
     base, extra = divmod(n, parts)
     return [base + (1 if k < extra else 0) for k in range(parts)]
+
+
+@dataclass(frozen=True)
+class RoutePart:
+    """Part ``part`` of a routed transfer: elements ``[offset, offset + count)`` travel along
+    ``path``, the ranks they visit: ``(src, dst)`` for the direct part (the source's own NIC),
+    else ``(src, P_src, P_dst)`` or ``(src, P_src, P_dst, dst)``, with ``P_x`` the proxy's GPU
+    on ``x``'s node (the last hop is dropped when ``P_dst`` is ``dst``)."""
+
+    part: int
+    offset: int
+    count: int
+    path: tuple[int, ...]
+
+    @property
+    def relays(self) -> tuple[int, ...]:
+        """Ranks on the path other than its two ends."""
+        return self.path[1:-1]
+
+
+def route_parts(route: Route, n: int, gpus_per_node: int) -> list[RoutePart]:
+    """How ``n`` elements of ``route.src -> route.dst`` split over the route's proxies
+    (:func:`split_counts`, in proxy order; empty parts left out). Ranks are node-major
+    (``rank = node * gpus_per_node + local``). The one place the runtime's router, the
+    simulator and the planner's timeline turn a route into paths.
+
+    Example: 2 nodes x 4 GPUs, route 1 -> 6 over proxies ``(1, 3)``, 10 elements: part 0
+    (5 elements) goes ``1 -> 6`` on rank 1's NIC; part 1 (5) goes ``1 -> 3`` (NVLink),
+    ``3 -> 7`` (rail 3), ``7 -> 6`` (NVLink).
+    """
+    src_node, dst_node = route.src // gpus_per_node, route.dst // gpus_per_node
+    out: list[RoutePart] = []
+    offset = 0
+    for k, (p, count) in enumerate(zip(route.proxies, split_counts(n, len(route.proxies)))):
+        if count:
+            if p == route.src % gpus_per_node:
+                path: tuple[int, ...] = (route.src, route.dst)
+            else:
+                a, b = src_node * gpus_per_node + p, dst_node * gpus_per_node + p
+                path = (route.src, a, b) if b == route.dst else (route.src, a, b, route.dst)
+            out.append(RoutePart(k, offset, count, path))
+        offset += count
+    return out
 
 
 def cross_hops(ring: Sequence[int], cluster: Cluster) -> list[tuple[int, int]]:

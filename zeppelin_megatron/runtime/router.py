@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..planner.routing import Route, split_counts
+from ..planner.routing import Route, route_parts
 from .comm import P2P, CommStream, Posted, post
 from .group import ZeppelinGroup
 
@@ -89,19 +89,9 @@ def build_schedule(
             if m.numel:
                 raw[0].append((m.src, m.dst, m_idx, 0, 0, m.numel))
             continue
-        offset = 0
-        for part, (p, count) in enumerate(zip(route.proxies, split_counts(m.numel, len(route.proxies)))):
-            if count:
-                if p == group.local_of(m.src):
-                    raw[0].append((m.src, m.dst, m_idx, part, offset, count))
-                else:
-                    a = group.rank_at(group.node_of(m.src), p)
-                    b = group.rank_at(group.node_of(m.dst), p)
-                    raw[0].append((m.src, a, m_idx, part, offset, count))
-                    raw[1].append((a, b, m_idx, part, offset, count))
-                    if b != m.dst:
-                        raw[2].append((b, m.dst, m_idx, part, offset, count))
-            offset += count
+        for rp in route_parts(route, m.numel, group.gpus_per_node):
+            for r, (a, b) in enumerate(zip(rp.path, rp.path[1:])):  # hop r of the path in round r
+                raw[r].append((a, b, m_idx, rp.part, rp.offset, rp.count))
     hops = tuple(
         Hop(round=r, sender=s, receiver=d, msg=mi, part=pt, offset=o, count=c, tag=t)
         for r in range(ROUNDS)
@@ -112,14 +102,8 @@ def build_schedule(
 
 def route_relays(route: Route, group: ZeppelinGroup) -> frozenset[int]:
     """Ranks other than the ends that carry parts of ``route``: ``(node(src), p)`` and ``(node(dst), p)``."""
-    out: set[int] = set()
-    for p in route.proxies:
-        if p != group.local_of(route.src):
-            out.add(group.rank_at(group.node_of(route.src), p))
-            b = group.rank_at(group.node_of(route.dst), p)
-            if b != route.dst:
-                out.add(b)
-    return frozenset(out)
+    # every proxy's part: one element each is enough to name the path
+    return frozenset(r for rp in route_parts(route, len(route.proxies), group.gpus_per_node) for r in rp.relays)
 
 
 class Transfer:

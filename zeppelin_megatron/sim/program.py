@@ -58,7 +58,7 @@ from typing import Literal
 
 from ..planner.cost_model import CostModel
 from ..planner.plan import Ring, StepPlan
-from ..planner.routing import split_counts
+from ..planner.routing import route_parts, split_counts
 from ..planner.zigzag import zigzag_tokens
 
 __all__ = ["Hop", "Transfer", "Op", "LayerProgram", "build_layer_program"]
@@ -182,20 +182,9 @@ def _ring_transfer(plan: StepPlan, ring: Ring, step: int, nbytes: float, cost: C
         if route is None or len(route.proxies) < 2:
             t.chains.append([_hop(cost, src, dst, nbytes)])
             continue
-        # Parts in bytes: split_counts on whole bytes (ceil keeps every byte).
-        parts = split_counts(int(round(nbytes)), len(route.proxies))
-        a_node, b_node = cl.node_of(src), cl.node_of(dst)
-        for proxy, part in zip(route.proxies, parts):
-            if part <= 0:
-                continue
-            if proxy == cl.local_of(src):
-                t.chains.append([_hop(cost, src, dst, part)])
-                continue
-            a, b = cl.rank_of(a_node, proxy), cl.rank_of(b_node, proxy)
-            chain = [Hop(src, a, part, "nvl"), Hop(a, b, part, "nic")]
-            if b != dst:
-                chain.append(Hop(b, dst, part, "nvl"))
-            t.chains.append(chain)
+        # Parts of whole bytes, split as the runtime's router splits elements.
+        for rp in route_parts(route, int(round(nbytes)), cl.gpus_per_node):
+            t.chains.append([_hop(cost, a, b, rp.count) for a, b in zip(rp.path, rp.path[1:])])
     return t
 
 
@@ -247,11 +236,9 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
     # Attention groups in queue order.
     relays: dict[tuple[int, ...], set[int]] = defaultdict(set)
     if attention_comm == "ring" and routing:
-        cl = cost.cluster
-        for route in plan.routing:
-            for p in route.proxies[1:]:
-                relays[route.ring].add(cl.rank_of(cl.node_of(route.src), p))
-                relays[route.ring].add(cl.rank_of(cl.node_of(route.dst), p))
+        for route in plan.routing:  # one element per proxy names every part's path
+            for rp in route_parts(route, len(route.proxies), cost.cluster.gpus_per_node):
+                relays[route.ring].update(rp.relays)
     # Local sequences per rank in plan order; with interleave_local, the plan's slots get theirs.
     local_lens: list[list[int]] = [[] for _ in range(world)]
     slotted: dict[tuple[int, int, int], float] = {}
