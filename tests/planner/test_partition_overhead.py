@@ -41,3 +41,29 @@ def test_fastest_intra_respects_token_capacity() -> None:
     ctx = _Ctx([17_686], cost, PartitionOptions())
     g = ctx.fastest_intra(17_686)
     assert -(-17_686 // g) <= 4_000 and g >= 5
+
+
+def test_chained_rings() -> None:
+    """A node-spanning ring sharing GPUs with two other node-spanning rings is chained."""
+    from zeppelin_megatron.planner.partition import Assignment, _chained
+
+    a = Assignment("inter_node", tuple(range(0, 16)))
+    b = Assignment("inter_node", tuple(range(16, 32)))
+    lent = Assignment("inter_node", tuple(range(8, 24)))
+    local = Assignment("local", (5,))
+    intra = Assignment("intra_node", (0, 1))
+    assert _chained([a, b, lent, local])
+    assert not _chained([a, b, local, intra])  # disjoint rings; intra-node rings do not count
+    assert not _chained([a, lent])  # one overlap: the second ring waits for the first on all its GPUs alike
+    assert _chained([a, Assignment("inter_node", tuple(range(8, 20))), b])  # 8-19 meets both
+
+
+def test_chained_plans_lose_to_unchained_ones() -> None:
+    """On a batch where level 1 lends across two node-spanning rings, the winner has no chained ring
+    when an unchained result exists within the same balance class (7B, 4x8, long-tailed seed 17)."""
+    from zeppelin_megatron.planner.partition import _chained, partition
+    from zeppelin_megatron.planner.workloads import long_tailed_batch
+
+    cost = make_cost("4x8")
+    assignments = partition(long_tailed_batch(1 << 20, 17), cost, PartitionOptions())
+    assert not _chained(assignments)

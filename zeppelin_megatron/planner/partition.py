@@ -42,6 +42,9 @@ greedy "largest first, least loaded first" (LPT) heuristics:
    follows can cost more than the balance gained. The best score wins among
    the results whose busiest GPU is within ``balance_target`` of the mean
    (1.05); only when no result reaches it does the best score overall win.
+   Within each of these two classes, results where no node-spanning ring
+   shares GPUs with two others (:func:`_chained`: such a ring waits for both,
+   which the score does not see) win over results where one does.
 
 Splitting is allowed on a link only where the sequence's compute-to-
 communication ratio (one off-diagonal ring step's kernel time over its
@@ -212,7 +215,8 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
     the busiest GPU exceeds the mean attention time by more than ``slack``.
     Every result is scored by busiest-GPU attention time plus remap time; the
     lowest score among results within ``balance_target`` wins (ties: the
-    earlier), or the lowest overall if none is within it. Lower thresholds, which span more
+    earlier), or the lowest overall if none is within it; in either class a
+    result without :func:`_chained` rings beats one with them. Lower thresholds, which span more
     sequences over nodes (batches dominated by a few huge sequences), are
     tried unless the best result so far is within ``slack``. A candidate that
     cannot fit the token capacity is skipped; if none fits, the first one's
@@ -221,8 +225,8 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
     ctx = _Ctx(lengths, cost, options)
     order = sorted(range(len(lengths)), key=lambda i: (-ctx.w[i], -lengths[i], i))
     rank_in_order = {i: k for k, i in enumerate(order)}
-    # best: ((misses balance_target, score), assignments, balanced within slack); lower key wins
-    best: tuple[tuple[bool, float], list[Assignment], bool] | None = None
+    # best: ((misses balance_target, chained rings, score), assignments, balanced within slack); lower key wins
+    best: tuple[tuple[bool, bool, float], list[Assignment], bool] | None = None
     error: PlanError | None = None
     seen: set[tuple] = set()  # level-1 outcomes already placed (thresholds often agree)
     for factor in SPAN_FACTORS if ctx.allow_inter and ctx.cluster.nodes > 1 else SPAN_FACTORS[:1]:
@@ -247,9 +251,9 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
                 att = attention_times(ctx, assignments)
                 peak, mean = max(att), sum(att) / len(att)
                 within = peak <= mean * (1.0 + options.slack)
-                key = (peak > mean * options.balance_target,
+                key = (peak > mean * options.balance_target, _chained(assignments),
                        peak + remap_time(ctx, rank_tokens(ctx, assignments)))
-                if best is None or key[0] < best[0][0] or (key[0] == best[0][0] and key[1] < best[0][1] - 1e-9):
+                if best is None or key[:2] < best[0][:2] or (key[:2] == best[0][:2] and key[2] < best[0][2] - 1e-9):
                     best = (key, assignments, within)
                 if within or rnd == CORRECTION_ROUNDS or not _correct(ctx, st, assignments, att, rank_in_order,
                                                                       lend=lend):
@@ -262,6 +266,27 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions
         assert error is not None
         raise error  # no candidate fits: the first one's reason
     return best[1]
+
+
+def _chained(assignments: list[Assignment]) -> bool:
+    """Some node-spanning ring shares GPUs with two or more other node-spanning rings.
+
+    Every rank runs its rings in one global order, so such a ring starts only
+    after both of the others have ended on its GPUs; members that left the
+    earlier of the two wait (:func:`~.predict.predict` does not count it).
+    Example: rings over ranks 0-15, 16-31 and (8-15, 16-23): the third waits
+    for the first on ranks 8-15 and for the second on 16-23.
+    """
+    on: dict[int, list[tuple[int, ...]]] = {}
+    rings = {a.ranks for a in assignments if a.placement == "inter_node"}
+    for ring in rings:
+        for r in ring:
+            on.setdefault(r, []).append(ring)
+    for ring in rings:
+        others = {o for r in ring for o in on[r] if o != ring}
+        if len(others) > 1:
+            return True
+    return False
 
 
 def _correct(ctx: _Ctx, st: NodeState, assignments: list[Assignment], att: list[float],
