@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Literal, Sequence
 
 from .cluster import Cluster
@@ -111,13 +110,13 @@ def plan_step(
     lin = att if remap is False else linear_layout(att, cluster)
     first = StepPlan(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, sequences=sequences,
                      attention_layout=att, linear_layout=lin)
-    first = replace(first, routing=derive_routing(first, cost_model, enabled=routing), validate=False)
+    first = first.evolve(routing=derive_routing(first, cost_model, enabled=routing))
     if routing and lin is not att:
-        first = replace(first, remap_proxies=remap_proxies_for(first, cost_model), validate=False)
+        first = first.evolve(remap_proxies=remap_proxies_for(first, cost_model))
     first = with_local_slots(first, cost_model)
     candidates = [first]
     if remap is not True and remap is not False:  # "auto"
-        candidates.append(replace(first, linear_layout=att, remap_proxies=(), validate=False))
-    candidates = [replace(p, predicted=predict(p, cost_model), validate=False) for p in candidates]
+        candidates.append(first.evolve(linear_layout=att, remap_proxies=()))
+    candidates = [p.evolve(predicted=predict(p, cost_model)) for p in candidates]
     # "auto": the lower predicted step; min() keeps the first (remapped) one on a tie.
     return min(candidates, key=lambda p: p.predicted.step_ms)  # type: ignore[union-attr]

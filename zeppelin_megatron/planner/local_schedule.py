@@ -110,24 +110,27 @@ def ring_timeline(plan: StepPlan, cost: "CostModel") -> tuple[dict[tuple[int, in
             d, f = cost.ring_compute_profile(s, g)
             diag, off, step_bytes = diag + d, off + f, step_bytes + cost.ring_step_bytes(s, g)
         hops = _hops(plan, ring.ranks, 3 * step_bytes, cost)
-        members = set(ring.ranks)
-        everyone = sorted(members.union(*(h[0] for h in hops)))
-        post = {r: free[r] for r in everyone}
+        everyone = sorted(set(ring.ranks).union(*(h[0] for h in hops)))
+        at = {r: i for i, r in enumerate(everyone)}  # rank -> index into the per-ring lists below
+        hop_at = [(tuple(at[r] for r in touched), ms) for touched, ms in hops]
+        member = [r in ring.ranks for r in everyone]
+        post = [free[r] for r in everyone]
         for j in range(g - 1):
             c = max(diag if j == 0 else off, o)
-            done = dict.fromkeys(everyone, 0.0)
-            for touched, ms in hops:
-                end = max(post[r] for r in touched) + ms
-                for r in touched:
-                    done[r] = max(done[r], end)
-            for r in everyone:
-                ready = post[r] + (c if r in members else 0.0)
-                if r in members:
-                    gaps[(r, k, j)] = max(0.0, done[r] - ready)
-                post[r] = max(ready, done[r])
+            done = [0.0] * len(everyone)
+            for touched, ms in hop_at:
+                end = max([post[i] for i in touched]) + ms
+                for i in touched:
+                    if end > done[i]:
+                        done[i] = end
+            for i, r in enumerate(everyone):
+                ready = post[i] + c if member[i] else post[i]
+                if member[i]:
+                    gaps[(r, k, j)] = max(0.0, done[i] - ready)
+                post[i] = max(ready, done[i])
         last = max(off, o)  # rings have g >= 2
-        for r in everyone:
-            free[r] = post[r] + (last if r in members else 0.0)
+        for i, r in enumerate(everyone):
+            free[r] = post[i] + (last if member[i] else 0.0)
     return gaps, free
 
 
@@ -136,7 +139,7 @@ def schedule_local(plan: StepPlan, cost: "CostModel") -> tuple[LocalSlot, ...]:
     o = cost.call_overhead_ms
     gaps, _ = ring_timeline(plan, cost)
     by_rank: dict[int, list[tuple[int, int, float]]] = {}
-    for (r, k, j), gap in sorted(gaps.items()):
+    for (r, k, j), gap in gaps.items():  # inserted ring by ring, step by step: (k, j) order per rank
         if gap > o:  # a call shorter than the overhead does not exist
             by_rank.setdefault(r, []).append((k, j, gap))
     filling: dict[int, int] = {}
@@ -183,6 +186,4 @@ def schedule_local(plan: StepPlan, cost: "CostModel") -> tuple[LocalSlot, ...]:
 
 def with_local_slots(plan: StepPlan, cost: "CostModel") -> StepPlan:
     """``plan`` with :func:`schedule_local`'s slots (its other fields unchanged)."""
-    from dataclasses import replace
-
-    return replace(plan, local_slots=schedule_local(plan, cost), validate=False)
+    return plan.evolve(local_slots=schedule_local(plan, cost))

@@ -168,6 +168,39 @@ class StepPlan:
     def remap(self) -> RemapPlan:
         return RemapPlan(build_remap(self.linear_layout, self.attention_layout), self.world_size)
 
+    @cached_property
+    def remap_traffic(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """Tokens the remap moves per rank in one direction: ``(intra, out, into)``: inside the node
+        (counted at both ends), and across nodes sent / received. All zero without a remap.
+
+        Example: 2 nodes x 1 GPU, linear ``[[(0,0,4)], []]``, attention ``[[(0,0,1)], [(0,1,4)]]``:
+        3 tokens cross nodes, ``out = (3, 0)``, ``into = (0, 3)``.
+        """
+        n, gpn = self.world_size, self.gpus_per_node
+        intra, out, into = [0] * n, [0] * n, [0] * n
+        if self.linear_layout != self.attention_layout:
+            for seg in self.remap.segments:
+                a, b = seg.lin_rank, seg.att_rank
+                if a == b:
+                    continue
+                if a // gpn == b // gpn:
+                    intra[a] += seg.length
+                    intra[b] += seg.length
+                else:
+                    out[a] += seg.length
+                    into[b] += seg.length
+        return tuple(intra), tuple(out), tuple(into)
+
+    def evolve(self, **changes: Any) -> "StepPlan":
+        """``dataclasses.replace`` without re-validating the layouts (only for changes that keep the plan
+        valid), keeping the derived remap when neither layout changes (it is the costly one to rebuild)."""
+        new = replace(self, validate=False, **changes)
+        if not {"attention_layout", "linear_layout"} & changes.keys():
+            for name in ("remap", "remap_traffic"):
+                if name in self.__dict__:
+                    new.__dict__[name] = self.__dict__[name]
+        return new
+
     def routes_for(self, ring: Sequence[int]) -> dict[tuple[int, int], Route]:
         key = tuple(ring)
         return {(r.src, r.dst): r for r in self.routing if r.ring == key}

@@ -112,22 +112,11 @@ def remap_time(
     cl = cost.cluster
     world = plan.world_size
     per_token = 2 * cost.q_bytes_per_token + cost.kv_bytes_per_token
-    intra = [0.0] * world
-    inter = [0.0] * world
-    out = [0.0] * world  # network bytes a rank sends / receives (routed: full duplex per NIC)
-    into = [0.0] * world
-    no_remap = plan.linear_layout == plan.attention_layout
-    for seg in () if no_remap else plan.remap.segments:  # no remap: every token stays put
-        a, b = seg.lin_rank, seg.att_rank
-        if a == b:
-            continue
-        nbytes = seg.length * per_token
-        target = intra if cl.node_of(a) == cl.node_of(b) else inter
-        target[a] += nbytes
-        target[b] += nbytes
-        if target is inter:
-            out[a] += nbytes
-            into[b] += nbytes
+    tokens_intra, tokens_out, tokens_into = plan.remap_traffic
+    intra = [t * per_token for t in tokens_intra]
+    out = [t * per_token for t in tokens_out]  # network bytes a rank sends / receives
+    into = [t * per_token for t in tokens_into]
+    inter = [a + b for a, b in zip(out, into)]
     k = len(proxies)
     node_out = [0.0] * cl.nodes
     node_in = [0.0] * cl.nodes
