@@ -55,7 +55,6 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
     world = plan.world_size
     layers = cost.model.layers
     o = cost.call_overhead_ms
-    kvb = cost.kv_bytes_per_token
     ring_total = [0.0] * world
     ring_own = [0.0] * world
     intra_b = [0.0] * world
