@@ -48,7 +48,19 @@ if TYPE_CHECKING:
     from .cost_model import CostModel
     from .plan import StepPlan
 
-__all__ = ["RoutedPhase", "RoutedExchange", "routed_exchange", "nic_proxies", "remap_proxies_for"]
+__all__ = ["RoutedPhase", "RoutedExchange", "routed_exchange", "nic_proxies", "remap_proxies_for", "proxy_parts"]
+
+
+def proxy_parts(a: int, b: int, n: int, gpus_per_node: int,
+                proxies: Sequence[int]) -> list[tuple[int, int, int, int]]:
+    """The non-empty parts of ``n`` rows of the cross-node pair ``a -> b``: ``(part, rows, P_a, P_b)``,
+    part ``p`` on proxy ``proxies[p]``'s GPU of each node (:func:`~.routing.split_counts`).
+
+    Example: 2 nodes x 2 GPUs, ``0 -> 3``, 5 rows, proxies ``(0, 1)``: ``[(0, 3, 0, 2), (1, 2, 1, 3)]``.
+    """
+    na, nb = a // gpus_per_node, b // gpus_per_node
+    return [(p, rows, na * gpus_per_node + x, nb * gpus_per_node + x)
+            for p, (x, rows) in enumerate(zip(proxies, split_counts(n, len(proxies)))) if rows]
 
 
 def nic_proxies(gpu_nic: Sequence[int]) -> tuple[int, ...]:
@@ -104,22 +116,17 @@ def _pieces(remap: RemapPlan, direction: Direction, gpus_per_node: int,
     """Per source rank, its pieces in direct send order (destination, then part)."""
     world = remap.world_size
     counts = remap.counts(direction)
-    k = len(proxies)
     out: list[list[_Piece]] = [[] for _ in range(world)]
     for a in range(world):
-        na = a // gpus_per_node
         for b in range(world):
             n = int(counts[a, b])
             if n == 0:
                 continue
-            nb = b // gpus_per_node
-            if na == nb:
+            if a // gpus_per_node == b // gpus_per_node:
                 out[a].append((a, b, 0, n, (a, b, b, b)))
                 continue
-            for p, rows in enumerate(split_counts(n, k)):
-                if rows:
-                    pa, pb = na * gpus_per_node + proxies[p], nb * gpus_per_node + proxies[p]
-                    out[a].append((a, b, p, rows, (a, pa, pb, b)))
+            parts = proxy_parts(a, b, n, gpus_per_node, proxies)
+            out[a] += [(a, b, p, rows, (a, pa, pb, b)) for p, rows, pa, pb in parts]
     return out
 
 

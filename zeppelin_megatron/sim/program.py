@@ -58,7 +58,8 @@ from typing import Literal
 
 from ..planner.cost_model import CostModel
 from ..planner.plan import Ring, StepPlan
-from ..planner.routing import route_parts, split_counts
+from ..planner.remap_routing import proxy_parts
+from ..planner.routing import route_parts
 from ..planner.zigzag import zigzag_tokens
 
 __all__ = ["Hop", "Transfer", "Op", "LayerProgram", "build_layer_program"]
@@ -153,14 +154,10 @@ def _remap_transfer(key: tuple, cost: CostModel, rows: dict[tuple[int, int], int
     for (a, b), n in sorted(rows.items()):
         if a == b or n <= 0:
             continue
-        na, nb = cl.node_of(a), cl.node_of(b)
-        if na == nb:
+        if cl.node_of(a) == cl.node_of(b):
             t.chains.append([Hop(a, b, n * per_token, "nvl")])
             continue
-        for p, part in zip(proxies, split_counts(n, len(proxies))):
-            if part <= 0:
-                continue
-            pa, pb = cl.rank_of(na, p), cl.rank_of(nb, p)
+        for _, part, pa, pb in proxy_parts(a, b, n, cl.gpus_per_node, proxies):
             nbytes = part * per_token
             chain = [Hop(a, pa, nbytes, "nvl")] if pa != a else []
             chain.append(Hop(pa, pb, nbytes, "nic"))
