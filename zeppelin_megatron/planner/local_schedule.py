@@ -112,25 +112,35 @@ def ring_timeline(plan: StepPlan, cost: "CostModel") -> tuple[dict[tuple[int, in
         hops = _hops(plan, ring.ranks, 3 * step_bytes, cost)
         everyone = sorted(set(ring.ranks).union(*(h[0] for h in hops)))
         at = {r: i for i, r in enumerate(everyone)}  # rank -> index into the per-ring lists below
-        hop_at = [(tuple(at[r] for r in touched), ms) for touched, ms in hops]
-        member = [r in ring.ranks for r in everyone]
+        hop_at = [tuple(at[r] for r in touched) for touched, _ in hops]
+        hop_ms = [ms for _, ms in hops]
+        members = [(i, r) for i, r in enumerate(everyone) if r in ring.ranks]
+        others = [i for i, r in enumerate(everyone) if r not in ring.ranks]
         post = [free[r] for r in everyone]
         for j in range(g - 1):
             c = max(diag if j == 0 else off, o)
             done = [0.0] * len(everyone)
-            for touched, ms in hop_at:
-                end = max([post[i] for i in touched]) + ms
+            for touched, ms in zip(hop_at, hop_ms):  # (the hot loop of planning: kept plain)
+                end = post[touched[0]]
+                for i in touched:
+                    if post[i] > end:
+                        end = post[i]
+                end += ms
                 for i in touched:
                     if end > done[i]:
                         done[i] = end
-            for i, r in enumerate(everyone):
-                ready = post[i] + c if member[i] else post[i]
-                if member[i]:
-                    gaps[(r, k, j)] = max(0.0, done[i] - ready)
-                post[i] = max(ready, done[i])
+            for i, r in members:
+                ready = post[i] + c
+                gaps[(r, k, j)] = done[i] - ready if done[i] > ready else 0.0
+                post[i] = done[i] if done[i] > ready else ready
+            for i in others:
+                if done[i] > post[i]:
+                    post[i] = done[i]
         last = max(off, o)  # rings have g >= 2
-        for i, r in enumerate(everyone):
-            free[r] = post[i] + (last if member[i] else 0.0)
+        for i, r in members:
+            free[r] = post[i] + last
+        for i in others:
+            free[everyone[i]] = post[i]
     return gaps, free
 
 
