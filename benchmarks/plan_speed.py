@@ -31,7 +31,7 @@ def main() -> None:
         lengths = long_tailed_batch(args.tokens, seed)
         cost = CostModel(model=model, cluster=cluster)
         t0 = time.perf_counter()
-        plan_step(lengths, cluster, cost)
+        plan_step(lengths, cost)
         times.append((time.perf_counter() - t0) * 1e3)
     print(f"plan_step: {args.tokens} tokens, {cluster.world_size} GPUs ({args.cluster}): "
           f"median {statistics.median(times):.1f} ms, best {min(times):.1f} ms over {len(times)} seeds")

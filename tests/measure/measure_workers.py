@@ -82,7 +82,7 @@ def check_replay_matches_engine(rank: int) -> None:
                       cluster, cost)
     routed = replace(base, routing=(Route((3, 0), 0, 3, (0, 1)), Route((3, 0, 2, 1), 3, 0, (1, 0))),
                      validate=False)
-    plans = [routed, plan_step([300, 120, 40, 30, 20, 9, 5, 3, 1], cluster, cost)]
+    plans = [routed, plan_step([300, 120, 40, 30, 20, 9, 5, 3, 1], cost)]
     group = ZeppelinGroup(process_group=None, gpus_per_node=2)
     gen = torch.Generator().manual_seed(rank)
     for plan in plans:

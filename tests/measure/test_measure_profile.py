@@ -47,7 +47,7 @@ def test_profile_cli_round_trips_into_the_planner(tmp_path: Path, capsys: pytest
     # Same profile layer and model: the linear cost at a measured row is the row itself.
     row = profile.linear[-1]
     assert cost.linear_ms(row.tokens) == pytest.approx(row.fwd_bwd_ms)
-    plan = plan_step([900, 400, 200, 120, 64, 30, 20, 10, 5] * 2, cluster, cost)
+    plan = plan_step([900, 400, 200, 120, 64, 30, 20, 10, 5] * 2, cost)
     assert plan.predicted is not None and len(plan.predicted.attention_ms) == 8
     assert sum(plan.tokens(r, "attention") for r in range(8)) == plan.total_tokens
 

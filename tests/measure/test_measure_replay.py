@@ -77,7 +77,7 @@ def check_ring_work(plan: StepPlan, heads: int, kv_heads: int) -> None:
 
 def test_zeppelin_plan_work_covers_exactly_the_planned_tokens(setup: tuple[Any, CostModel]) -> None:
     cluster, cost = setup
-    plan = plan_step(LENGTHS, cluster, cost)
+    plan = plan_step(LENGTHS, cost)
     assert {s.placement for s in plan.sequences} >= {"local", "intra_node"}
     check_ring_work(plan, 2, 1)
 
@@ -140,7 +140,7 @@ class Recorder:
 def test_replay_runs_each_ranks_calls_forward_then_backward(setup: tuple[Any, CostModel]) -> None:
     cluster, cost = setup
     model = cost.model
-    plan = plan_step(LENGTHS, cluster, cost)
+    plan = plan_step(LENGTHS, cost)
     rec = Recorder()
     res = replay_plan(plan, model=model, kernel=rec, dtype=torch.float32, device=CPU, warmup=0, repeats=1)
     assert len(res.ranks) == 8 and res.attention_comm == "ring" and res.layers == model.layers
@@ -205,7 +205,7 @@ def test_replay_cli_strategies_and_json(tmp_path: Path, capsys: pytest.CaptureFi
 def test_replay_cli_plan_json_without_prediction(tmp_path: Path, setup: tuple[Any, CostModel],
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     cluster, cost = setup
-    plan = plan_step([200, 50, 20, 9, 4], cluster, cost)
+    plan = plan_step([200, 50, 20, 9, 4], cost)
     doc = plan.to_dict()
     del doc["predicted"]
     path = tmp_path / "plan.json"

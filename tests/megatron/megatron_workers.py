@@ -120,7 +120,7 @@ def _check_one(rank: int, world: int, tp: int, pad_to: int, seed: int,
     loss = torch.zeros((), dtype=torch.float64)
     placements: set[str] = set()
     for lengths, step_docs in zip(MICRO_STEPS, docs):
-        plan = plan_step(lengths, cost.cluster, cost)
+        plan = plan_step(lengths, cost)
         placements |= {s.placement for s in plan.sequences}
         b = rank_batch(plan, group.rank, step_docs, pad_to=pad_to)
         bind_step(model, ZeppelinStep(plan=plan, group=group, position_ids=b["position_ids"][0],
@@ -141,7 +141,7 @@ def _check_one(rank: int, world: int, tp: int, pad_to: int, seed: int,
         from zeppelin_megatron.runtime import PlanMismatchError
 
         k = 0 if group.rank == 0 else 1
-        plan = plan_step(MICRO_STEPS[k], cost.cluster, cost)
+        plan = plan_step(MICRO_STEPS[k], cost)
         b = rank_batch(plan, group.rank, docs[k], pad_to=1)
         bind_step(model, ZeppelinStep(plan=plan, group=group, position_ids=b["position_ids"][0],
                                       real_tokens=b["real"]))

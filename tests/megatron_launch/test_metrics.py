@@ -24,7 +24,7 @@ def plans():
     cluster = load_cluster(f"2x8@{H100_YAML}")
     cost = CostModel(model=LLAMA_7B, cluster=cluster)
     batches = [[60_000, 30_000] + [2_000] * 100, [4_096] * 64, [100_000, 500, 700, 9_000] + [1_000] * 50]
-    return [plan_step(b, cluster, cost) for b in batches]
+    return [plan_step(b, cost) for b in batches]
 
 
 def test_plan_metrics_counts_and_bytes(plans) -> None:

@@ -16,6 +16,7 @@ from zeppelin_megatron.megatron.planning import (
     reduce_cluster_for_tp,
 )
 from zeppelin_megatron.planner import Cluster, load_cluster, plan_step
+from zeppelin_megatron.planner import PlannerOptions
 from zeppelin_megatron.planner.model import LLAMA_7B
 
 from .helpers import A800_YAML, H100_YAML, megatron_namespace
@@ -126,7 +127,7 @@ def test_setup_planner_matches_plan_step() -> None:
     lengths = [812, 40_000, 95_000, 2_048] + [4096] * 30
     plan = s.planner(lengths)
     assert plan.world_size == 16
-    assert plan.to_json() == plan_step(lengths, s.cluster, s.cost).to_json()
+    assert plan.to_json() == plan_step(lengths, s.cost).to_json()
     assert plan.to_json() == s.planner(lengths).to_json()  # deterministic
 
 
@@ -147,7 +148,7 @@ def test_planner_remap_default_on_auto_and_off() -> None:
     lengths = [812, 40_000, 95_000, 2_048] + [4096] * 30
     on = _setup(zeppelin_remap=True)
     assert on.planner.remap is True and "remap on" in on.describe()
-    assert on.planner(lengths).to_json() == plan_step(lengths, on.cluster, on.cost, remap=True).to_json()
+    assert on.planner(lengths).to_json() == plan_step(lengths, on.cost, PlannerOptions(remap=True)).to_json()
     off = _setup(zeppelin_remap=False)
     assert "remap off" in off.describe()
     auto = s.planner(lengths)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zeppelin_megatron.planner import (
+    PlannerOptions,
     Cluster, ClusterError, CostModel, ModelError, ModelShape, PlanError, load_cluster, load_model, plan_step,
 )
 
@@ -14,13 +15,13 @@ from .conftest import make_cost
 def test_sequence_longer_than_cluster() -> None:
     cost = make_cost("2x2", tokens_per_gpu=1000)
     with pytest.raises(PlanError, match=r"5000 tokens, more than the cluster's total capacity of 4000"):
-        plan_step([5000], cost.cluster, cost)
+        plan_step([5000], cost)
 
 
 def test_batch_over_capacity() -> None:
     cost = make_cost("1x2", tokens_per_gpu=1000)
     with pytest.raises(PlanError, match=r"2100 tokens, more than the cluster's total capacity of 2000"):
-        plan_step([700, 700, 700], cost.cluster, cost)
+        plan_step([700, 700, 700], cost)
 
 
 @pytest.mark.parametrize("lengths, match", [
@@ -32,13 +33,15 @@ def test_batch_over_capacity() -> None:
 def test_bad_lengths(lengths: list, match: str) -> None:  # type: ignore[type-arg]
     cost = make_cost("1x2")
     with pytest.raises(PlanError, match=match):
-        plan_step(lengths, cost.cluster, cost)
+        plan_step(lengths, cost)
 
 
-def test_cost_model_for_other_cluster() -> None:
+def test_swapped_arguments() -> None:
     cost = make_cost("1x2")
-    with pytest.raises(PlanError, match="another cluster"):
-        plan_step([10], load_cluster("2x2"), cost)
+    with pytest.raises(PlanError, match="cost_model is a Cluster, expected a CostModel"):
+        plan_step([10], cost.cluster, cost)  # type: ignore[arg-type,call-arg]
+    with pytest.raises(PlanError, match="options is a dict, expected a PlannerOptions"):
+        plan_step([10], cost, {"routing": False})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("spec, match", [
@@ -78,7 +81,7 @@ def test_bad_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
 
 def test_bad_options() -> None:
     cost = make_cost("1x2")
-    with pytest.raises(PlanError, match="slack must be in"):
-        plan_step([10], cost.cluster, cost, slack=2.0)
-    with pytest.raises(PlanError, match="placements must be"):
-        plan_step([10], cost.cluster, cost, placements=("everywhere",))
+    with pytest.raises(PlanError, match=r"slack is 2.0, expected a fraction in \[0, 1\)"):
+        plan_step([10], cost, PlannerOptions(slack=2.0))
+    with pytest.raises(PlanError, match="placements \\['everywhere'\\]: expected distinct names"):
+        plan_step([10], cost, PlannerOptions(placements=("everywhere",)))

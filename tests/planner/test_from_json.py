@@ -34,7 +34,7 @@ def test_planner_round_trip_and_routing_derivation() -> None:
     cost = make_cost("2x8", tokens_per_gpu=40_000)
     from zeppelin_megatron.planner import plan_step
 
-    plan = plan_step([300_000, 500, 700, 9000], cost.cluster, cost)
+    plan = plan_step([300_000, 500, 700, 9000], cost)
     assert StepPlan.from_json(plan.to_json()) == plan
     doc = json.loads(plan.to_json())
     del doc["routing"]

@@ -95,8 +95,8 @@ def test_planner_slots_are_valid_fit_their_gaps_and_are_deterministic() -> None:
     cost = CostModel(model=load_model(None), cluster=cl)
     for seed in range(4):
         lengths = long_tailed_batch(1 << 20, seed=seed)
-        plan = plan_step(lengths, cl, cost)
-        assert plan.local_slots == plan_step(lengths, cl, cost).local_slots
+        plan = plan_step(lengths, cost)
+        assert plan.local_slots == plan_step(lengths, cost).local_slots
         gaps = ring_timeline(plan, cost)[0]
         seen: set[int] = set()
         for x in plan.local_slots:
@@ -156,7 +156,7 @@ def test_random_plans_schedule_only_where_a_rank_is_a_member() -> None:
     cost = CostModel(model=load_model(None), cluster=cl)
     for _ in range(5):
         lengths = [rng.choice([rng.randint(100, 3000), rng.randint(20000, 60000)]) for _ in range(40)]
-        plan = plan_step(lengths, cl, cost)
+        plan = plan_step(lengths, cost)
         for x in plan.local_slots:
             assert x.rank in plan.rings[x.ring].ranks
             assert 0 <= x.step <= len(plan.rings[x.ring].ranks) - 2

@@ -6,6 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from zeppelin_megatron.planner import StepPlan, plan_step
+from zeppelin_megatron.planner import PlannerOptions
 from zeppelin_megatron.planner.workloads import long_tailed_batch
 
 from .conftest import make_cost
@@ -73,7 +74,7 @@ def test_random_long_tailed_batches(
     nodes, gpus = shape
     cost = make_cost(f"{nodes}x{gpus}", tokens_per_gpu=1 << 20)
     lengths = long_tailed_batch(tokens, seed, long_min=2_000, long_max=60_000, short_median=300)
-    plan = plan_step(lengths, cost.cluster, cost, routing=routing, remap=remap)  # type: ignore[arg-type]
+    plan = plan_step(lengths, cost, PlannerOptions(routing=routing, remap=remap))  # type: ignore[arg-type]
     check_plan(plan, lengths, cost.cluster.tokens_per_gpu)
     if remap is False:
         assert plan.linear_layout == plan.attention_layout
@@ -87,21 +88,21 @@ def test_random_long_tailed_batches(
 @given(lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=60), shape=st.sampled_from(SHAPES[:7]))
 def test_arbitrary_lengths(lengths: list[int], shape: tuple[int, int]) -> None:
     cost = make_cost(f"{shape[0]}x{shape[1]}")
-    check_plan(plan_step(lengths, cost.cluster, cost), lengths, cost.cluster.tokens_per_gpu)
+    check_plan(plan_step(lengths, cost), lengths, cost.cluster.tokens_per_gpu)
 
 
 def test_world_256_and_1m_tokens() -> None:
     cost = make_cost("32x8")
     lengths = long_tailed_batch(1 << 20, 7)
-    plan = plan_step(lengths, cost.cluster, cost)
+    plan = plan_step(lengths, cost)
     check_plan(plan, lengths, cost.cluster.tokens_per_gpu)
 
 
 def test_deterministic_json() -> None:
     cost = make_cost("4x8")
     lengths = long_tailed_batch(1 << 19, 3)
-    a = plan_step(lengths, cost.cluster, cost).to_json()
-    b = plan_step(list(lengths), cost.cluster, make_cost("4x8")).to_json()
+    a = plan_step(lengths, cost).to_json()
+    b = plan_step(list(lengths), make_cost("4x8")).to_json()
     assert a == b
 
 
@@ -109,7 +110,7 @@ def test_capacity_binds_attention_layout() -> None:
     cost = make_cost("2x4", tokens_per_gpu=20_000)
     lengths = long_tailed_batch(150_000, 11, long_min=10_000, long_max=40_000)
     for remap in ("auto", True, False):
-        plan = plan_step(lengths, cost.cluster, cost, remap=remap)  # type: ignore[arg-type]
+        plan = plan_step(lengths, cost, PlannerOptions(remap=remap))  # type: ignore[arg-type]
         check_plan(plan, lengths, 20_000)
         assert max(plan.tokens(r, "attention") for r in range(8)) <= 20_000
         assert max(plan.tokens(r, "linear") for r in range(8)) <= 20_000

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zeppelin_megatron.planner import CostModel, StepPlan, load_cluster, load_model, plan_step
+from zeppelin_megatron.planner import PlannerOptions
 from zeppelin_megatron.planner.plan import SequencePlan
 from zeppelin_megatron.planner.predict import attention_time, predict
 from zeppelin_megatron.planner.workloads import long_tailed_batch
@@ -59,8 +60,8 @@ def test_remapped_plan_keeps_the_barrier_rule() -> None:
 def test_planner_predictions_follow_the_rule_of_their_layouts(seed: int) -> None:
     cost = CostModel(model=load_model(None), cluster=load_cluster("2x8"))
     lengths = long_tailed_batch(1 << 19, seed)
-    on = plan_step(lengths, cost.cluster, cost, remap=True).predicted
-    off = plan_step(lengths, cost.cluster, cost, remap=False).predicted
+    on = plan_step(lengths, cost, PlannerOptions(remap=True)).predicted
+    off = plan_step(lengths, cost, PlannerOptions(remap=False)).predicted
     assert on.step_ms == pytest.approx(max(attention_time(on)) + max(on.linear_ms) + on.remap_ms, abs=1e-4)
     assert off.step_ms == pytest.approx(max(a + l for a, l in zip(attention_time(off), off.linear_ms)), abs=1e-4)
     assert off.step_ms == pytest.approx(max(off.rank_ms), abs=1e-5)

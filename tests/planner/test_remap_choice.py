@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from zeppelin_megatron.planner import CostModel, PlanError, load_cluster, load_model, plan_step
+from zeppelin_megatron.planner import PlannerOptions
 from zeppelin_megatron.planner.predict import predict
 from zeppelin_megatron.planner.workloads import long_tailed_batch
 
@@ -22,15 +23,15 @@ CASES = [("2x8", 1 << 19, seed) for seed in range(4)] + [("4x8", 1 << 20, seed) 
 def test_auto_keeps_the_faster_of_the_two(spec: str, tokens: int, seed: int) -> None:
     cost = _cost(spec)
     lengths = long_tailed_batch(tokens, seed)
-    on = plan_step(lengths, cost.cluster, cost, remap=True)
-    off = plan_step(lengths, cost.cluster, cost, remap=False)
-    auto = plan_step(lengths, cost.cluster, cost, remap="auto")
+    on = plan_step(lengths, cost, PlannerOptions(remap=True))
+    off = plan_step(lengths, cost, PlannerOptions(remap=False))
+    auto = plan_step(lengths, cost, PlannerOptions(remap="auto"))
     assert on.attention_layout == off.attention_layout == auto.attention_layout
     assert on.routing == off.routing == auto.routing
     assert off.linear_layout == off.attention_layout != on.linear_layout
     assert auto.predicted.step_ms == min(on.predicted.step_ms, off.predicted.step_ms)
     assert auto == (on if on.predicted.step_ms <= off.predicted.step_ms else off)
-    assert auto.to_json() == plan_step(list(lengths), cost.cluster, _cost(spec), remap="auto").to_json()  # deterministic
+    assert auto.to_json() == plan_step(list(lengths), _cost(spec), PlannerOptions(remap="auto")).to_json()  # deterministic
 
 
 def test_auto_picks_each_side_on_some_batch() -> None:
@@ -38,7 +39,7 @@ def test_auto_picks_each_side_on_some_batch() -> None:
     picked = set()
     for spec, tokens, seed in CASES + [("2x8", 1 << 18, s) for s in range(6)]:
         cost = _cost(spec)
-        plan = plan_step(long_tailed_batch(tokens, seed), cost.cluster, cost, remap="auto")
+        plan = plan_step(long_tailed_batch(tokens, seed), cost, PlannerOptions(remap="auto"))
         picked.add(plan.linear_layout == plan.attention_layout)
     assert picked == {True, False}
 
@@ -51,16 +52,16 @@ def test_tie_keeps_the_remap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(api, "predict", lambda plan, cost: replace(real(plan, cost), step_ms=1.0))
     cost = _cost("2x8")
     lengths = long_tailed_batch(1 << 19, 1)
-    plan = plan_step(lengths, cost.cluster, cost, remap="auto")
+    plan = plan_step(lengths, cost, PlannerOptions(remap="auto"))
     assert plan.linear_layout != plan.attention_layout
-    assert plan.linear_layout == plan_step(lengths, cost.cluster, cost, remap=True).linear_layout
+    assert plan.linear_layout == plan_step(lengths, cost, PlannerOptions(remap=True)).linear_layout
 
 
 def test_default_is_the_token_balanced_layout() -> None:
     """Issue 2: without options every rank holds floor(T/N) or ceil(T/N) linear-layout tokens."""
     for spec, tokens, seed in CASES + [("2x8", 1 << 18, s) for s in range(6)]:
         cost = _cost(spec)
-        plan = plan_step(long_tailed_batch(tokens, seed), cost.cluster, cost)
+        plan = plan_step(long_tailed_batch(tokens, seed), cost)
         counts = {plan.tokens(r, "linear") for r in range(plan.world_size)}
         t, n = plan.total_tokens, plan.world_size
         assert counts <= {t // n, -(-t // n)}, (spec, seed, sorted(counts))
@@ -73,10 +74,10 @@ def test_no_remap_plan_within_capacity_beyond_the_linear_quota() -> None:
     lengths = long_tailed_batch(150_000, 11, long_min=10_000, long_max=40_000)
     quota = -(-sum(lengths) // 8)
     for remap in ("auto", False):
-        plan = plan_step(lengths, cost.cluster, cost, remap=remap)  # type: ignore[arg-type]
+        plan = plan_step(lengths, cost, PlannerOptions(remap=remap))  # type: ignore[arg-type]
         held = [plan.tokens(r, "linear") for r in range(8)]
         assert max(held) <= 20_000
-    off = plan_step(lengths, cost.cluster, cost, remap=False)
+    off = plan_step(lengths, cost, PlannerOptions(remap=False))
     assert max(off.tokens(r, "linear") for r in range(8)) > quota
 
 
@@ -84,12 +85,12 @@ def test_no_remap_plan_within_capacity_beyond_the_linear_quota() -> None:
 def test_bad_remap_value(bad: object) -> None:
     cost = _cost("1x2")
     with pytest.raises(PlanError, match="remap is"):
-        plan_step([100, 200], cost.cluster, cost, remap=bad)  # type: ignore[arg-type]
+        plan_step([100, 200], cost, PlannerOptions(remap=bad))  # type: ignore[arg-type]
 
 
 def test_predictions_are_those_of_predict() -> None:
     cost = _cost("2x8")
     lengths = long_tailed_batch(1 << 19, 2)
     for remap in ("auto", True, False):
-        plan = plan_step(lengths, cost.cluster, cost, remap=remap)  # type: ignore[arg-type]
+        plan = plan_step(lengths, cost, PlannerOptions(remap=remap))  # type: ignore[arg-type]
         assert plan.predicted == predict(replace(plan, predicted=None, validate=False), cost)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from zeppelin_megatron.planner import CostModel, PlanError, StepPlan, load_cluster, load_model, plan_step
+from zeppelin_megatron.planner import PlannerOptions
 from zeppelin_megatron.planner.predict import predict, remap_time
 from zeppelin_megatron.planner.remap_routing import nic_proxies, remap_proxies_for, routed_exchange
 from zeppelin_megatron.planner.workloads import long_tailed_batch
@@ -76,7 +77,7 @@ def test_a_nodes_network_rows_spread_over_its_nics() -> None:
     # routed, every pair's rows split evenly over the 8 rails (parts differ by at most one row).
     cl = load_cluster("4x8")
     cost = CostModel(model=load_model(None), cluster=cl)
-    plan = plan_step(long_tailed_batch(1 << 20, seed=0), cl, cost)
+    plan = plan_step(long_tailed_batch(1 << 20, seed=0), cost)
     assert plan.remap_proxies == tuple(range(8))
     _, nic = _play(plan, "to_attention", plan.remap_proxies)
     counts = plan.remap.counts("to_attention")
@@ -92,15 +93,15 @@ def test_proxies_one_per_nic_and_the_planner_default() -> None:
     cl = load_cluster("4x8")
     cost = CostModel(model=load_model(None), cluster=cl)
     lengths = long_tailed_batch(1 << 20, seed=0)
-    routed = plan_step(lengths, cl, cost)
-    direct = plan_step(lengths, cl, cost, routing=False)
+    routed = plan_step(lengths, cost)
+    direct = plan_step(lengths, cost, PlannerOptions(routing=False))
     assert routed.remap_proxies == remap_proxies_for(routed, cost) == tuple(range(8))
-    assert direct.remap_proxies == () and plan_step(lengths, cl, cost, remap=False).remap_proxies == ()
+    assert direct.remap_proxies == () and plan_step(lengths, cost, PlannerOptions(remap=False)).remap_proxies == ()
     # chosen because the prediction prices the spread cheaper than one NIC per GPU
     assert remap_time(routed, cost, routed.remap_proxies)[0] < remap_time(routed, cost, ())[0]
     assert predict(routed, cost).remap_ms < predict(replace(routed, remap_proxies=()), cost).remap_ms
     single = load_cluster("1x8")
-    one = plan_step(lengths[:len(lengths) // 3], single, CostModel(model=load_model(None), cluster=single))
+    one = plan_step(lengths[:len(lengths) // 3], CostModel(model=load_model(None), cluster=single))
     assert one.remap_proxies == ()  # nothing crosses nodes
 
 

@@ -84,10 +84,9 @@ def test_planned_rings_are_a_deterministic_permutation_and_round_trip() -> None:
     cost = CostModel(model=load_model(None), cluster=load_cluster("8x8"))
     for seed in (0, 3):
         lengths = long_tailed_batch(1 << 20, seed)
-        plan = plan_step(lengths, cost.cluster, cost)
+        plan = plan_step(lengths, cost)
         groups = {s.ranks for s in plan.sequences if s.placement != "local"}
         assert sorted(r.ranks for r in plan.rings) == sorted(groups)
         again = StepPlan.from_json(plan.to_json())
         assert again == plan and again.rings == plan.rings
-        assert plan.to_json() == plan_step(list(lengths), cost.cluster,
-                                           CostModel(model=load_model(None), cluster=load_cluster("8x8"))).to_json()
+        assert plan.to_json() == plan_step(list(lengths), CostModel(model=load_model(None), cluster=load_cluster("8x8"))).to_json()

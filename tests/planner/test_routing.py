@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from zeppelin_megatron.planner import CostModel, StepPlan, load_cluster, load_model, plan_step
+from zeppelin_megatron.planner import PlannerOptions
 from zeppelin_megatron.planner.routing import cross_hops, plan_routing, split_counts
 
 from .conftest import make_cost
@@ -54,10 +55,10 @@ def test_plan_routes_inter_node_rings() -> None:
     # 60k tokens cannot fit on one node of 8 x 4000: the ring must cross nodes, and
     # without routing its network transfer is not hidden (compute/comm ~0.4).
     cost = make_cost("2x8", tokens_per_gpu=4000)
-    plan = plan_step([60_000, 500, 700], cost.cluster, cost)
+    plan = plan_step([60_000, 500, 700], cost)
     assert plan.sequences[0].placement == "inter_node"
     assert plan.routing and all(r.ring == plan.sequences[0].ranks for r in plan.routing)
-    no = plan_step([60_000, 500, 700], cost.cluster, cost, routing=False)
+    no = plan_step([60_000, 500, 700], cost, PlannerOptions(routing=False))
     assert no.routing == ()
     assert no.predicted.step_ms > plan.predicted.step_ms
 

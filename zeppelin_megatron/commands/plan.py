@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..planner import (
+    PlannerOptions,
     CostModel,
     PlanError,
     StepPlan,
@@ -129,8 +130,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster, tokens_per_gpu=args.tokens_per_gpu)
     cost = CostModel(model=load_model(args.model), cluster=cluster, profile=load_profile(args.profile),
                      tensor_parallel=args.tensor_parallel)
-    plan = plan_step(read_lengths(args.lengths), cluster, cost, routing=not args.no_routing,
-                     remap=_REMAP[args.remap or "on"])
+    plan = plan_step(read_lengths(args.lengths), cost, PlannerOptions(routing=not args.no_routing, remap=_REMAP[args.remap or "on"]))
     print(_table(plan))
     if args.json:
         Path(args.json).write_text(plan.to_json(indent=1) + "\n")

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Literal, Sequence
 
 from ..planner import (
+    PlannerOptions,
     Cluster,
     ClusterError,
     CostModel,
@@ -192,8 +193,7 @@ class Planner:
     placements: tuple[str, ...] = ("local", "intra_node", "inter_node")
 
     def __call__(self, lengths: Sequence[int]) -> StepPlan:
-        return plan_step(lengths, self.cluster, self.cost, routing=self.routing, remap=self.remap,
-                         slack=self.slack, min_ratio=self.min_ratio, placements=self.placements)
+        return plan_step(lengths, self.cost, PlannerOptions(routing=self.routing, remap=self.remap, slack=self.slack, min_ratio=self.min_ratio, placements=self.placements))
 
 
 def make_planner(cfg: ZeppelinConfig, cluster: Cluster, cost: CostModel) -> Planner:

@@ -8,12 +8,13 @@ from .api import check_lengths, plan_step
 from .cluster import Cluster, ClusterError, load_cluster
 from .cost_model import CostModel
 from .model import ModelError, ModelShape, load_model
+from .options import PlannerOptions
 from .plan import PLACEMENTS, PLAN_SCHEMA, PlanError, Prediction, Ring, SequencePlan, StepPlan
 from .profile import CostProfile, ProfileError, default_profile, load_profile
 from .routing import Route, split_counts
 
 __all__ = [
-    "Cluster", "ClusterError", "CostModel", "CostProfile", "ModelError", "ModelShape", "PLACEMENTS",
+    "Cluster", "ClusterError", "CostModel", "CostProfile", "ModelError", "ModelShape", "PLACEMENTS", "PlannerOptions",
     "PLAN_SCHEMA", "PlanError", "Prediction", "ProfileError", "Ring", "Route", "SequencePlan", "StepPlan",
     "check_lengths", "default_profile", "load_cluster", "load_model", "load_profile", "plan_step", "split_counts",
 ]

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Sequence
 
 from .cluster import Cluster
 from .cost_model import CostModel
 from .linear_layout import linear_layout
 from .local_schedule import with_local_slots
 from .remap_routing import remap_proxies_for
-from .partition import PartitionOptions, partition
+from .options import REMAP_CHOICES, PlannerOptions
+from .partition import partition
 from .plan import PlanError, SequencePlan, StepPlan, derive_routing
 from .predict import predict
 from .zigzag import position_ranges
 
 __all__ = ["plan_step", "check_lengths", "REMAP_CHOICES"]
-
-REMAP_CHOICES: tuple[bool | str, ...] = ("auto", True, False)
 
 
 def check_lengths(lengths: Sequence[int], cluster: Cluster) -> list[int]:
@@ -51,44 +50,42 @@ def check_lengths(lengths: Sequence[int], cluster: Cluster) -> list[int]:
     return lengths
 
 
-def plan_step(
-    lengths: Sequence[int],
-    cluster: Cluster,
-    cost_model: CostModel,
-    *,
-    routing: bool = True,
-    remap: bool | Literal["auto"] = True,
-    slack: float = 0.02,
-    min_ratio: float = 1.0,
-    placements: Sequence[str] = ("local", "intra_node", "inter_node"),
-) -> StepPlan:
+def plan_step(lengths: Sequence[int], cost_model: CostModel, options: PlannerOptions | None = None) -> StepPlan:
     """Plan one training step.
 
     Args:
         lengths: token count of each sequence of the global batch.
-        cluster: the cluster (its ``tokens_per_gpu`` bounds each rank's tokens).
-        cost_model: calibrated costs for the model on this cluster.
-        routing: spread cross-node ring hops over idle NICs where that pays.
-        remap: ``True`` (default): linear modules on a token-balanced layout
-            (remap all-to-alls every layer); ``False``: the linear layout is the
-            attention layout (no remap traffic); ``"auto"``: build both on the
-            same attention layout and keep the one with the lower predicted
-            step (ties: the remapped one).
-        slack: fraction by which a GPU may exceed its target before splitting.
-        min_ratio: compute/communication ratio a split needs.
-        placements: allowed placements (ablations; sequences too long for one
-            GPU still split).
+        cost_model: calibrated costs for the model on the cluster; its
+            ``cluster`` (whose ``tokens_per_gpu`` bounds each rank's tokens)
+            is the cluster planned for.
+        options: the planner's settings (:class:`PlannerOptions`; default
+            ``PlannerOptions()``). ``remap``: ``True`` (default): linear modules
+            on a token-balanced layout (remap all-to-alls every layer);
+            ``False``: the linear layout is the attention layout (no remap
+            traffic); ``"auto"``: build both on the same attention layout and
+            keep the one with the lower predicted step (ties: the remapped one).
 
     Raises:
-        PlanError: bad lengths (empty, ``<= 0``, beyond capacity), or a
-            batch that cannot be placed; never returns a partial plan.
+        PlanError: bad lengths (empty, ``<= 0``, beyond capacity), arguments
+            of the wrong type, or a batch that cannot be placed; never returns
+            a partial plan.
+
+    Example::
+
+        plan = plan_step([60_000, 500, 700], CostModel(model=load_model("llama_7b"), cluster=load_cluster("2x8")),
+                         PlannerOptions(remap="auto"))
     """
-    if not (remap is True or remap is False or (isinstance(remap, str) and remap == "auto")):
-        raise PlanError(f"remap is {remap!r}, expected one of {list(REMAP_CHOICES)}")
-    if cost_model.cluster != cluster:
-        raise PlanError("cost_model was built for another cluster; build it with this cluster")
+    if not isinstance(cost_model, CostModel):
+        raise PlanError(f"plan_step(lengths, cost_model, options): cost_model is a {type(cost_model).__name__}, "
+                        "expected a CostModel (build it with CostModel(model=..., cluster=...))")
+    if options is None:
+        options = PlannerOptions()
+    if not isinstance(options, PlannerOptions):
+        raise PlanError(f"plan_step(lengths, cost_model, options): options is a {type(options).__name__}, "
+                        "expected a PlannerOptions")
+    cluster = cost_model.cluster
+    routing, remap = options.routing, options.remap
     lengths = check_lengths(lengths, cluster)
-    options = PartitionOptions(slack=slack, min_ratio=min_ratio, routing=routing, placements=tuple(placements))
     assignments = partition(lengths, cost_model, options)
 
     world = cluster.world_size

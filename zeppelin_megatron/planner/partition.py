@@ -67,37 +67,10 @@ from .plan import PlanError
 from .predict import ring_time
 from .routing import Route, plan_routing
 from .score import attention_times, node_remap, rank_tokens, remap_time
+from .options import PlannerOptions
 from .zigzag import zigzag_tokens
 
-__all__ = ["PartitionOptions", "Assignment", "partition", "attention_times", "remap_time"]  # scores re-exported
-
-
-@dataclass(frozen=True, kw_only=True)
-class PartitionOptions:
-    """Knobs of the partitioner (defaults are what users get)."""
-
-    slack: float = 0.02
-    """A GPU or node may exceed its target time by this fraction before splitting."""
-    min_ratio: float = 1.0
-    """Compute/communication ratio a split needs (1.0: the ring step's compute hides its transfer)."""
-    routing: bool = True
-    """Whether inter-node rings may spread hops over idle NICs (affects their predicted cost)."""
-    placements: tuple[str, ...] = ("local", "intra_node", "inter_node")
-    """Allowed placements (ablations); sequences that must split still split."""
-    balance_target: float = 1.05
-    """Busiest-GPU over mean attention time a result should reach: results within it win over faster ones
-    outside it (a more balanced plan may predict a step a few percent slower, through remap traffic)."""
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.slack < 1:
-            raise PlanError(f"slack must be in [0, 1), got {self.slack}")
-        if not self.balance_target >= 1.0:
-            raise PlanError(f"balance_target must be >= 1.0, got {self.balance_target}")
-        if not self.min_ratio >= 0:
-            raise PlanError(f"min_ratio must be >= 0, got {self.min_ratio}")
-        bad = [p for p in self.placements if p not in ("local", "intra_node", "inter_node")]
-        if bad or not self.placements:
-            raise PlanError(f"placements must be a non-empty subset of local/intra_node/inter_node, got {bad}")
+__all__ = ["Assignment", "partition", "attention_times", "remap_time"]  # scores re-exported
 
 
 @dataclass(frozen=True)
@@ -113,7 +86,7 @@ NODE_HEADROOM = 0.05
 class _Ctx:
     """Shared inputs of the two levels and the cost queries they make."""
 
-    def __init__(self, lengths: Sequence[int], cost: CostModel, options: PartitionOptions) -> None:
+    def __init__(self, lengths: Sequence[int], cost: CostModel, options: PlannerOptions) -> None:
         cl = cost.cluster
         self.lengths, self.cost, self.options, self.cluster = lengths, cost, options, cl
         self.gpn, self.cap = cl.gpus_per_node, cl.tokens_per_gpu
@@ -206,7 +179,7 @@ CORRECTION_ROUNDS = 3
 """Times level 1 is rebalanced on level 2's outcome for one span threshold."""
 
 
-def partition(lengths: Sequence[int], cost: CostModel, options: PartitionOptions) -> list[Assignment]:
+def partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions) -> list[Assignment]:
     """Place every sequence; see the module docstring. Deterministic.
 
     For each span threshold (the target, then lower ones while needed), with

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
 from ..planner.api import check_lengths, plan_step
+from ..planner.options import PlannerOptions
 from ..planner.cluster import Cluster
 from ..planner.cost_model import CostModel
 from ..planner.plan import StepPlan
@@ -53,7 +54,7 @@ class StrategyPlan:
 
 def _zeppelin(**kw: Any) -> Callable[..., StrategyPlan]:
     def make(name: str, lengths: list[int], cluster: Cluster, cost: CostModel) -> StrategyPlan:
-        plan = plan_step(lengths, cluster, cost, **kw)
+        plan = plan_step(lengths, cost, PlannerOptions(**kw))
         return StrategyPlan(name=name, plan=plan, attention_comm="ring",
                             note=", ".join(f"{k}={v}" for k, v in kw.items()))
     return make

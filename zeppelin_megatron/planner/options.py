@@ -1,0 +1,88 @@
+"""``PlannerOptions``: the planner's settings, declared and validated once.
+
+Every front end builds one of these: ``zeppelin plan`` / ``simulate`` from
+their flags, training from ``--zeppelin-*`` flags
+(:mod:`zeppelin_megatron.megatron.arguments`), the simulator's ablations
+directly. :func:`~zeppelin_megatron.planner.api.plan_step` and the
+partitioner read nothing else.
+
+Example::
+
+    >>> PlannerOptions(remap="auto", placements=("local", "intra_node")).remap
+    'auto'
+    >>> PlannerOptions(slack=1.5)
+    Traceback (most recent call last):
+    ...
+    zeppelin_megatron.planner.plan.PlanError: slack is 1.5, expected a fraction in [0, 1)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+from .plan import PLACEMENTS, PlanError
+
+__all__ = ["PlannerOptions", "REMAP_CHOICES", "REMAP_WORDS", "Remap"]
+
+Remap = bool | Literal["auto"]
+
+REMAP_CHOICES: tuple[Remap, ...] = ("auto", True, False)
+"""Accepted values of :attr:`PlannerOptions.remap`."""
+
+REMAP_WORDS: dict[Remap, str] = {True: "on", False: "off", "auto": "auto (per step, where predicted to pay)"}
+"""How each remap setting reads in summaries and start-up messages."""
+
+
+def _is_remap(value: object) -> bool:
+    return value is True or value is False or (isinstance(value, str) and value == "auto")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerOptions:
+    """Knobs of the planner (defaults are what users get).
+
+    Raises:
+        PlanError: a value outside its range (the message names the value and the limit).
+    """
+
+    routing: bool = True
+    """Spread cross-node ring hops (and the remap's cross-node rows) over idle NICs where that pays."""
+    remap: Remap = True
+    """``True``: linear modules on a token-balanced layout (remap all-to-alls every layer); ``False``:
+    the linear layout is the attention layout; ``"auto"``: build both, keep the lower predicted step."""
+    slack: float = 0.02
+    """A GPU or node may exceed its target time by this fraction before splitting."""
+    min_ratio: float = 1.0
+    """Compute/communication ratio a split needs (1.0: the ring step's compute hides its transfer)."""
+    placements: tuple[str, ...] = PLACEMENTS
+    """Allowed placements (ablations; ``local`` always among them); sequences too long for one GPU still split."""
+    balance_target: float = 1.05
+    """Busiest-GPU over mean attention time a result should reach: results within it win over faster ones
+    outside it (a more balanced plan may predict a step a few percent slower, through remap traffic)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.routing, bool):
+            raise PlanError(f"routing is {self.routing!r}, expected True or False")
+        if not _is_remap(self.remap):
+            raise PlanError(f"remap is {self.remap!r}, expected one of {list(REMAP_CHOICES)}")
+        if isinstance(self.slack, bool) or not isinstance(self.slack, (int, float)) or not 0 <= self.slack < 1:
+            raise PlanError(f"slack is {self.slack!r}, expected a fraction in [0, 1)")
+        if (isinstance(self.min_ratio, bool) or not isinstance(self.min_ratio, (int, float))
+                or not self.min_ratio > 0):
+            raise PlanError(f"min_ratio is {self.min_ratio!r}, expected a number > 0")
+        if (isinstance(self.balance_target, bool) or not isinstance(self.balance_target, (int, float))
+                or not self.balance_target >= 1.0):
+            raise PlanError(f"balance_target is {self.balance_target!r}, expected a number >= 1.0")
+        placements: Sequence[str] = self.placements
+        if isinstance(placements, str):
+            raise PlanError(f"placements is the string {placements!r}, expected a sequence of names "
+                            f"from {list(PLACEMENTS)}")
+        object.__setattr__(self, "placements", tuple(placements))
+        bad = [p for p in self.placements if p not in PLACEMENTS]
+        if bad or not self.placements or len(set(self.placements)) != len(self.placements):
+            raise PlanError(f"placements {list(self.placements)}: expected distinct names from {list(PLACEMENTS)}, "
+                            f"at least one")
+        if "local" not in self.placements:
+            raise PlanError(f"placements {list(self.placements)}: 'local' cannot be left out (the planner keeps a "
+                            "sequence whole when no allowed split pays); drop intra_node or inter_node to ablate them")
