@@ -2,7 +2,10 @@ from hypothesis import given, strategies as st
 
 import pytest
 
-from zeppelin_megatron.planner.zigzag import chunk_bounds, chunk_range, ring_source, zigzag_ranges, zigzag_tokens
+from zeppelin_megatron.planner.zigzag import (
+    chunk_bounds, chunk_range, next_position, prev_position, ring_chunk_pair_tokens, ring_max_tokens, ring_node_tokens,
+    ring_source, zigzag_ranges, zigzag_tokens,
+)
 
 
 def test_worked_example() -> None:
@@ -38,3 +41,36 @@ def test_position_ranges_merge_adjacent_chunks() -> None:
     for length in (8, 9, 17):
         held = sorted(t for p in range(4) for _, a, b in position_ranges(0, length, 4, p) for t in range(a, b))
         assert held == list(range(length))
+
+
+@given(g=st.integers(1, 64), extra=st.integers(0, 5000))
+def test_ring_max_tokens_is_the_exact_largest_position(g: int, extra: int) -> None:
+    s = 2 * g + extra
+    exact = max(zigzag_tokens(s, g, p) for p in range(g))
+    assert ring_max_tokens(s, g) == exact
+    assert ring_chunk_pair_tokens(s, g) in (exact, exact + 1)
+
+
+def test_ring_max_tokens_issue_example() -> None:
+    # 41 tokens over 2 ranks: chunks 11, 10, 10, 10; positions hold 21 and 20 (the old estimate said 22).
+    assert [zigzag_tokens(41, 2, p) for p in range(2)] == [21, 20]
+    assert ring_max_tokens(41, 2) == 21
+    assert ring_chunk_pair_tokens(41, 2) == 22
+    with pytest.raises(ValueError, match="length 3 .* ring of 2"):
+        ring_max_tokens(3, 2)
+
+
+@given(nodes=st.integers(1, 6), gpn=st.integers(1, 8), extra=st.integers(0, 3000))
+def test_ring_node_tokens_sums_positions(nodes: int, gpn: int, extra: int) -> None:
+    g = nodes * gpn
+    s = 2 * g + extra
+    share = ring_node_tokens(s, nodes, gpn)
+    assert sum(share) == s
+    assert list(share) == [sum(zigzag_tokens(s, g, k * gpn + l) for l in range(gpn)) for k in range(nodes)]
+
+
+def test_neighbours() -> None:
+    assert [next_position(p, 4) for p in range(4)] == [1, 2, 3, 0]
+    assert [prev_position(p, 4) for p in range(4)] == [3, 0, 1, 2]
+    # a position receives at step j the K/V its predecessor held at step j - 1
+    assert all(ring_source(p, j, 5) == ring_source(prev_position(p, 5), j - 1, 5) for p in range(5) for j in range(1, 5))

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from .cluster import Cluster
 from .model import ModelShape, linear_params
 from .profile import CostProfile, default_profile
-from .zigzag import chunk_bounds
+from .zigzag import ring_chunk_pair_tokens, ring_source, zigzag_ranges
 
 __all__ = ["CostModel", "LogInterp"]
 
@@ -169,14 +169,14 @@ class CostModel:
         if ``src < i`` both of its chunks attend to chunk ``src`` (``2c x c``),
         else its late chunk attends to both of ``src``'s chunks (``c x 2c``).
         """
-        b = chunk_bounds(s, ring)
-        g = ring
-        mine = (b[position][1] - b[position][0], b[2 * g - 1 - position][1] - b[2 * g - 1 - position][0])
+        (a0, a1), (b0, b1) = zigzag_ranges(s, ring, position)
+        mine = (a1 - a0, b1 - b0)
         if step == 0:
             # Diagonal: equivalent to a causal sequence of both chunks.
             return self.causal_ms(mine[0] + mine[1])
-        src = (position - step) % g
-        theirs = (b[src][1] - b[src][0], b[2 * g - 1 - src][1] - b[2 * g - 1 - src][0])
+        src = ring_source(position, step, ring)
+        (c0, c1), (d0, d1) = zigzag_ranges(s, ring, src)
+        theirs = (c1 - c0, d1 - d0)
         if src < position:
             return self.block_ms(mine[0] + mine[1], theirs[0])
         return self.block_ms(mine[1], theirs[0] + theirs[1])
@@ -194,8 +194,9 @@ class CostModel:
         return hit
 
     def ring_step_bytes(self, s: int, ring: int) -> int:
-        """Largest K/V payload (forward) one rank sends in one ring step."""
-        return 2 * math.ceil(s / (2 * ring)) * self.kv_bytes_per_token
+        """K/V payload (forward) one rank sends in one ring step: two chunks of the largest chunk size
+        (:func:`~.zigzag.ring_chunk_pair_tokens`, at most one token above the exact largest position)."""
+        return ring_chunk_pair_tokens(s, ring) * self.kv_bytes_per_token
 
     def link_ms(self, nbytes: float, GBps: float, latency_us: float) -> float:
         if nbytes <= 0:

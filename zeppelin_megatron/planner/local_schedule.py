@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from .plan import LocalSlot, StepPlan
 from .routing import route_parts
+from .zigzag import next_position
 
 if TYPE_CHECKING:
     from .cost_model import CostModel
@@ -81,7 +82,7 @@ def _hops(plan: StepPlan, ring_ranks: Sequence[int], nbytes: float,
     routes = plan.routes_for(ring_ranks)
     out = []
     for p, src in enumerate(ring_ranks):
-        dst = ring_ranks[(p + 1) % g]
+        dst = ring_ranks[next_position(p, g)]
         if cl.node_of(src) == cl.node_of(dst):
             out.append(((src, dst), cost.nvlink_ms(nbytes)))
             continue

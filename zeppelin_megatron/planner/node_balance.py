@@ -41,15 +41,14 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
 
-from .zigzag import zigzag_tokens
+from .zigzag import ring_max_tokens, ring_node_tokens, zigzag_tokens
 
 if TYPE_CHECKING:
     from .partition import _Ctx
 
-__all__ = ["NodeState", "ring_node_tokens", "rebalance_nodes"]
+__all__ = ["NodeState", "rebalance_nodes"]
 
 _EPS = 1e-9
 
@@ -71,17 +70,6 @@ class NodeState:
     cost: dict[int, float]
     lends: int = 0
     """How many ``lend`` moves were applied."""
-
-
-@lru_cache(maxsize=4096)
-def ring_node_tokens(s: int, nodes: int, gpn: int) -> tuple[int, ...]:
-    """Tokens each node of a node-major ring over ``nodes`` whole nodes holds (by position).
-
-    Example: ``s = 40``, 2 nodes of 2 GPUs: chunks of 5 tokens; ring positions
-    0-1 on the first node hold chunks {0, 7} and {1, 6}: 20 tokens each node.
-    """
-    ring = nodes * gpn
-    return tuple(sum(zigzag_tokens(s, ring, p * gpn + l) for l in range(gpn)) for p in range(nodes))
 
 
 def _ring_nodes(ring: tuple[int, ...], gpn: int) -> list[int]:
@@ -192,7 +180,7 @@ def rebalance_nodes(ctx: "_Ctx", st: NodeState, rank_in_order: dict[int, int], *
                             if heavy[lo]:
                                 continue  # lo's light work could not even out the lent GPUs
                             lo_new = max(lo_new, gpn * max(after))  # its busiest GPU sets its level
-                        if tok[lo] + -(-ta * m // (gpn + m)) + m <= cap_node:
+                        if tok[lo] + m * ring_max_tokens(ta, gpn + m) <= cap_node:
                             consider((max(load[hi] - ca + gpn * r, lo_new), ka, -3 - m, lo),
                                      ("lend", a, hi, lo, m))
             for a, ring in st.inter.items():

@@ -62,13 +62,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .cost_model import CostModel
-from .node_balance import NodeState, rebalance_nodes, ring_node_tokens
+from .node_balance import NodeState, rebalance_nodes
 from .plan import PlanError
 from .predict import ring_time
 from .routing import Route, plan_routing
 from .score import attention_times, node_remap, rank_tokens, remap_time
 from .options import PlannerOptions
-from .zigzag import zigzag_tokens
+from .zigzag import ring_max_tokens, ring_node_tokens, zigzag_tokens
 
 __all__ = ["Assignment", "partition", "attention_times", "remap_time"]  # scores re-exported
 
@@ -153,7 +153,7 @@ class _Ctx:
                 or gpn == 1 or not self.intra_ok(s, 2)):
             return self.w[i]
         for g in range(2, gpn + 1):
-            if cost.ring_ms(s, g, inter_node=False) <= self.limit and -(-s // g) <= self.cap:
+            if cost.ring_ms(s, g, inter_node=False) <= self.limit and ring_max_tokens(s, g) <= self.cap:
                 return g * cost.ring_ms(s, g, inter_node=False)
         g = self.fastest_intra(s)
         return g * cost.ring_ms(s, g, inter_node=False)
@@ -166,7 +166,7 @@ class _Ctx:
         11.6, 7.9, 6.1, 5.5, 6.6, 7.7, 8.7 ms per rank on 2..8 GPUs: ``g = 5``.
         """
         cost, gpn = self.cost, self.gpn
-        fits = [g for g in range(2, gpn + 1) if -(-s // g) <= self.cap]
+        fits = [g for g in range(2, gpn + 1) if ring_max_tokens(s, g) <= self.cap]
         if not fits:
             return gpn
         return min(fits, key=lambda g: (cost.ring_ms(s, g, inter_node=False), g))
@@ -432,7 +432,7 @@ def _pick_span(ctx: _Ctx, s: int, node_tok: list[int], span_limit: float) -> int
     best_k = None
     for k in range(2, n_nodes + 1):
         ranks = k * gpn
-        if s < 2 * ranks or sum(free[:k]) < s or 2 * -(-s // (2 * ranks)) > cap:
+        if s < 2 * ranks or sum(free[:k]) < s or ring_max_tokens(s, ranks) > cap:
             continue
         if best_k is None:
             best_k = k
@@ -464,7 +464,7 @@ def _pick_ring(ctx: _Ctx, s: int, by_load: list[int], gpu_load: list[float], gpu
         if not force and not ctx.intra_ok(s, g):
             break
         per_rank = ctx.cost.ring_ms(s, g, inter_node=False)
-        need = 2 * -(-s // (2 * g))
+        need = ring_max_tokens(s, g)
         cand = [r for r in by_load if gpu_tok[r] + need <= ctx.cap][:g]
         if len(cand) < g:
             continue

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from .remap import RemapPlan, build_remap
 from .routing import Route, plan_routing
-from .zigzag import chunk_bounds
+from .zigzag import chunk_bounds, next_position, ring_chunk_pair_tokens
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -352,7 +352,7 @@ def derive_routing(
     cluster = cost.cluster if cost is not None else cluster
     if cluster is None:
         raise PlanError("derive_routing needs a cost model or a cluster")
-    g_bytes = cost.ring_step_bytes if cost is not None else (lambda s, g: 2 * -(-s // (2 * g)))
+    g_bytes = cost.ring_step_bytes if cost is not None else ring_chunk_pair_tokens
     payloads = [(r.ranks, sum(g_bytes(plan.sequences[i].length, len(r.ranks)) for i in r.seqs))
                 for r in plan.rings]
     return plan_routing(payloads, cluster, cost, enabled=enabled)
@@ -582,7 +582,7 @@ def _check_routing(plan: StepPlan) -> None:
         if route.ring not in rings:
             raise PlanError(f"{where}: ring {list(route.ring)} is not a ring of this plan")
         ring = route.ring
-        hops = [(ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))]
+        hops = [(ring[i], ring[next_position(i, len(ring))]) for i in range(len(ring))]
         if (route.src, route.dst) not in hops or route.src // gpn == route.dst // gpn:
             raise PlanError(f"{where}: {route.src} -> {route.dst} is not a cross-node hop of ring {list(ring)}")
         key = (ring, route.src, route.dst)

@@ -44,6 +44,7 @@ from typing import Mapping, Sequence
 from .cost_model import CostModel
 from .plan import Prediction, StepPlan
 from .routing import Route
+from .zigzag import next_position
 
 __all__ = ["predict", "attention_time", "ring_time", "rank_attention", "remap_time"]
 
@@ -64,7 +65,7 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
         routes = plan.routes_for(ring.ranks)
         total, own, nbytes = ring_time(cost, ring.ranks, [plan.sequences[i].length for i in ring.seqs], routes)
         for p, src in enumerate(ring.ranks):
-            side = intra_b if cl.node_of(src) == cl.node_of(ring.ranks[(p + 1) % g]) else inter_b
+            side = intra_b if cl.node_of(src) == cl.node_of(ring.ranks[next_position(p, g)]) else inter_b
             side[src] += (g - 1) * nbytes
         for r in ring.ranks:
             ring_total[r] += total
@@ -159,7 +160,7 @@ def ring_time(
     nbytes = 3 * step_bytes
     comm = 0.0
     for p, src in enumerate(ranks):
-        dst = ranks[(p + 1) % g]
+        dst = ranks[next_position(p, g)]
         if cl.node_of(src) == cl.node_of(dst):
             comm = max(comm, cost.nvlink_ms(nbytes))
         else:

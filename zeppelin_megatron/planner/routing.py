@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from .cluster import Cluster
+from .zigzag import next_position
 
 if TYPE_CHECKING:
     from .cost_model import CostModel
@@ -103,7 +104,7 @@ def cross_hops(ring: Sequence[int], cluster: Cluster) -> list[tuple[int, int]]:
     g = len(ring)
     hops = []
     for i in range(g):
-        src, dst = ring[i], ring[(i + 1) % g]
+        src, dst = ring[i], ring[next_position(i, g)]
         if g > 1 and cluster.node_of(src) != cluster.node_of(dst):
             hops.append((src, dst))
     return hops

@@ -12,16 +12,31 @@ Worked example, ``s = 10``, ``g = 2`` (4 chunks, ``10 = 3 + 3 + 2 + 2``)::
     ring position 0 holds chunks 0 and 3 -> [0,3) + [8,10)  (5 tokens)
     ring position 1 holds chunks 1 and 2 -> [3,6) + [6,8)   (5 tokens)
 
+Everything else asks this module: the chunk ranges (:func:`chunk_range`), a
+position's tokens (:func:`zigzag_tokens`) and the most any position holds
+(:func:`ring_max_tokens`, exactly ``ceil(s / g)``), a node's share of a
+node-major ring (:func:`ring_node_tokens`), the neighbours a ring step sends to
+and receives from (:func:`next_position`, :func:`prev_position`) and whose K/V
+a position sees at a step (:func:`ring_source`).
+
 Pure integer arithmetic: no torch, no numpy.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 __all__ = [
     "chunk_bounds",
     "chunk_range",
     "zigzag_ranges",
     "zigzag_tokens",
+    "position_ranges",
+    "ring_max_tokens",
+    "ring_chunk_pair_tokens",
+    "ring_node_tokens",
+    "next_position",
+    "prev_position",
     "ring_source",
 ]
 
@@ -86,6 +101,65 @@ def zigzag_tokens(length: int, ring_size: int, position: int) -> int:
     """Number of tokens held by ring ``position``."""
     (a0, a1), (b0, b1) = zigzag_ranges(length, ring_size, position)
     return (a1 - a0) + (b1 - b0)
+
+
+def ring_max_tokens(length: int, ring_size: int) -> int:
+    """The most tokens any position of the ring holds: exactly ``ceil(length / ring_size)``.
+
+    With ``base, extra = divmod(length, 2g)`` position ``p`` holds
+    ``2 * base + [p < extra] + [2g - 1 - p < extra]`` tokens. Both extra tokens
+    land on one position only when ``extra > g`` (then ``p = g - 1`` has both),
+    so the maximum is ``2 base + 2`` if ``extra > g``, ``2 base + 1`` if
+    ``0 < extra <= g``, ``2 base`` if ``extra = 0``: that is ``ceil(length / g)``.
+    Example: ``s = 41``, ``g = 2``: chunks 11, 10, 10, 10; positions hold 21
+    and 20, and ``ceil(41 / 2) = 21`` (``2 * ceil(41 / 4) = 22`` overestimates).
+    Raises ``ValueError`` like :func:`chunk_bounds` when the ring is too large.
+    """
+    if ring_size < 1 or length < 2 * ring_size:
+        chunk_bounds(length, ring_size)  # raises the explanatory error
+    return -(-length // ring_size)
+
+
+def ring_chunk_pair_tokens(length: int, ring_size: int) -> int:
+    """Two chunks of the largest chunk size, ``2 * ceil(length / 2g)``: the cost model's K/V payload per step.
+
+    An upper bound of :func:`ring_max_tokens` by at most one token (the two
+    chunks a position holds are rarely both the longer size). The cost model
+    times ring steps with it (:meth:`~.cost_model.CostModel.ring_step_bytes`);
+    feasibility (does a ring fit ``tokens_per_gpu``?) uses the exact
+    :func:`ring_max_tokens`. Example: ``s = 41``, ``g = 2``: 22 (exact maximum 21).
+    """
+    return 2 * -(-length // (2 * ring_size))
+
+
+@lru_cache(maxsize=4096)
+def ring_node_tokens(length: int, nodes: int, gpus_per_node: int) -> tuple[int, ...]:
+    """Tokens each node of a node-major ring over ``nodes`` whole nodes holds (by node position).
+
+    The ring has ``nodes * gpus_per_node`` positions; node ``k`` holds
+    positions ``k * G .. k * G + G - 1``. Example: ``s = 40``, 2 nodes of 2
+    GPUs: chunks of 5 tokens; positions 0-1 on the first node hold chunks
+    {0, 7} and {1, 6}: ``(20, 20)``.
+    """
+    ring = nodes * gpus_per_node
+    return tuple(sum(zigzag_tokens(length, ring, k * gpus_per_node + l) for l in range(gpus_per_node))
+                 for k in range(nodes))
+
+
+def next_position(position: int, ring_size: int) -> int:
+    """The ring position a rank sends its K/V to at every step: ``(p + 1) mod g``.
+
+    Example, ``g = 4``: 0 -> 1, 3 -> 0.
+    """
+    return (position + 1) % ring_size
+
+
+def prev_position(position: int, ring_size: int) -> int:
+    """The ring position a rank receives K/V from at every step: ``(p - 1) mod g``.
+
+    Example, ``g = 4``: 1 -> 0, 0 -> 3.
+    """
+    return (position - 1) % ring_size
 
 
 def ring_source(position: int, step: int, ring_size: int) -> int:
