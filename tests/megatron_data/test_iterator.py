@@ -5,7 +5,6 @@ from collections import Counter
 from functools import partial
 from typing import Callable, Sequence
 
-import numpy as np
 import pytest
 import torch
 

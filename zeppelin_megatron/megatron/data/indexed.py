@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from .index_check import check_indexed_files
+
 __all__ = ["DataError", "DocumentDataset", "document_lengths", "single_prefix"]
 
 
@@ -40,13 +42,21 @@ class DataError(ValueError):
 
 
 def _open(prefix: str) -> Any:
-    """``IndexedDataset(prefix)`` with a clear error when the files are missing."""
+    """``IndexedDataset(prefix)`` after checking its files (:func:`.index_check.check_indexed_files`).
+
+    Raises :class:`DataError` naming the file for a missing, empty, truncated or
+    inconsistent ``.bin``/``.idx`` pair, before Megatron maps either file.
+    """
+    dirs = [p for p in (prefix + ".bin", prefix + ".idx") if os.path.isdir(p)]
+    if dirs:
+        raise DataError(f"Megatron indexed dataset {prefix!r}: {dirs} is a directory, not a data file")
     missing = [p for p in (prefix + ".bin", prefix + ".idx") if not os.path.isfile(p)]
     if missing:
         raise DataError(
             f"Megatron indexed dataset {prefix!r}: missing {missing} (give the prefix, without .bin/.idx, "
             "of files written by Megatron's tools/preprocess_data.py)"
         )
+    check_indexed_files(prefix)  # sizes, header, every sequence inside the .bin: DataError naming the file
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     return IndexedDataset(prefix, multimodal=False, mmap=True)
@@ -140,6 +150,11 @@ class DocumentDataset:
         doc_len, seq_cumsum = _document_layout(indexed)
         doc_idx = np.asarray(indexed.document_indices, dtype=np.int64)
         keep = np.flatnonzero(doc_len >= 2)
+        if keep.size == 0:
+            raise DataError(
+                f"{self.prefix}.idx: none of its {doc_len.size} documents has the 2 tokens a training sequence "
+                "needs (an input and its label): the dataset is empty"
+            )
         over = doc_len - (self.seq_length + 1)
         set_ = object.__setattr__
         set_(self, "_indexed", indexed)
