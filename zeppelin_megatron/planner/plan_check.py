@@ -1,0 +1,181 @@
+"""Validation of a :class:`~.plan.StepPlan` (run on construction and on every parsed document).
+
+:func:`validate_plan`: ranks in range, placements consistent with their ranks,
+both layouts covering every token exactly once, the attention layout holding
+each split sequence's zigzag chunks (:mod:`.zigzag`) on its ring's ranks in
+order, routes on cross-node hops; :func:`check_local_slots` and
+:func:`check_routing` are also run on plans built without the layout checks.
+Each error names the sequence, rank or entry and the expected value.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from .plan_parts import PlanError, TokenRange
+from .zigzag import chunk_bounds, next_position
+
+if TYPE_CHECKING:
+    from .plan import StepPlan
+
+__all__ = ["validate_plan", "check_local_slots", "check_routing"]
+
+
+def validate_plan(plan: "StepPlan") -> None:
+    world = plan.nodes * plan.gpus_per_node
+    if not plan.sequences:
+        raise PlanError("the plan has no sequences (an empty batch)")
+    for name in ("attention_layout", "linear_layout"):
+        layout = getattr(plan, name)
+        if len(layout) != world:
+            raise PlanError(
+                f"{name} has {len(layout)} rank lists but the plan is for "
+                f"{plan.nodes} x {plan.gpus_per_node} = {world} ranks"
+            )
+    gpn = plan.gpus_per_node
+    for i, s in enumerate(plan.sequences):
+        where = f"sequence {i} (length {s.length}, {s.placement})"
+        if s.length < 1:
+            raise PlanError(f"{where}: length must be >= 1")
+        if len(set(s.ranks)) != len(s.ranks) or not s.ranks:
+            raise PlanError(f"{where}: ranks {list(s.ranks)} must be non-empty and distinct")
+        for r in s.ranks:
+            if not 0 <= r < world:
+                raise PlanError(f"{where}: rank {r} is outside [0, {world})")
+        nodes = {r // gpn for r in s.ranks}
+        if s.placement == "local" and len(s.ranks) != 1:
+            raise PlanError(f"{where}: a local sequence has exactly one rank, got {list(s.ranks)}")
+        if s.placement == "intra_node" and (len(s.ranks) < 2 or len(nodes) != 1):
+            raise PlanError(f"{where}: an intra_node sequence needs >= 2 ranks of one node, got {list(s.ranks)}")
+        if s.placement == "inter_node" and len(nodes) < 2:
+            raise PlanError(f"{where}: an inter_node sequence needs ranks on >= 2 nodes, got {list(s.ranks)}")
+        if s.placement != "local" and s.length < 2 * len(s.ranks):
+            raise PlanError(
+                f"{where}: too short to split over {len(s.ranks)} ranks "
+                f"(zigzag needs >= {2 * len(s.ranks)} tokens)"
+            )
+    att = _check_cover(plan, plan.attention_layout, "attention_layout")
+    _check_cover(plan, plan.linear_layout, "linear_layout")
+    # Attention layout must follow each sequence's placement.
+    for i, s in enumerate(plan.sequences):
+        held = att[i]  # rank -> sorted merged ranges
+        expected: dict[int, list[tuple[int, int]]]
+        if s.placement == "local":
+            expected = {s.ranks[0]: [(0, s.length)]}
+        else:
+            g = len(s.ranks)
+            b = chunk_bounds(s.length, g)
+            expected = {r: _merge([b[p], b[2 * g - 1 - p]]) for p, r in enumerate(s.ranks)}
+        if held != expected:
+            what = "the whole sequence on its rank" if s.placement == "local" else \
+                f"the zigzag chunks of a ring over ranks {list(s.ranks)} in that order"
+            raise PlanError(
+                f"attention_layout: sequence {i} (length {s.length}, {s.placement}) is held as "
+                f"{ {r: v for r, v in sorted(held.items())} }, expected {what}: "
+                f"{ {r: v for r, v in sorted(expected.items())} }"
+            )
+    check_routing(plan)
+
+
+def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for s, e in sorted(spans):
+        if out and out[-1][1] == s:
+            out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def _check_cover(
+    plan: "StepPlan", layout: Sequence[Sequence[TokenRange]], name: str
+) -> list[dict[int, list[tuple[int, int]]]]:
+    """Every token of every sequence exactly once; returns per-seq rank -> merged spans."""
+    n = len(plan.sequences)
+    per_seq: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+    for r, ranges in enumerate(layout):
+        for seq, start, end in ranges:
+            if not 0 <= seq < n:
+                raise PlanError(f"{name}[{r}]: sequence index {seq} is outside [0, {n})")
+            length = plan.sequences[seq].length
+            if not 0 <= start < end <= length:
+                raise PlanError(
+                    f"{name}[{r}]: range [{start}, {end}) of sequence {seq} is empty or outside [0, {length})"
+                )
+            per_seq[seq].append((start, end, r))
+    held: list[dict[int, list[tuple[int, int]]]] = []
+    for seq, spans in enumerate(per_seq):
+        spans.sort()
+        pos = 0
+        for start, end, _r in spans:
+            if start < pos:
+                raise PlanError(f"{name}: tokens [{start}, {min(pos, end)}) of sequence {seq} appear twice")
+            if start > pos:
+                raise PlanError(f"{name}: tokens [{pos}, {start}) of sequence {seq} are missing")
+            pos = end
+        length = plan.sequences[seq].length
+        if pos != length:
+            raise PlanError(f"{name}: tokens [{pos}, {length}) of sequence {seq} are missing")
+        by_rank: dict[int, list[tuple[int, int]]] = {}
+        for start, end, r in spans:
+            by_rank.setdefault(r, []).append((start, end))
+        held.append({r: _merge(v) for r, v in by_rank.items()})
+    return held
+
+
+def check_local_slots(plan: "StepPlan") -> None:
+    """Each slot names a ring step of one of its rank's rings and local sequences of that rank;
+    no sequence in two slots, no two slots at one ring step of a rank."""
+    if not plan.local_slots:
+        return
+    rings = plan.rings
+    seen: dict[int, int] = {}
+    places: set[tuple[int, int, int]] = set()
+    for k, x in enumerate(plan.local_slots):
+        where = f"local_slots[{k}] (rank {x.rank}, ring {x.ring}, step {x.step})"
+        if not 0 <= x.ring < len(rings):
+            raise PlanError(f"{where}: ring index {x.ring} is outside [0, {len(rings)})")
+        ranks = rings[x.ring].ranks
+        if x.rank not in ranks:
+            raise PlanError(f"{where}: rank {x.rank} is not a member of ring {list(ranks)}")
+        if not 0 <= x.step <= len(ranks) - 2:
+            raise PlanError(f"{where}: step must be in [0, {len(ranks) - 2}] for a ring of {len(ranks)}")
+        if (x.rank, x.ring, x.step) in places:
+            raise PlanError(f"{where}: a second slot at the same ring step of the same rank")
+        places.add((x.rank, x.ring, x.step))
+        if not x.seqs:
+            raise PlanError(f"{where}: no sequences")
+        for i in x.seqs:
+            if not 0 <= i < len(plan.sequences):
+                raise PlanError(f"{where}: sequence index {i} is outside [0, {len(plan.sequences)})")
+            s = plan.sequences[i]
+            if s.placement != "local" or s.ranks != (x.rank,):
+                raise PlanError(f"{where}: sequence {i} ({s.placement} on ranks {list(s.ranks)}) is not a local "
+                                f"sequence of rank {x.rank}")
+            if i in seen:
+                raise PlanError(f"{where}: sequence {i} is already in local_slots[{seen[i]}]")
+            seen[i] = k
+
+
+def check_routing(plan: "StepPlan") -> None:
+    gpn = plan.gpus_per_node
+    rings = {r.ranks: r for r in plan.rings}
+    seen: set[tuple[tuple[int, ...], int, int]] = set()
+    for k, route in enumerate(plan.routing):
+        where = f"routing[{k}]"
+        if route.ring not in rings:
+            raise PlanError(f"{where}: ring {list(route.ring)} is not a ring of this plan")
+        ring = route.ring
+        hops = [(ring[i], ring[next_position(i, len(ring))]) for i in range(len(ring))]
+        if (route.src, route.dst) not in hops or route.src // gpn == route.dst // gpn:
+            raise PlanError(f"{where}: {route.src} -> {route.dst} is not a cross-node hop of ring {list(ring)}")
+        key = (ring, route.src, route.dst)
+        if key in seen:
+            raise PlanError(f"{where}: hop {route.src} -> {route.dst} of ring {list(ring)} is routed twice")
+        seen.add(key)
+        if not route.proxies or route.proxies[0] != route.src % gpn:
+            raise PlanError(f"{where}: proxies must start with the source's local index {route.src % gpn}")
+        if len(set(route.proxies)) != len(route.proxies) or not all(
+            isinstance(p, int) and 0 <= p < gpn for p in route.proxies
+        ):
+            raise PlanError(f"{where}: proxies {list(route.proxies)} must be distinct local indices in [0, {gpn})")

@@ -1,0 +1,89 @@
+"""The plan's parts: placements, sequences, rings, local slots, predictions and :class:`PlanError`.
+
+:class:`~.plan.StepPlan` (``plan.py``) holds them; every name here is also
+importable from :mod:`zeppelin_megatron.planner.plan`. No imports from the
+rest of the planner: the JSON form (:mod:`.plan_json`), the checks
+(:mod:`.plan_check`) and the ring order (:mod:`.ring_order`) build on this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["PlanError", "SequencePlan", "Ring", "LocalSlot", "Prediction", "PLAN_SCHEMA", "PLACEMENTS",
+           "Placement", "TokenRange"]
+
+PLAN_SCHEMA = "zeppelin-plan/1"
+Placement = Literal["local", "intra_node", "inter_node"]
+PLACEMENTS: tuple[str, ...] = ("local", "intra_node", "inter_node")
+TokenRange = tuple[int, int, int]
+
+
+class PlanError(ValueError):
+    """A plan (or a request to make one) that is invalid."""
+
+
+@dataclass(frozen=True)
+class SequencePlan:
+    length: int
+    placement: Placement
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Ring:
+    """Split sequences that share one rank tuple; executed as one ring."""
+
+    ranks: tuple[int, ...]
+    placement: Placement
+    seqs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LocalSlot:
+    """Local sequences ``seqs`` of ``rank`` run as one causal call inside ring ``ring``
+    (an index into :attr:`StepPlan.rings`), after the rank's step-``step`` kernel and
+    before that step's wait (``0 <= step <= g - 2``), so they overlap the step's transfer
+    or a late ring partner. The engine runs the call at the same place in backward.
+
+    Example: ``LocalSlot(rank=3, ring=1, step=0, seqs=(7, 9))``: rank 3, a member of
+    the second ring in queue order, runs sequences 7 and 9 right after that ring's
+    diagonal (step 0) kernel.
+    """
+
+    rank: int
+    ring: int
+    step: int
+    seqs: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """Cost-model prediction for one training step (all layers), milliseconds / MB.
+
+    Per-rank tuples: ``rank_ms`` (attention + linear + exposed communication),
+    and, when the plan was made by the planner, the breakdown
+    ``attention_ms`` (attention kernel compute), ``linear_ms``,
+    ``exposed_comm_ms`` (ring waits not filled by local work), ``intra_MB`` and
+    ``inter_MB`` (bytes each rank sends over NVLink and over the network), and
+    the scalar ``remap_ms`` (layout all-to-alls, paid by every rank).
+    """
+
+    step_ms: float
+    rank_ms: tuple[float, ...]
+    attention_ms: tuple[float, ...] = ()
+    linear_ms: tuple[float, ...] = ()
+    exposed_comm_ms: tuple[float, ...] = ()
+    intra_MB: tuple[float, ...] = ()
+    inter_MB: tuple[float, ...] = ()
+    remap_ms: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"step_ms": self.step_ms, "rank_ms": list(self.rank_ms)}
+        if self.remap_ms:
+            d["remap_ms"] = self.remap_ms
+        for key in ("attention_ms", "linear_ms", "exposed_comm_ms", "intra_MB", "inter_MB"):
+            if getattr(self, key):
+                d[key] = list(getattr(self, key))
+        return d
