@@ -32,4 +32,4 @@ def test_cli_errors_are_clear(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "zeppelin_megatron.cli", "plan", "--lengths", str(f),
                         "--cluster", "1x2"], capture_output=True, text=True)
     assert r.returncode == 2
-    assert "sequence 1: length 0 must be >= 1" in r.stderr
+    assert f"{f}:2: length 0 must be >= 1" in r.stderr   # file:line, before any planning

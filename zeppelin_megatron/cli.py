@@ -11,7 +11,7 @@ import importlib
 import sys
 from typing import Sequence
 
-from .commands.plan import read_lengths
+from .lengths_io import read_lengths
 from .planner import ClusterError, ModelError, PlanError, ProfileError
 
 __all__ = ["main", "read_lengths", "COMMANDS"]

@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from zeppelin_megatron.megatron.arguments import (
+    PlannerOptions,
     ZeppelinArgsError,
     ZeppelinConfig,
     ZeppelinParallel,
@@ -28,9 +29,9 @@ def test_flags_defaults_and_negations() -> None:
     cfg = zeppelin_config_from_args(a)
     assert cfg == ZeppelinConfig(cluster="2x8")
     assert cfg.routing and cfg.check_plan and cfg.metrics and cfg.backend is None
-    assert cfg.remap is True                         # token-balanced linear layout by default
+    assert cfg.options == PlannerOptions()           # the planner's defaults, token-balanced linear layout
     auto = zeppelin_config_from_args(_parse(["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-remap-auto"]))
-    assert auto.remap == "auto"                      # decided per micro-step
+    assert auto.options.remap == "auto"              # decided per micro-step
     with pytest.raises(ZeppelinArgsError, match="--zeppelin-remap-auto and --no-zeppelin-remap"):
         zeppelin_config_from_args(_parse(["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-remap-auto",
                                           "--no-zeppelin-remap"]))
@@ -38,9 +39,9 @@ def test_flags_defaults_and_negations() -> None:
                 "--zeppelin-tokens-per-gpu", "4096", "--zeppelin-backend", "reference",
                 "--zeppelin-placements", "local,intra_node", "--no-zeppelin-metrics"])
     cfg = zeppelin_config_from_args(b)
-    assert (cfg.routing, cfg.remap, cfg.metrics) == (False, False, False)
+    assert (cfg.routing, cfg.options.remap, cfg.metrics) == (False, False, False)
     assert cfg.tokens_per_gpu == 4096 and cfg.backend == "reference"
-    assert cfg.placements == ("local", "intra_node")
+    assert cfg.options == PlannerOptions(routing=False, remap=False, placements=("local", "intra_node"))
 
 
 def test_unknown_backend_rejected_by_parser() -> None:
@@ -58,9 +59,14 @@ def test_zeppelin_requested() -> None:
     [
         (["--zeppelin"], "needs --zeppelin-cluster"),
         (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-tokens-per-gpu", "0"], "positive integer, got 0"),
-        (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-placements", "local,ring"], "ring"),
-        (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-placements", "intra_node"], "'local' cannot"),
-        (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-slack", "1.5"], "slack must be in"),
+        (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-placements", "local,ring"],
+         r"--zeppelin-placements local,ring: placements \['local', 'ring'\]: expected distinct names"),
+        (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-placements", "intra_node"],
+         "--zeppelin-placements intra_node: .*'local' cannot"),
+        (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-slack", "1.5"],
+         r"--zeppelin-slack 1.5: slack is 1.5, expected a fraction in \[0, 1\)"),
+        (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-min-ratio", "0"],
+         "--zeppelin-min-ratio 0.0: min_ratio is 0.0, expected a number > 0"),
         (["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-prefetch", "3"], "prefetch must be 0, 1 or 2"),
     ],
 )
@@ -141,7 +147,7 @@ def test_parallel_shape_errors(kwargs: dict, match: str) -> None:
         ZeppelinParallel(**full)
 
 
-@pytest.mark.parametrize("bad", ["on", 1, None])
-def test_remap_value_checked(bad: object) -> None:
-    with pytest.raises(ZeppelinArgsError, match="remap must be True, False or 'auto'"):
-        ZeppelinConfig(cluster="2x8", remap=bad)  # type: ignore[arg-type]
+def test_options_type_checked() -> None:
+    with pytest.raises(ZeppelinArgsError, match="options is a dict, expected a PlannerOptions"):
+        ZeppelinConfig(cluster="2x8", options={"remap": "on"})  # type: ignore[arg-type]
+

@@ -1,4 +1,5 @@
-"""Model shape from Megatron flags, the TP-reduced cluster, cost model and planner at start-up."""
+"""Model shape from Megatron flags, the TP-reduced cluster, cost model and planner at start-up; plan, simulate
+and training agree."""
 
 from __future__ import annotations
 
@@ -8,16 +9,13 @@ from dataclasses import replace
 import pytest
 
 from zeppelin_megatron.megatron.arguments import ZeppelinArgsError, check_megatron_args, zeppelin_config_from_args
-from zeppelin_megatron.megatron.planning import (
-    build_setup,
-    build_zeppelin_cluster,
-    make_planner,
-    model_shape_from_args,
-    reduce_cluster_for_tp,
-)
-from zeppelin_megatron.planner import Cluster, load_cluster, plan_step
-from zeppelin_megatron.planner import PlannerOptions
+from zeppelin_megatron.cli import main
+from zeppelin_megatron.commands.simulate import setup as simulate_setup
+from zeppelin_megatron.megatron.planning import build_setup, model_shape_from_args
+from zeppelin_megatron.planner import Cluster, ClusterError, PlannerOptions, load_cluster, plan_step
 from zeppelin_megatron.planner.model import LLAMA_7B
+from zeppelin_megatron.planner.setup import build_planning, reduce_cluster_for_tp
+from zeppelin_megatron.sim.strategies import plan_with
 
 from .helpers import A800_YAML, H100_YAML, megatron_namespace
 
@@ -83,17 +81,19 @@ def test_reduce_rejects_tp_dependent_nic_map() -> None:
     assert reduce_cluster_for_tp(c2, 2)[0].gpu_nic == (0, 1)
     c3 = replace(c, gpus_per_node=6, gpu_nic=(0, 0, 1, 2, 2, 2))
     # TP 2: rank 0 -> GPUs 0,2,4 -> NICs 0,1,2 -> [0,1,2]; rank 1 -> GPUs 1,3,5 -> NICs 0,2,2 -> [0,1,1]
-    with pytest.raises(ZeppelinArgsError, match="different NIC maps"):
+    with pytest.raises(ClusterError, match="different NIC maps"):
         reduce_cluster_for_tp(c3, 2)
+    with pytest.raises(ClusterError, match="tensor parallel size 3 does not divide the cluster's 4 GPUs"):
+        reduce_cluster_for_tp(c, 3)
 
 
 def test_cluster_must_match_world_size() -> None:
-    cfg = zeppelin_config_from_args(megatron_namespace(zeppelin_cluster=str(H100_YAML)))  # file says 4 nodes
     with pytest.raises(ZeppelinArgsError, match=r"32 GPUs but the job has world size 16.*2x8@"):
-        build_zeppelin_cluster(cfg, world_size=16, gpus_per_node=8, tensor_parallel=1)
+        _setup(world_size=16, gpus_per_node=8, zeppelin_cluster=str(H100_YAML))  # file says 4 nodes
     with pytest.raises(ZeppelinArgsError, match="8 GPUs per node but the job runs 4"):
-        build_zeppelin_cluster(cfg, world_size=16, gpus_per_node=4, tensor_parallel=1)
-    assert build_zeppelin_cluster(cfg, world_size=32, gpus_per_node=8, tensor_parallel=4).gpus_per_node == 2
+        _setup(world_size=16, gpus_per_node=4, zeppelin_cluster=str(H100_YAML), global_batch_size=16)
+    s = _setup(world_size=32, gpus_per_node=8, zeppelin_cluster=str(H100_YAML), tensor_model_parallel_size=4)
+    assert (s.cluster.gpus_per_node, s.cluster.world_size) == (2, 8)
 
 
 def test_missing_files_fail_at_startup(tmp_path) -> None:
@@ -108,10 +108,21 @@ def test_missing_files_fail_at_startup(tmp_path) -> None:
 
 
 def test_capacity_check() -> None:
-    with pytest.raises(ZeppelinArgsError, match="2 x --seq-length 65536 = 131072 tokens"):
+    with pytest.raises(ZeppelinArgsError, match="2 x --seq-length 65536 = 131072 tokens.*1 GPU.*65536 tokens per GPU"):
         _setup(micro_batch_size=2, seq_length=65536)
     s = _setup(micro_batch_size=2, seq_length=65536, zeppelin_tokens_per_gpu=131072)
     assert s.cluster.tokens_per_gpu == 131072
+
+
+def test_tp_group_capacity_is_tp_times_per_gpu() -> None:
+    # A Zeppelin rank at TP 2 is two GPUs, each keeping half the heads (and, with sequence parallelism,
+    # half the other activations) of the same tokens: 2 x the per-GPU capacity of the cluster file.
+    s = _setup(tensor_model_parallel_size=2, micro_batch_size=2, seq_length=65536)
+    assert s.cluster.tokens_per_gpu == 2 * 65536 and s.planning.physical.tokens_per_gpu == 65536
+    s = _setup(tensor_model_parallel_size=2, zeppelin_tokens_per_gpu=1000, seq_length=2000)
+    assert s.cluster.tokens_per_gpu == 2000
+    with pytest.raises(ZeppelinArgsError, match="2001 tokens per Zeppelin rank exceeds the rank's capacity of 2000"):
+        _setup(tensor_model_parallel_size=2, zeppelin_tokens_per_gpu=1000, seq_length=2001)
 
 
 def test_heads_not_divisible_by_tp() -> None:
@@ -133,24 +144,48 @@ def test_setup_planner_matches_plan_step() -> None:
 
 def test_planner_options_bound() -> None:
     s = _setup(zeppelin_routing=False, zeppelin_remap=False, zeppelin_placements="local,intra_node")
-    p = make_planner(s.config, s.cluster, s.cost)
-    assert (p.routing, p.remap, p.placements) == (False, False, ("local", "intra_node"))
-    plan = p([30_000, 1000, 1000, 5000, 20_000])
+    assert s.planner.options == PlannerOptions(routing=False, remap=False, placements=("local", "intra_node"))
+    assert s.config.options is s.planner.options and s.config.routing is False
+    plan = s.planner([30_000, 1000, 1000, 5000, 20_000])
     assert plan.routing == () and plan.linear_layout == plan.attention_layout
     assert all(sp.placement != "inter_node" for sp in plan.sequences)
 
 
 
 def test_planner_remap_default_on_auto_and_off() -> None:
-    assert _setup().planner.remap is True and "remap on" in _setup().describe()
+    assert _setup().planner.options.remap is True and "remap on" in _setup().describe()
     s = _setup(zeppelin_remap_auto=True)
-    assert s.planner.remap == "auto" and "remap auto" in s.describe()
+    assert s.planner.options.remap == "auto" and "remap auto" in s.describe()
     lengths = [812, 40_000, 95_000, 2_048] + [4096] * 30
     on = _setup(zeppelin_remap=True)
-    assert on.planner.remap is True and "remap on" in on.describe()
+    assert on.planner.options.remap is True and "remap on" in on.describe()
     assert on.planner(lengths).to_json() == plan_step(lengths, on.cost, PlannerOptions(remap=True)).to_json()
     off = _setup(zeppelin_remap=False)
     assert "remap off" in off.describe()
     auto = s.planner(lengths)
     best = min((on.planner(lengths), off.planner(lengths)), key=lambda p: p.predicted.step_ms)
     assert auto.to_json() == best.to_json()
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_plan_simulate_and_training_agree(tp: int, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Same lengths, same cluster and TP: `zeppelin plan`, the simulator's zeppelin strategy and the training
+    setup give the same plan JSON (one builder: planner.setup.build_planning)."""
+    lengths = [812, 40_000, 95_000, 2_048, 130_000] + [4096] * 30 + [300] * 50
+    f = tmp_path / "lengths.txt"
+    f.write_text("\n".join(map(str, lengths)) + "\n")
+    out = tmp_path / "plan.json"
+    spec = f"4x8@{H100_YAML}"
+    assert main(["plan", "--lengths", str(f), "--cluster", spec, "--tensor-parallel", str(tp),
+                 "--json", str(out)]) == 0
+    from_cli = out.read_text().strip()
+    cluster, cost = simulate_setup(spec, None, None, tp)
+    from_sim = plan_with("zeppelin", lengths, cluster, cost).plan.to_json(indent=1)
+    training = _setup(tensor_model_parallel_size=tp, global_batch_size=64, zeppelin_cluster=spec)
+    from_training = training.planner(lengths).to_json(indent=1)
+    direct = build_planning(spec, LLAMA_7B, tensor_parallel=tp).plan(lengths).to_json(indent=1)
+    assert from_cli == from_sim == from_training == direct
+    doc = json.loads(from_cli)
+    assert (doc["nodes"], doc["gpus_per_node"]) == (4, 8 // tp)
+    assert training.cluster == cluster and training.cost.profile == cost.profile
+    assert training.cost.tensor_parallel == cost.tensor_parallel == tp  # (model names differ: 'megatron', 'llama-7b')

@@ -15,7 +15,8 @@ HELP = "train a small megatron-core GPT with Zeppelin on 4 CPU ranks (2 nodes x 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     p.add_argument("--compare-baseline", action="store_true",
-                   help="run the same batches as plain data parallelism without Zeppelin and report the loss difference")
+                   help="run the same batches as plain data parallelism without Zeppelin and report the loss "
+                        "difference")
     p.add_argument("--tokens-per-step", type=int, default=8192, help="global token budget of a step (default 8192)")
     p.add_argument("--seq-length", type=int, default=6144, help="documents are truncated at this length (default 6144)")
     p.add_argument("--documents", type=int, default=2000, help="documents in the generated corpus (default 2000)")

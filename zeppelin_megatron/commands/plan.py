@@ -6,38 +6,14 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-from ..planner import (
-    PlannerOptions,
-    CostModel,
-    PlanError,
-    StepPlan,
-    load_cluster,
-    load_model,
-    load_profile,
-    plan_step,
-)
+from ..lengths_io import read_lengths
+from ..planner import PlanError, PlannerOptions, StepPlan
 from ..planner.predict import attention_time
+from ..planner.setup import build_planning
 
 __all__ = ["HELP", "add_arguments", "run", "read_lengths", "plot_plan"]
 
 HELP = "plan one global batch and print the per-rank table"
-
-
-def read_lengths(path: str | Path) -> list[int]:
-    """One positive integer per line; blank lines and ``#`` comments skipped."""
-    p = Path(path)
-    if not p.is_file():
-        raise PlanError(f"lengths file {str(path)!r} does not exist")
-    out = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        text = line.split("#", 1)[0].strip()
-        if not text:
-            continue
-        try:
-            out.append(int(text))
-        except ValueError:
-            raise PlanError(f"{p}:{n}: {text!r} is not an integer length") from None
-    return out
 
 
 _REMAP: dict[str, bool | str] = {"auto": "auto", "on": True, "off": False}
@@ -49,8 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="NODESxGPUS (H100 defaults), a cluster YAML, or NODESxGPUS@YAML")
     p.add_argument("--model", default=None, help="model YAML (default: Llama-7B shape)")
     p.add_argument("--profile", default=None, help="cost profile JSON (default: bundled H100 bf16)")
-    p.add_argument("--tokens-per-gpu", type=int, default=None, help="override the cluster's token capacity")
-    p.add_argument("--tensor-parallel", type=int, default=1, help="TP size (heads split across TP ranks)")
+    p.add_argument("--tokens-per-gpu", type=int, default=None,
+                   help="override the cluster's per-GPU token capacity (a Zeppelin rank of TP GPUs holds TP x this)")
+    p.add_argument("--tensor-parallel", type=int, default=1,
+                   help="TP size: each Zeppelin rank is a TP group of this many GPUs (heads split over them)")
     p.add_argument("--no-routing", action="store_true", help="plan without NIC-aware routing")
     remap = p.add_mutually_exclusive_group()
     # default None (meaning "on"): argparse's exclusivity check ignores an option given its own default value
@@ -127,10 +105,10 @@ def plot_plan(plan: StepPlan, path: str | Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cluster = load_cluster(args.cluster, tokens_per_gpu=args.tokens_per_gpu)
-    cost = CostModel(model=load_model(args.model), cluster=cluster, profile=load_profile(args.profile),
-                     tensor_parallel=args.tensor_parallel)
-    plan = plan_step(read_lengths(args.lengths), cost, PlannerOptions(routing=not args.no_routing, remap=_REMAP[args.remap or "on"]))
+    setup = build_planning(args.cluster, args.model, args.profile, tensor_parallel=args.tensor_parallel,
+                           tokens_per_gpu=args.tokens_per_gpu,
+                           options=PlannerOptions(routing=not args.no_routing, remap=_REMAP[args.remap or "on"]))
+    plan = setup.plan(read_lengths(args.lengths))
     print(_table(plan))
     if args.json:
         Path(args.json).write_text(plan.to_json(indent=1) + "\n")

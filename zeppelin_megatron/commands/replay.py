@@ -61,8 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cost profile JSON for the predictions (default: bundled H100 bf16; on another device "
                         "pass one measured there with `zeppelin profile`)")
     add_model_arguments(p)
-    p.add_argument("--tokens-per-gpu", type=int, default=None, help="override the cluster's token capacity")
-    p.add_argument("--tensor-parallel", type=int, default=1, help="TP size: heads and GEMMs per rank divided by it")
+    p.add_argument("--tokens-per-gpu", type=int, default=None,
+                   help="override the cluster's per-GPU token capacity (a Zeppelin rank of TP GPUs holds TP x this)")
+    p.add_argument("--tensor-parallel", type=int, default=1,
+                   help="TP size: each rank is a TP group; heads and GEMMs per rank divided by it")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--dtype", default=None, help="bf16 | fp16 | float32 | float64 (default: bf16 on CUDA, float32 "
                                                  "on CPU)")
@@ -85,7 +87,7 @@ Item = tuple[str, "StepPlan", str, str]  # (name, plan, attention_comm, note)
 def _plans(args: argparse.Namespace, cost: "CostModel", cluster: "Cluster") -> list[Item]:
     """(name, StepPlan, attention_comm, note) for each strategy of ``--strategies``."""
     from ..sim.strategies import plan_with  # part of the package; imports the planner only
-    from .plan import read_lengths
+    from ..lengths_io import read_lengths
 
     lengths = read_lengths(args.lengths)
     names = [n.strip() for n in args.strategies.split(",") if n.strip()]
@@ -102,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     from ..measure.replay import measure_ideal, plan_works, replay_plan
     from ..measure.report import format_comparison, format_replay
     from ..measure.timing import kernel_for, parse_dtype, resolve_device
-    from ..planner import CostModel, StepPlan, load_cluster, load_profile
+    from ..planner import StepPlan, load_profile
+    from ..planner.setup import build_planning
     from ..planner.predict import predict
 
     apply_threads(args.threads)
@@ -111,16 +114,18 @@ def run(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     kernel = kernel_for(args.backend, device, dtype)
     profile = load_profile(args.profile)
+    tp = args.tensor_parallel
     if args.plan is not None:
         path = Path(args.plan)
         if not path.is_file():
             raise ValueError(f"plan file {args.plan!r} does not exist")
         plan = StepPlan.from_json(path.read_text())
-        cluster = load_cluster(args.cluster or f"{plan.nodes}x{plan.gpus_per_node}", tokens_per_gpu=args.tokens_per_gpu)
+        setup = build_planning(args.cluster or f"{plan.nodes}x{plan.gpus_per_node * tp}", model, profile,
+                               tensor_parallel=tp, tokens_per_gpu=args.tokens_per_gpu)
+        cluster, cost = setup.cluster, setup.cost
         if (cluster.nodes, cluster.gpus_per_node) != (plan.nodes, plan.gpus_per_node):
-            raise ValueError(f"the plan is for {plan.nodes}x{plan.gpus_per_node} GPUs but --cluster is "
-                             f"{cluster.nodes}x{cluster.gpus_per_node}")
-        cost = CostModel(model=model, cluster=cluster, profile=profile, tensor_parallel=args.tensor_parallel)
+            raise ValueError(f"the plan is for {plan.nodes}x{plan.gpus_per_node} ranks but --cluster with TP {tp} "
+                             f"gives {cluster.nodes}x{cluster.gpus_per_node}")
         note = f"from {path}"
         if plan.predicted is None or not plan.predicted.attention_ms:
             plan = replace(plan, predicted=predict(plan, cost), validate=False)
@@ -129,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.cluster is None:
             raise ValueError("--lengths needs --cluster (NODESxGPUS, a YAML, or NODESxGPUS@YAML)")
-        cluster = load_cluster(args.cluster, tokens_per_gpu=args.tokens_per_gpu)
-        cost = CostModel(model=model, cluster=cluster, profile=profile, tensor_parallel=args.tensor_parallel)
+        setup = build_planning(args.cluster, model, profile, tensor_parallel=tp, tokens_per_gpu=args.tokens_per_gpu)
+        cluster, cost = setup.cluster, setup.cost
         items = _plans(args, cost, cluster)
 
     print(f"replaying on {device} ({dtype_name}, backend {kernel.name}); predictions from profile "

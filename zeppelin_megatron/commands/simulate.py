@@ -21,8 +21,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model YAML (default: Llama-7B shape)")
     p.add_argument("--profile", default=None, help="cost profile JSON (default: bundled H100 bf16)")
     p.add_argument("--tensor-parallel", type=int, default=1,
-                   help="TP size: each Zeppelin rank is a TP group (GPUs per node / TP ranks per node)")
-    p.add_argument("--tokens-per-gpu", type=int, default=None, help="override the cluster's token capacity")
+                   help="TP size: each Zeppelin rank is a TP group of this many GPUs (GPUs per node / TP ranks "
+                        "per node)")
+    p.add_argument("--tokens-per-gpu", type=int, default=None,
+                   help="override the cluster's per-GPU token capacity (a Zeppelin rank of TP GPUs holds TP x this)")
     p.add_argument("--strategies", default="zeppelin,te-cp,lower-bound",
                    help="comma-separated strategies, or 'all' (default: zeppelin,te-cp,lower-bound)")
     p.add_argument("--steps", type=int, default=4, help="global batches to simulate (default 4)")
@@ -30,8 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (--dist)")
     p.add_argument("--cp-size", type=int, default=None, help="fixed CP size for te-cp/allgather-cp/wlb-llm")
     p.add_argument("--engine", choices=("runtime", "fill"), default="runtime",
-                   help="runtime: the order zeppelin_megatron.runtime runs (rings in plan order, local work inside step 0 "
-                        "of a rank's filling ring, else after the rings; default); "
+                   help="runtime: the order zeppelin_megatron.runtime runs (rings in plan order, local work inside "
+                        "step 0 of a rank's filling ring, else after the rings; default); "
                         "fill: local sequences fill any ring wait (the paper's three-queue engine)")
     p.add_argument("--json", default=None, help="write results JSON here")
     p.add_argument("--plot", default=None, help="write a PNG bar chart here")
@@ -56,36 +58,23 @@ def load_batches(args: argparse.Namespace) -> tuple[list[list[int]], str]:
 
 def setup(cluster_spec: str, model: str | None, profile: str | None, tensor_parallel: int,
           tokens_per_gpu: int | None = None):
-    """``(cluster, cost model)``; with TP > 1 the cluster of one TP rank's Zeppelin group.
+    """``(cluster, cost model)`` of Zeppelin ranks: :func:`~zeppelin_megatron.planner.setup.build_planning`.
 
-    TP reduces the cluster as the Megatron integration does
-    (:func:`zeppelin_megatron.megatron.planning.reduce_cluster_for_tp`: a node
-    holds ``G / TP`` Zeppelin ranks, one rail each) and the cost model divides
-    heads and linear weights by TP. A Zeppelin rank is then a TP group, whose
-    activations are split over its TP GPUs (sequence parallelism), so its token
-    capacity is ``TP x`` the per-GPU one unless ``tokens_per_gpu`` is given.
+    With TP > 1 a Zeppelin rank is a TP group (the cluster reduced as training
+    reduces it, capacity ``TP x`` the per-GPU one); see
+    :mod:`zeppelin_megatron.planner.setup`.
     """
-    from dataclasses import replace
-
-    from ..planner import CostModel, load_cluster, load_model, load_profile
-    cluster = load_cluster(cluster_spec, tokens_per_gpu=tokens_per_gpu)
-    prof = load_profile(profile)
-    if tensor_parallel > 1:
-        from ..megatron.planning import reduce_cluster_for_tp
-        cluster, share = reduce_cluster_for_tp(cluster, tensor_parallel)
-        if tokens_per_gpu is None:
-            cluster = cluster.with_tokens_per_gpu(cluster.tokens_per_gpu * tensor_parallel)
-        if prof.nic_GBps and share != 1.0:
-            prof = replace(prof, nic_GBps=prof.nic_GBps * share)
-    cost = CostModel(model=load_model(model), cluster=cluster, profile=prof, tensor_parallel=tensor_parallel)
-    return cluster, cost
+    from ..planner.setup import build_planning
+    s = build_planning(cluster_spec, model, profile, tensor_parallel=tensor_parallel, tokens_per_gpu=tokens_per_gpu)
+    return s.cluster, s.cost
 
 
 def format_table(results: dict[str, Any], baseline: str = "te-cp", bound: str = "lower-bound") -> str:
     """Markdown table: strategy, mean step, speedup over ``baseline``, ratio to ``bound``, exposed comm."""
     base = results[baseline].mean_step_ms if baseline in results else None
     lb = results[bound].mean_step_ms if bound in results else None
-    lines = [f"| strategy | mean step (ms) | speedup vs {baseline} | x lower bound | exposed comm (ms) | NIC util | note |",
+    lines = [f"| strategy | mean step (ms) | speedup vs {baseline} | x lower bound | exposed comm (ms) | NIC util "
+             "| note |",
              "|---|---:|---:|---:|---:|---:|---|"]
     for name, r in results.items():
         sp = f"{base / r.mean_step_ms:.2f}x" if base else "-"

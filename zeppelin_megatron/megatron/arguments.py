@@ -20,10 +20,11 @@ Rank arithmetic of a run (pipeline and context parallelism are rejected)::
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
-from ..planner.plan import PLACEMENTS
+from ..planner.options import PlannerOptions, Remap
+from ..planner.plan import PLACEMENTS, PlanError
 
 __all__ = [
     "ZeppelinArgsError",
@@ -31,6 +32,7 @@ __all__ = [
     "ZeppelinParallel",
     "add_zeppelin_args",
     "zeppelin_config_from_args",
+    "planner_options_from_args",
     "check_megatron_args",
     "zeppelin_requested",
     "ZEPPELIN_SPEC_MODULE",
@@ -62,7 +64,8 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-profile", type=str, default=None,
                    help="Cost profile JSON (zeppelin-profile/1); default: the bundled H100 bf16 measurements.")
     g.add_argument("--zeppelin-tokens-per-gpu", type=int, default=None,
-                   help="Attention-layout tokens one Zeppelin rank may hold (overrides the cluster file).")
+                   help="Attention-layout tokens one GPU may hold (overrides the cluster file); a Zeppelin rank, "
+                        "one TP group, holds TP x this.")
     g.add_argument("--zeppelin-routing", action=argparse.BooleanOptionalAction, default=True,
                    help="Spread cross-node ring hops over idle NICs through proxy GPUs (default: on).")
     g.add_argument("--zeppelin-remap", action=argparse.BooleanOptionalAction, default=True,
@@ -91,20 +94,21 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 @dataclass(frozen=True, kw_only=True)
 class ZeppelinConfig:
-    """The ``--zeppelin*`` flags, validated."""
+    """The ``--zeppelin*`` flags, validated. The planner's settings are ``options`` (validated there)."""
 
     cluster: str
     profile: str | None = None
     tokens_per_gpu: int | None = None
-    routing: bool = True
-    remap: bool | Literal["auto"] = True
+    options: PlannerOptions = field(default_factory=PlannerOptions)
     backend: str | None = None
     check_plan: bool = True
-    placements: tuple[str, ...] = PLACEMENTS
-    slack: float = 0.02
-    min_ratio: float = 1.0
     prefetch: int = 2
     metrics: bool = True
+
+    @property
+    def routing(self) -> bool:
+        """``options.routing``: the runtime's router needs it too."""
+        return self.options.routing
 
     def __post_init__(self) -> None:
         if not isinstance(self.cluster, str) or not self.cluster.strip():
@@ -114,36 +118,43 @@ class ZeppelinConfig:
         tpg = self.tokens_per_gpu
         if tpg is not None and (isinstance(tpg, bool) or not isinstance(tpg, int) or tpg < 1):
             raise ZeppelinArgsError(f"--zeppelin-tokens-per-gpu must be a positive integer, got {tpg!r}")
-        remap = self.remap
-        if not (remap is True or remap is False or (isinstance(remap, str) and remap == "auto")):
-            raise ZeppelinArgsError(f"remap must be True, False or 'auto', got {self.remap!r}")
-        object.__setattr__(self, "placements", tuple(self.placements))
-        bad = [p for p in self.placements if p not in PLACEMENTS]
-        if bad or not self.placements or len(set(self.placements)) != len(self.placements):
-            raise ZeppelinArgsError(
-                f"--zeppelin-placements {','.join(self.placements)!r}: expected distinct names from "
-                f"{','.join(PLACEMENTS)}"
-            )
-        if "local" not in self.placements:
-            raise ZeppelinArgsError(
-                f"--zeppelin-placements {','.join(self.placements)!r}: 'local' cannot be left out (the planner "
-                "keeps a sequence whole when no allowed split pays); drop intra_node or inter_node to ablate them"
-            )
-        if not 0.0 <= self.slack < 1.0:
-            raise ZeppelinArgsError(f"--zeppelin-slack must be in [0, 1), got {self.slack}")
-        if not self.min_ratio > 0.0:
-            raise ZeppelinArgsError(f"--zeppelin-min-ratio must be > 0, got {self.min_ratio}")
+        if not isinstance(self.options, PlannerOptions):
+            raise ZeppelinArgsError(f"options is a {type(self.options).__name__}, expected a PlannerOptions")
         if isinstance(self.prefetch, bool) or self.prefetch not in (0, 1, 2):
             raise ZeppelinArgsError(f"--zeppelin-prefetch must be 0, 1 or 2, got {self.prefetch!r}")
 
 
-def _remap_from_args(args: argparse.Namespace) -> bool | Literal["auto"]:
+def _remap_from_args(args: argparse.Namespace) -> Remap:
     """``--zeppelin-remap`` (default) / ``--no-zeppelin-remap`` / ``--zeppelin-remap-auto``."""
     if getattr(args, "zeppelin_remap_auto", False):
         if args.zeppelin_remap is False:
             raise ZeppelinArgsError("--zeppelin-remap-auto and --no-zeppelin-remap contradict each other")
         return "auto"
     return args.zeppelin_remap
+
+
+_PLANNER_FLAGS = {"routing": "--zeppelin-routing", "remap": "--zeppelin-remap", "slack": "--zeppelin-slack",
+                  "min_ratio": "--zeppelin-min-ratio", "placements": "--zeppelin-placements"}
+"""PlannerOptions field -> the flag that sets it (errors name the flag)."""
+
+
+def planner_options_from_args(args: argparse.Namespace) -> PlannerOptions:
+    """The planner's settings from ``--zeppelin-routing/-remap/-remap-auto/-slack/-min-ratio/-placements``.
+
+    :class:`PlannerOptions` validates the values; its error is re-raised naming
+    the flag, e.g. ``--zeppelin-slack 2.0: slack is 2.0, expected a fraction in [0, 1)``.
+    """
+    values: dict[str, Any] = dict(
+        routing=args.zeppelin_routing, remap=_remap_from_args(args), slack=args.zeppelin_slack,
+        min_ratio=args.zeppelin_min_ratio,
+        placements=tuple(p.strip() for p in args.zeppelin_placements.split(",") if p.strip()))
+    for name, flag in _PLANNER_FLAGS.items():
+        try:
+            PlannerOptions(**{name: values[name]})
+        except PlanError as exc:
+            shown = args.zeppelin_placements if name == "placements" else values[name]
+            raise ZeppelinArgsError(f"{flag} {shown}: {exc}") from None
+    return PlannerOptions(**values)
 
 
 def zeppelin_config_from_args(args: argparse.Namespace) -> ZeppelinConfig:
@@ -154,13 +165,9 @@ def zeppelin_config_from_args(args: argparse.Namespace) -> ZeppelinConfig:
         cluster=args.zeppelin_cluster or "",
         profile=args.zeppelin_profile,
         tokens_per_gpu=args.zeppelin_tokens_per_gpu,
-        routing=args.zeppelin_routing,
-        remap=_remap_from_args(args),
+        options=planner_options_from_args(args),
         backend=args.zeppelin_backend,
         check_plan=args.zeppelin_check_plan,
-        placements=tuple(p.strip() for p in args.zeppelin_placements.split(",") if p.strip()),
-        slack=args.zeppelin_slack,
-        min_ratio=args.zeppelin_min_ratio,
         prefetch=args.zeppelin_prefetch,
         metrics=args.zeppelin_metrics,
     )

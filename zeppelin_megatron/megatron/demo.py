@@ -164,7 +164,8 @@ def _worker(rank: int, world: int, port: int, cfg: DemoConfig, prefix: str, resu
 def _train(rank: int, cfg: DemoConfig, prefix: str, result_path: str) -> None:
     import torch
     import torch.distributed as dist
-    from ..planner import CostModel, ModelShape, load_cluster
+    from ..planner import ModelShape
+    from ..planner.setup import build_planning
     from .cpu_support import allreduce_grads, build_gpt, init_parallel_state, megatron_on_cpu, tiny_gpt_config
     from .data.indexed import DocumentDataset
     from .data.iterator import ZeppelinDataIterator
@@ -172,7 +173,6 @@ def _train(rank: int, cfg: DemoConfig, prefix: str, result_path: str) -> None:
     from .groups import zeppelin_group_from_megatron
     from .loss import per_token_loss
     from .metrics import format_step, plan_metrics, step_metrics
-    from .planning import Planner
     from .spec import get_gpt_layer_zeppelin_spec
     from .step import ZeppelinStep, bind_step, prepare_model
 
@@ -181,9 +181,9 @@ def _train(rank: int, cfg: DemoConfig, prefix: str, result_path: str) -> None:
         group = zeppelin_group_from_megatron(gpus_per_node=cfg.gpus_per_node)
         shape = ModelShape(name="demo", layers=cfg.layers, hidden=cfg.hidden, q_heads=cfg.heads,
                            kv_heads=cfg.kv_heads, ffn=cfg.ffn, vocab=cfg.vocab)
-        # NODESxGPUS: H100 link figures (one NIC per GPU up to 8 GPUs per node), the demo's rank capacity.
-        cluster = load_cluster(f"{cfg.nodes}x{cfg.gpus_per_node}", tokens_per_gpu=cfg.capacity)
-        planner = Planner(cluster=cluster, cost=CostModel(model=shape, cluster=cluster))
+        # NODESxGPUS: H100 link figures (one NIC per GPU up to 8 GPUs per node), the demo's rank capacity
+        # (TP 1: one rank per GPU), the bundled H100 profile, default planner options.
+        planner = build_planning(f"{cfg.nodes}x{cfg.gpus_per_node}", shape, tokens_per_gpu=cfg.capacity)
         dataset = DocumentDataset(prefix=prefix, seq_length=cfg.seq_length)
         sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=cfg.tokens_per_step, seed=cfg.seed)
         config = tiny_gpt_config(num_layers=cfg.layers, hidden_size=cfg.hidden, num_attention_heads=cfg.heads,

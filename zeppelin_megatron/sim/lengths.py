@@ -38,6 +38,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..lengths_io import read_lengths
+
 __all__ = ["LengthDistribution", "DISTRIBUTIONS", "get_distribution", "sample_steps", "split_steps",
            "lengths_from_file", "lengths_from_dataset"]
 
@@ -174,7 +176,6 @@ def split_steps(lengths: Sequence[int], steps: int, tokens_per_step: int, *, max
 
 def lengths_from_file(path: str | Path) -> list[int]:
     """One length per line (``#`` comments); the same reader as ``zeppelin plan --lengths``."""
-    from ..commands.plan import read_lengths
     return read_lengths(path)
 
 
