@@ -83,12 +83,12 @@ def test_plans_are_deterministic() -> None:
 def test_partitioner_scores_plans_as_predict_does() -> None:
     """The partitioner balances what the prediction reports (per layer vs per step)."""
     from zeppelin_megatron.planner.options import PlannerOptions
-    from zeppelin_megatron.planner.partition import Assignment, _Ctx, attention_times
+    from zeppelin_megatron.planner.partition import Assignment, PartitionContext, attention_times
 
     for spec, tokens, seed in [("4x8", 1 << 20, 22), ("4x8", 1 << 20, 50), ("2x8", 1 << 19, 4)]:
         plan, cost = _plan(spec, tokens, seed), _cost(spec)
         lengths = [s.length for s in plan.sequences]
-        mine = attention_times(_Ctx(lengths, cost, PlannerOptions()),
+        mine = attention_times(PartitionContext(lengths, cost, PlannerOptions()),
                                [Assignment(s.placement, s.ranks) for s in plan.sequences])
         layers = cost.model.layers
         assert [layers * a for a in mine] == pytest.approx(attention_time(plan.predicted), abs=1e-4)
@@ -96,12 +96,12 @@ def test_partitioner_scores_plans_as_predict_does() -> None:
 
 def test_partitioner_remap_time_is_the_plans() -> None:
     from zeppelin_megatron.planner.options import PlannerOptions
-    from zeppelin_megatron.planner.partition import Assignment, _Ctx
+    from zeppelin_megatron.planner.partition import Assignment, PartitionContext
     from zeppelin_megatron.planner.score import rank_tokens, remap_time
 
     for spec, tokens, seed in [("4x8", 1 << 20, 8), ("4x8", 1 << 20, 22), ("8x8", 1 << 21, 1)]:
         plan, cost = _plan(spec, tokens, seed), _cost(spec)
-        ctx = _Ctx([s.length for s in plan.sequences], cost, PlannerOptions())
+        ctx = PartitionContext([s.length for s in plan.sequences], cost, PlannerOptions())
         held = rank_tokens(ctx, [Assignment(s.placement, s.ranks) for s in plan.sequences])
         assert held == [plan.tokens(r, "attention") for r in range(plan.world_size)]
         assert cost.model.layers * remap_time(ctx, held) == pytest.approx(plan.predicted.remap_ms, abs=1e-4)

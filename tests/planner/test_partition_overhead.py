@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zeppelin_megatron.planner.options import PlannerOptions
-from zeppelin_megatron.planner.partition import _Ctx
+from zeppelin_megatron.planner.partition_context import PartitionContext
 
 from .conftest import make_cost
 
@@ -16,7 +16,7 @@ def test_node_cost_uses_the_fastest_ring_when_none_meets_the_limit() -> None:
     cost = make_cost("1x8", model="configs/models/llama_3b.yaml")
     s = 17_686
     lengths = [s] + [500] * 200
-    ctx = _Ctx(lengths, cost, PlannerOptions())
+    ctx = PartitionContext(lengths, cost, PlannerOptions())
     times = {g: cost.ring_ms(s, g, inter_node=False) for g in range(2, 9)}
     assert min(times.values()) > ctx.limit  # no ring meets the limit
     g = ctx.fastest_intra(s)
@@ -30,7 +30,7 @@ def test_node_cost_keeps_the_smallest_ring_that_meets_the_limit() -> None:
     cost = make_cost("1x8", model="configs/models/llama_3b.yaml")
     s = 17_686
     lengths = [s] + [3_000] * 60  # limit ~9 ms: 3 GPUs (7.9 ms) meet it, the fastest ring is 5 GPUs
-    ctx = _Ctx(lengths, cost, PlannerOptions())
+    ctx = PartitionContext(lengths, cost, PlannerOptions())
     fitting = [g for g in range(2, 9) if cost.ring_ms(s, g, inter_node=False) <= ctx.limit]
     assert fitting and ctx.w[0] > ctx.limit and fitting[0] != ctx.fastest_intra(s)
     assert ctx.node_cost(0) == pytest.approx(fitting[0] * cost.ring_ms(s, fitting[0], inter_node=False))
@@ -39,7 +39,7 @@ def test_node_cost_keeps_the_smallest_ring_that_meets_the_limit() -> None:
 def test_fastest_intra_respects_token_capacity() -> None:
     """Ring sizes whose positions would exceed tokens_per_gpu are not candidates."""
     cost = make_cost("1x8", tokens_per_gpu=4_000, model="configs/models/llama_3b.yaml")
-    ctx = _Ctx([17_686], cost, PlannerOptions())
+    ctx = PartitionContext([17_686], cost, PlannerOptions())
     g = ctx.fastest_intra(17_686)
     assert -(-17_686 // g) <= 4_000 and g >= 5
 

@@ -4,51 +4,56 @@ The state (:class:`NodeState`) is level 1's outcome: each node's node-local
 sequences (level 2 places them on the node's GPUs), the node-spanning rings,
 and each node's load (GPU-time summed over its GPUs) and tokens. Each round
 takes the busiest node ``hi`` and, for every less loaded node ``lo``
-(``gap`` = their load difference), considers:
+(``gap`` = their load difference), considers these moves (one function each):
 
-* ``trade``: light sequences of ``hi`` go to ``lo`` (one, or several largest
-  first up to ``gap / 2``); or one sequence too costly to move alone goes
-  to ``lo`` for one cheaper sequence of ``lo``, or for several taken largest
-  first up to ``c - gap / 2``, where ``c`` is its cost (net move ``0 < m <
-  gap``). Example: gap 114, ``c = 203``, ``lo`` holds 60, 50, 30, 9 (sum 149):
-  ``lo`` gives back 60 + 50 + 30 = 140 <= 146, ``hi`` sheds 63;
-* ``lend``: a sequence of ``hi`` becomes a ring over all ``G`` GPUs of ``hi``
-  and ``m`` GPUs of ``lo`` (``1 <= m <= G``; the ``m`` with the least
-  node-spanning ring time), only where that ring hides its transfer and beats
-  keeping the sequence whole (:meth:`_Ctx.inter_ok`). With per-rank time
+* :class:`Trade` (:func:`single_trades`, :func:`batch_trade`, :func:`swaps`,
+  :func:`swap_for_several`): light sequences of ``hi`` go to ``lo`` (one, or
+  several largest first up to ``gap / 2``); or one sequence too costly to move
+  alone goes to ``lo`` for one cheaper sequence of ``lo``, or for several taken
+  largest first up to ``c - gap / 2``, where ``c`` is its cost (net move
+  ``0 < m < gap``). Example: gap 114, ``c = 203``, ``lo`` holds 60, 50, 30, 9
+  (sum 149): ``lo`` gives back 60 + 50 + 30 = 140 <= 146, ``hi`` sheds 63;
+* :class:`Lend` (:func:`lends`): a sequence of ``hi`` becomes a ring over all
+  ``G`` GPUs of ``hi`` and ``m`` GPUs of ``lo`` (``1 <= m <= G``), only where
+  that ring hides its transfer and beats keeping the sequence whole
+  (:meth:`~.partition_context.PartitionContext.inter_ok`). With per-rank time
   ``r = inter_ms(s, G + m)``, ``hi`` carries ``G * r`` and ``lo`` ``m * r``.
   Example: a 49k-token sequence costing 218 GPU-ms over ``G + 4 = 12`` ranks
   (``r ~ 20``): ``hi`` sheds 58, ``lo`` takes 80. A small ``m`` moves a thin
   slice of a huge sequence, which whole-node moves cannot;
-* ``shift``: ``hi``'s share of a ring over whole nodes moves to ``lo``;
-* ``widen``: a ring over ``k`` whole nodes through ``hi`` takes ``lo`` as one
-  more node (a lower share on each; only where the larger ring is allowed).
+* :class:`Shift` (:func:`ring_moves`): ``hi``'s share of a ring over whole
+  nodes moves to ``lo``;
+* :class:`Widen` (:func:`ring_moves`): a ring over ``k`` whole nodes through
+  ``hi`` takes ``lo`` as one more node (a lower share on each; only where the
+  larger ring is allowed).
 
 A lend leaves ``lo``'s GPUs uneven. Level 2 evens them out with light
-sequences (whole-sequence time at most the limit, :func:`_is_fill`), so a
-move may not leave a node with less light work than its unevenness (the sum
-over its GPUs of the gap to its busiest one); a node without heavy sequences
-may take the unevenness anyway, its level then being ``G`` times its
-busiest GPU.
+sequences (:meth:`~.partition_context.PartitionContext.is_light`), so a move
+may not leave a node with less light work than its unevenness (the sum over its
+GPUs of the gap to its busiest one); a node without heavy sequences may take
+the unevenness anyway, its level then being ``G`` times its busiest GPU.
 
-A round applies the move with the lowest resulting peak over the nodes it
-touches; ties go to the earlier sequence in the placement order, then a fixed
-order of move kinds, then the lower node. The search stops when no move lowers
-the busiest node (at most one round per sequence). Pure and deterministic.
+A round applies the move with the lowest :class:`MoveKey`: the resulting peak
+over the nodes it touches, then the earlier sequence in the placement order,
+then the move's tie rank (:func:`tie_lend`, :data:`TIE_BATCH`, ...), then the
+lower node. The search stops when no move lowers the busiest node (at most
+one round per sequence). Pure and deterministic.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Iterator, NamedTuple, Sequence, Union
 
+from .partition_context import PartitionContext
 from .zigzag import ring_max_tokens, ring_node_tokens, zigzag_tokens
 
-if TYPE_CHECKING:
-    from .partition import _Ctx
-
-__all__ = ["NodeState", "rebalance_nodes"]
+__all__ = [
+    "NodeState", "rebalance_nodes", "Trade", "Lend", "Shift", "Widen", "Move", "MoveKey", "Item", "RoundView",
+    "single_trades", "batch_trade", "swaps", "swap_for_several", "lends", "ring_moves",
+    "TIE_BATCH", "TIE_SEVERAL", "TIE_ONE", "tie_lend",
+]
 
 _EPS = 1e-9
 
@@ -69,132 +74,126 @@ class NodeState:
     tokens: list[int]
     cost: dict[int, float]
     lends: int = 0
-    """How many ``lend`` moves were applied."""
+    """How many :class:`Lend` moves were applied."""
 
 
-def _ring_nodes(ring: tuple[int, ...], gpn: int) -> list[int]:
-    return sorted({r // gpn for r in ring})
+@dataclass(frozen=True)
+class Trade:
+    """Sequences ``out`` move from node ``hi`` to ``lo`` and ``back`` from ``lo`` to ``hi``."""
+
+    out: tuple[int, ...]
+    back: tuple[int, ...]
+    hi: int
+    lo: int
 
 
-def rebalance_nodes(ctx: "_Ctx", st: NodeState, rank_in_order: dict[int, int], *, lend: bool = True) -> bool:
+@dataclass(frozen=True)
+class Lend:
+    """Sequence ``seq`` of ``hi`` becomes a ring over ``hi``'s GPUs plus ``m`` GPUs of ``lo``."""
+
+    seq: int
+    hi: int
+    lo: int
+    m: int
+
+
+@dataclass(frozen=True)
+class Shift:
+    """``hi``'s share of the whole-node ring of ``seq`` moves to ``lo``."""
+
+    seq: int
+    hi: int
+    lo: int
+
+
+@dataclass(frozen=True)
+class Widen:
+    """The whole-node ring of ``seq`` takes ``lo`` as one more node."""
+
+    seq: int
+    lo: int
+
+
+Move = Union[Trade, Lend, Shift, Widen]
+
+TIE_BATCH = -3
+"""Tie rank of a :class:`Trade` of several light sequences at once."""
+TIE_SEVERAL = -2
+"""Tie rank of a swap for several sequences of ``lo`` and of a :class:`Widen`."""
+TIE_ONE = -1
+"""Tie rank of a :class:`Trade` of one sequence and of a :class:`Shift`."""
+
+
+def tie_lend(m: int) -> int:
+    """Tie rank of a :class:`Lend` of ``m`` GPUs: ``-3 - m`` (larger lends first). A swap for one
+    sequence ``b`` of ``lo`` ranks by ``b``'s placement order (>= 0)."""
+    return TIE_BATCH - m
+
+
+class MoveKey(NamedTuple):
+    """Order of candidate moves (lower wins): ``peak`` over the nodes touched, ``seq`` (the moved
+    sequence's placement order), ``tie`` (the kind's tie rank), ``lo`` (the receiving node).
+
+    Example: two moves reach the same peak 41.0 with the same sequence (order 3): a lend of
+    2 GPUs, ``MoveKey(41.0, 3, -5, 1)``, wins over a single trade, ``MoveKey(41.0, 3, -1, 1)``.
+    """
+
+    peak: float
+    seq: int
+    tie: int
+    lo: int
+
+
+class Item(NamedTuple):
+    """A node-local sequence of ``hi`` as the moves see it (sorted by cost, then placement order)."""
+
+    cost: float
+    order: int
+    seq: int
+    tokens: int
+    light: float
+    """Its whole time if it is light (:meth:`~.partition_context.PartitionContext.is_light`), else 0."""
+    lends: tuple[tuple[int, float], ...]
+    """``(m, per-rank ms of a G + m ring)`` for each allowed lend (empty when lends are off)."""
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """What one round knows before it looks at any ``lo``: the busiest node ``hi`` and, per node,
+    the node-spanning ring time on each GPU (``busy``), its unevenness, its light work, whether it
+    holds heavy sequences, and how much light work it may give away (``spare``); ``hi``'s items."""
+
+    hi: int
+    busy: list[list[float]]
+    uneven: list[float]
+    fill: list[float]
+    heavy: list[bool]
+    spare: list[float]
+    items: list[Item]
+    costs: list[float]
+
+
+Candidate = tuple[MoveKey, Move]
+
+
+def rebalance_nodes(ctx: PartitionContext, st: NodeState, rank_in_order: dict[int, int], *,
+                    lend: bool = True) -> bool:
     """Apply improving moves to ``st`` (see the module docstring); True if any was made.
 
     Every move keeps each node's tokens within ``ctx.node_soft_cap``. ``lend``:
-    whether ``lend`` moves are allowed.
+    whether :class:`Lend` moves are allowed.
     """
-    n_nodes, gpn = ctx.cluster.nodes, ctx.gpn
-    cap_node = ctx.node_soft_cap
-    lengths, load, tok, w = ctx.lengths, st.load, st.tokens, ctx.w
-    can_span = lend and ctx.allow_inter and n_nodes > 1
-    lend_ms: dict[int, list[tuple[int, float]]] = {}  # seq -> [(m, per-rank ms of a G + m ring)] allowed
+    n_nodes = ctx.cluster.nodes
+    can_lend = lend and ctx.allow_inter and n_nodes > 1
+    lend_ms: dict[int, tuple[tuple[int, float], ...]] = {}  # per sequence, computed once
     moved = False
     for _ in range(sum(len(s) for s in st.seqs) + len(st.inter)):
-        hi = max(range(n_nodes), key=lambda n: (load[n], -n))
-        top = load[hi] - _EPS
-        # key: (peak of the touched nodes, sequence order, kind: the other sequence's order or a
-        # negative code, lo); then the move itself.
-        best: tuple[tuple, tuple] | None = None
-        busy = _ring_busy(ctx, st)
-        uneven = [sum(max(b) - x for x in b) for b in busy]
-        fill = [sum(w[b] for b in st.seqs[n] if _is_fill(ctx, b)) for n in range(n_nodes)]
-        heavy = [any(not _is_fill(ctx, b) for b in st.seqs[n]) for n in range(n_nodes)]
-        # How much light work a node may lose and still even out its GPUs (or be no worse).
-        spare = [fill[n] - min(uneven[n], fill[n]) + _EPS for n in range(n_nodes)]
-        hi_items = []
-        for a in st.seqs[hi]:
-            ta = lengths[a]
-            if can_span and a not in lend_ms:
-                # The ratio falls as the ring grows: if G + 1 ranks cannot hide the transfer, none can.
-                lend_ms[a] = [(m, ctx.inter_ms(ta, gpn + m)) for m in range(1, gpn + 1)
-                              if ta >= 2 * (gpn + m) and ctx.inter_ok(ta, gpn + m)] \
-                    if ctx.inter_ok(ta, gpn + 1) else []
-            hi_items.append((st.cost[a], rank_in_order[a], a, ta, w[a] if _is_fill(ctx, a) else 0.0,
-                             lend_ms.get(a, ())))
-        hi_items.sort()
-        hi_costs = [x[0] for x in hi_items]
-
-        def consider(key: tuple, move: tuple) -> None:
-            nonlocal best
-            if key[0] < top and (best is None or key < best[0]):
-                best = (key, move)
-
-        for lo in sorted(range(n_nodes), key=lambda n: (load[n], n)):
-            gap = load[hi] - load[lo]
-            if gap <= _EPS:
-                break
-            # Moves of one sequence of cost c < gap: the peak max(hi - c, lo + c) falls until
-            # c = gap / 2 and rises after, so only the feasible costs nearest gap / 2 matter.
-            split = bisect_left(hi_costs, gap / 2)
-            for side in (range(split - 1, -1, -1), range(split, bisect_left(hi_costs, gap))):
-                found = None
-                for j in side:
-                    ca, ka, a, ta, fa, _ = hi_items[j]
-                    if found is not None and ca != found:
-                        break
-                    if tok[lo] + ta <= cap_node and fa <= spare[hi]:
-                        consider((max(load[hi] - ca, load[lo] + ca), ka, -1, lo), ("trade", (a,), (), hi, lo))
-                        found = ca
-            # Several light sequences at once, largest first, up to gap / 2 (saves rounds).
-            batch, got, batch_tok, batch_fill = [], 0.0, 0, 0.0
-            for j in range(split - 1, -1, -1):
-                ca, ka, a, ta, fa, _ = hi_items[j]
-                if got + ca <= gap / 2 and tok[lo] + batch_tok + ta <= cap_node and batch_fill + fa <= spare[hi]:
-                    batch.append(a)
-                    got += ca
-                    batch_tok += ta
-                    batch_fill += fa
-            if len(batch) > 1:
-                consider((max(load[hi] - got, load[lo] + got), rank_in_order[batch[0]], -3, lo),
-                         ("trade", tuple(batch), (), hi, lo))
-            lo_items: list[int] | None = None
-            lo_busy = sorted(busy[lo])
-            for ca, ka, a, ta, fa, lends in hi_items:
-                if ca >= gap:
-                    if lo_items is None:
-                        lo_items = sorted(st.seqs[lo], key=lambda b: (-st.cost[b], rank_in_order[b]))
-                        lo_total = sum(st.cost[b] for b in lo_items)
-                    for b in lo_items:
-                        m = ca - st.cost[b]
-                        if not 0 < m < gap:
-                            continue
-                        tb = lengths[b]
-                        fb = w[b] if _is_fill(ctx, b) else 0.0
-                        if tok[lo] + ta - tb <= cap_node and tok[hi] - ta + tb <= cap_node \
-                                and fa - fb <= spare[hi] and fb - fa <= spare[lo]:
-                            consider((max(load[hi] - m, load[lo] + m), ka, rank_in_order[b], lo),
-                                     ("trade", (a,), (b,), hi, lo))
-                    if lo_total > ca - gap:
-                        back, got, back_tok = _trade_back(st, lo_items, ca - gap / 2, lengths)
-                        m = ca - got
-                        fb = sum(w[b] for b in back if _is_fill(ctx, b))
-                        if len(back) > 1 and 0 < m < gap and tok[lo] + ta - back_tok <= cap_node \
-                                and tok[hi] - ta + back_tok <= cap_node \
-                                and fa - fb <= spare[hi] and fb - fa <= spare[lo]:
-                            consider((max(load[hi] - m, load[lo] + m), ka, -2, lo),
-                                     ("trade", (a,), tuple(back), hi, lo))
-                if lends and fa <= spare[hi]:
-                    for m, r in lends:
-                        after = [x + r for x in lo_busy[:m]] + lo_busy[m:]
-                        lo_new = load[lo] + m * r
-                        if sum(max(after) - x for x in after) > max(fill[lo], uneven[lo]) + _EPS:
-                            if heavy[lo]:
-                                continue  # lo's light work could not even out the lent GPUs
-                            lo_new = max(lo_new, gpn * max(after))  # its busiest GPU sets its level
-                        if tok[lo] + m * ring_max_tokens(ta, gpn + m) <= cap_node:
-                            consider((max(load[hi] - ca + gpn * r, lo_new), ka, -3 - m, lo),
-                                     ("lend", a, hi, lo, m))
-            for a, ring in st.inter.items():
-                nodes = _ring_nodes(ring, gpn)
-                if hi not in nodes or lo in nodes or len(ring) != len(nodes) * gpn:
-                    continue  # not through hi, already on lo, or not over whole nodes
-                s, k, ka = lengths[a], len(nodes), rank_in_order[a]
-                share = gpn * ctx.inter_ms(s, len(ring))
-                if share < gap and tok[lo] + max(ring_node_tokens(s, k, gpn)) <= cap_node:
-                    consider((max(load[hi] - share, load[lo] + share), ka, -1, lo), ("shift", a, hi, lo))
-                if ctx.inter_ok(s, (k + 1) * gpn) and tok[lo] + max(ring_node_tokens(s, k + 1, gpn)) <= cap_node:
-                    new_share = gpn * ctx.inter_ms(s, (k + 1) * gpn)
-                    peak = max(max(load[n] for n in nodes) - share + new_share, load[lo] + new_share)
-                    consider((peak, ka, -2, lo), ("widen", a, lo))
+        view = _round_view(ctx, st, rank_in_order, lend_ms if can_lend else None)
+        top = st.load[view.hi] - _EPS
+        best: Candidate | None = None
+        for cand in _candidates(ctx, st, view, rank_in_order):
+            if cand[0].peak < top and (best is None or cand[0] < best[0]):
+                best = cand
         if best is None:
             return moved
         _apply(ctx, st, best[1], rank_in_order)
@@ -202,12 +201,177 @@ def rebalance_nodes(ctx: "_Ctx", st: NodeState, rank_in_order: dict[int, int], *
     return moved
 
 
-def _is_fill(ctx: "_Ctx", i: int) -> bool:
-    """Sequence ``i`` is light enough for level 2 to keep whole on one GPU (it evens out GPU loads)."""
-    return ctx.w[i] <= ctx.limit
+def _round_view(ctx: PartitionContext, st: NodeState, rank_in_order: dict[int, int],
+                lend_ms: dict[int, tuple[tuple[int, float], ...]] | None) -> RoundView:
+    n_nodes, gpn, w = ctx.cluster.nodes, ctx.gpn, ctx.w
+    hi = max(range(n_nodes), key=lambda n: (st.load[n], -n))
+    busy = _ring_busy(ctx, st)
+    uneven = [sum(max(b) - x for x in b) for b in busy]
+    fill = [sum(w[b] for b in st.seqs[n] if ctx.is_light(b)) for n in range(n_nodes)]
+    heavy = [any(not ctx.is_light(b) for b in st.seqs[n]) for n in range(n_nodes)]
+    # How much light work a node may lose and still even out its GPUs (or be no worse).
+    spare = [fill[n] - min(uneven[n], fill[n]) + _EPS for n in range(n_nodes)]
+    items = []
+    for a in st.seqs[hi]:
+        s = ctx.lengths[a]
+        if lend_ms is not None and a not in lend_ms:
+            # The ratio falls as the ring grows: if G + 1 ranks cannot hide the transfer, none can.
+            lend_ms[a] = tuple((m, ctx.inter_ms(s, gpn + m)) for m in range(1, gpn + 1)
+                               if s >= 2 * (gpn + m) and ctx.inter_ok(s, gpn + m)) \
+                if ctx.inter_ok(s, gpn + 1) else ()
+        items.append(Item(st.cost[a], rank_in_order[a], a, s, w[a] if ctx.is_light(a) else 0.0,
+                          lend_ms.get(a, ()) if lend_ms is not None else ()))
+    items.sort()
+    return RoundView(hi, busy, uneven, fill, heavy, spare, items, [x.cost for x in items])
 
 
-def _ring_busy(ctx: "_Ctx", st: NodeState) -> list[list[float]]:
+def _candidates(ctx: PartitionContext, st: NodeState, view: RoundView,
+                rank_in_order: dict[int, int]) -> Iterator[Candidate]:
+    """Every move of this round, receiving nodes from the least loaded up (until none is lower)."""
+    for lo in sorted(range(ctx.cluster.nodes), key=lambda n: (st.load[n], n)):
+        gap = st.load[view.hi] - st.load[lo]
+        if gap <= _EPS:
+            return
+        yield from single_trades(ctx, st, view, lo, gap)
+        yield from batch_trade(ctx, st, view, lo, gap, rank_in_order)
+        lo_items: list[int] | None = None
+        lo_busy = sorted(view.busy[lo])
+        for item in view.items:
+            if item.cost >= gap:
+                if lo_items is None:  # lo's sequences, costliest first
+                    lo_items = sorted(st.seqs[lo], key=lambda b: (-st.cost[b], rank_in_order[b]))
+                yield from swaps(ctx, st, view, lo, gap, item, lo_items, rank_in_order)
+                yield from swap_for_several(ctx, st, view, lo, gap, item, lo_items)
+            yield from lends(ctx, st, view, lo, item, lo_busy)
+        yield from ring_moves(ctx, st, view, lo, gap, rank_in_order)
+
+
+def single_trades(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float) -> Iterator[Candidate]:
+    """One sequence of cost ``c < gap`` from ``hi`` to ``lo``: the peak ``max(hi - c, lo + c)`` falls
+    until ``c = gap / 2`` and rises after, so only the feasible costs nearest ``gap / 2`` on either
+    side are offered (all sequences of that cost). Example: gap 10, costs 2, 4, 4, 7: the two 4s
+    (below) and the 7 (above)."""
+    hi, tok, load = view.hi, st.tokens, st.load
+    split = bisect_left(view.costs, gap / 2)
+    for side in (range(split - 1, -1, -1), range(split, bisect_left(view.costs, gap))):
+        found = None
+        for j in side:
+            x = view.items[j]
+            if found is not None and x.cost != found:
+                break
+            if tok[lo] + x.tokens <= ctx.node_soft_cap and x.light <= view.spare[hi]:
+                yield (MoveKey(max(load[hi] - x.cost, load[lo] + x.cost), x.order, TIE_ONE, lo),
+                       Trade((x.seq,), (), hi, lo))
+                found = x.cost
+
+
+def batch_trade(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float,
+                rank_in_order: dict[int, int]) -> Iterator[Candidate]:
+    """Several light sequences of ``hi`` at once, largest first, up to ``gap / 2`` (saves rounds).
+
+    Example: gap 10, costs 1, 2, 3, 6: 3 and 2 go (5 <= 5), 1 does not (6 > 5).
+    """
+    hi, tok = view.hi, st.tokens
+    batch: list[int] = []
+    got, batch_tok, batch_fill = 0.0, 0, 0.0
+    for j in range(bisect_left(view.costs, gap / 2) - 1, -1, -1):
+        x = view.items[j]
+        if (got + x.cost <= gap / 2 and tok[lo] + batch_tok + x.tokens <= ctx.node_soft_cap
+                and batch_fill + x.light <= view.spare[hi]):
+            batch.append(x.seq)
+            got += x.cost
+            batch_tok += x.tokens
+            batch_fill += x.light
+    if len(batch) > 1:
+        yield (MoveKey(max(st.load[hi] - got, st.load[lo] + got), rank_in_order[batch[0]], TIE_BATCH, lo),
+               Trade(tuple(batch), (), hi, lo))
+
+
+def swaps(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float, item: Item,
+          lo_items: list[int], rank_in_order: dict[int, int]) -> Iterator[Candidate]:
+    """``item`` (cost ``c >= gap``) for one sequence ``b`` of ``lo`` with ``0 < c - cost(b) < gap``."""
+    hi, tok, load = view.hi, st.tokens, st.load
+    for b in lo_items:
+        m = item.cost - st.cost[b]
+        if not 0 < m < gap:
+            continue
+        tb = ctx.lengths[b]
+        fb = ctx.w[b] if ctx.is_light(b) else 0.0
+        if (tok[lo] + item.tokens - tb <= ctx.node_soft_cap and tok[hi] - item.tokens + tb <= ctx.node_soft_cap
+                and item.light - fb <= view.spare[hi] and fb - item.light <= view.spare[lo]):
+            yield (MoveKey(max(load[hi] - m, load[lo] + m), item.order, rank_in_order[b], lo),
+                   Trade((item.seq,), (b,), hi, lo))
+
+
+def swap_for_several(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float, item: Item,
+                     lo_items: list[int]) -> Iterator[Candidate]:
+    """``item`` (cost ``c >= gap``) for several sequences of ``lo``, largest first up to ``c - gap / 2``
+    (see the module docstring's example)."""
+    if sum(st.cost[b] for b in lo_items) <= item.cost - gap:
+        return
+    hi, tok, load = view.hi, st.tokens, st.load
+    back: list[int] = []
+    got, back_tok = 0.0, 0
+    for b in lo_items:
+        if got + st.cost[b] <= item.cost - gap / 2:
+            back.append(b)
+            got += st.cost[b]
+            back_tok += ctx.lengths[b]
+    m = item.cost - got
+    fb = sum(ctx.w[b] for b in back if ctx.is_light(b))
+    if (len(back) > 1 and 0 < m < gap and tok[lo] + item.tokens - back_tok <= ctx.node_soft_cap
+            and tok[hi] - item.tokens + back_tok <= ctx.node_soft_cap
+            and item.light - fb <= view.spare[hi] and fb - item.light <= view.spare[lo]):
+        yield (MoveKey(max(load[hi] - m, load[lo] + m), item.order, TIE_SEVERAL, lo),
+               Trade((item.seq,), tuple(back), hi, lo))
+
+
+def lends(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, item: Item,
+          lo_busy: list[float]) -> Iterator[Candidate]:
+    """``item`` as a ring over ``hi``'s ``G`` GPUs plus the ``m`` least busy GPUs of ``lo``.
+
+    ``lo`` takes ``m * r`` (``r``: per-rank time); if its light work cannot even out the
+    ``m`` lent GPUs, a node with heavy sequences refuses, one without is charged ``G`` times
+    its busiest GPU. ``lo``'s tokens grow by at most ``m`` times the ring's largest position.
+    """
+    if not item.lends or item.light > view.spare[view.hi]:
+        return
+    hi, gpn, load = view.hi, ctx.gpn, st.load
+    for m, r in item.lends:
+        after = [x + r for x in lo_busy[:m]] + lo_busy[m:]
+        lo_new = load[lo] + m * r
+        if sum(max(after) - x for x in after) > max(view.fill[lo], view.uneven[lo]) + _EPS:
+            if view.heavy[lo]:
+                continue  # lo's light work could not even out the lent GPUs
+            lo_new = max(lo_new, gpn * max(after))  # its busiest GPU sets its level
+        if st.tokens[lo] + m * ring_max_tokens(item.tokens, gpn + m) <= ctx.node_soft_cap:
+            yield (MoveKey(max(load[hi] - item.cost + gpn * r, lo_new), item.order, tie_lend(m), lo),
+                   Lend(item.seq, hi, lo, m))
+
+
+def ring_moves(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float,
+               rank_in_order: dict[int, int]) -> Iterator[Candidate]:
+    """:class:`Shift` and :class:`Widen` of each ring over whole nodes through ``hi`` and not ``lo``."""
+    hi, gpn, load, tok = view.hi, ctx.gpn, st.load, st.tokens
+    for a, ring in st.inter.items():
+        nodes = _ring_nodes(ring, gpn)
+        if hi not in nodes or lo in nodes or len(ring) != len(nodes) * gpn:
+            continue  # not through hi, already on lo, or not over whole nodes
+        s, k, order = ctx.lengths[a], len(nodes), rank_in_order[a]
+        share = gpn * ctx.inter_ms(s, len(ring))
+        if share < gap and tok[lo] + max(ring_node_tokens(s, k, gpn)) <= ctx.node_soft_cap:
+            yield MoveKey(max(load[hi] - share, load[lo] + share), order, TIE_ONE, lo), Shift(a, hi, lo)
+        if ctx.inter_ok(s, (k + 1) * gpn) and tok[lo] + max(ring_node_tokens(s, k + 1, gpn)) <= ctx.node_soft_cap:
+            new_share = gpn * ctx.inter_ms(s, (k + 1) * gpn)
+            peak = max(max(load[n] for n in nodes) - share + new_share, load[lo] + new_share)
+            yield MoveKey(peak, order, TIE_SEVERAL, lo), Widen(a, lo)
+
+
+def _ring_nodes(ring: tuple[int, ...], gpn: int) -> list[int]:
+    return sorted({r // gpn for r in ring})
+
+
+def _ring_busy(ctx: PartitionContext, st: NodeState) -> list[list[float]]:
     """Node-spanning ring time on each GPU: ``busy[node][local index]``."""
     gpn = ctx.gpn
     busy = [[0.0] * gpn for _ in range(ctx.cluster.nodes)]
@@ -218,21 +382,7 @@ def _ring_busy(ctx: "_Ctx", st: NodeState) -> list[list[float]]:
     return busy
 
 
-def _trade_back(st: NodeState, lo_items: list[int], want: float,
-                lengths: Sequence[int]) -> tuple[list[int], float, int]:
-    """Largest-first subset of ``lo_items`` whose cost stays within ``want``: (items, cost, tokens)."""
-    back: list[int] = []
-    got, back_tok = 0.0, 0
-    for b in lo_items:
-        cb = st.cost[b]
-        if got + cb <= want:
-            back.append(b)
-            got += cb
-            back_tok += lengths[b]
-    return back, got, back_tok
-
-
-def _set_ring(ctx: "_Ctx", st: NodeState, a: int, ranks: tuple[int, ...] | None) -> None:
+def _set_ring(ctx: PartitionContext, st: NodeState, a: int, ranks: tuple[int, ...] | None) -> None:
     """Put sequence ``a``'s node-spanning ring on ``ranks`` (``None``: take it off).
 
     Each node carries ``inter_ms(s, len(ranks))`` per rank it holds and the
@@ -250,21 +400,14 @@ def _set_ring(ctx: "_Ctx", st: NodeState, a: int, ranks: tuple[int, ...] | None)
         st.inter[a] = ranks
 
 
-def _whole_nodes(ctx: "_Ctx", nodes: list[int]) -> tuple[int, ...]:
+def _whole_nodes(ctx: PartitionContext, nodes: Sequence[int]) -> tuple[int, ...]:
     return tuple(ctx.cluster.rank_of(n, l) for n in sorted(nodes) for l in range(ctx.gpn))
 
 
-def _lent_gpus(ctx: "_Ctx", st: NodeState, node: int, m: int) -> list[int]:
-    """The ``m`` GPUs of ``node`` carrying the least node-spanning ring time (ties: lower local index)."""
-    busy = _ring_busy(ctx, st)[node]
-    return sorted(sorted(range(ctx.gpn), key=lambda l: (busy[l], l))[:m])
-
-
-def _apply(ctx: "_Ctx", st: NodeState, move: tuple, rank_in_order: dict[int, int]) -> None:
-    kind = move[0]
-    if kind == "trade":
-        _, out, back, hi, lo = move
-        for i, src, dst in [(a, hi, lo) for a in out] + [(b, lo, hi) for b in back]:
+def _apply(ctx: PartitionContext, st: NodeState, move: Move, rank_in_order: dict[int, int]) -> None:
+    if isinstance(move, Trade):
+        hi, lo = move.hi, move.lo
+        for i, src, dst in [(a, hi, lo) for a in move.out] + [(b, lo, hi) for b in move.back]:
             st.seqs[src].remove(i)
             st.seqs[dst].append(i)
             st.load[src] -= st.cost[i]
@@ -273,17 +416,18 @@ def _apply(ctx: "_Ctx", st: NodeState, move: tuple, rank_in_order: dict[int, int
             st.tokens[dst] += ctx.lengths[i]
         st.seqs[hi].sort(key=rank_in_order.__getitem__)
         st.seqs[lo].sort(key=rank_in_order.__getitem__)
-    elif kind == "lend":
-        _, a, hi, lo, m = move
+    elif isinstance(move, Lend):
+        a, hi, lo = move.seq, move.hi, move.lo
         st.lends += 1
         st.seqs[hi].remove(a)
         st.load[hi] -= st.cost[a]
         st.tokens[hi] -= ctx.lengths[a]
-        lent = [ctx.cluster.rank_of(lo, l) for l in _lent_gpus(ctx, st, lo, m)]
-        _set_ring(ctx, st, a, tuple(sorted(lent + [ctx.cluster.rank_of(hi, l) for l in range(ctx.gpn)])))
-    elif kind == "shift":
-        _, a, hi, lo = move
-        _set_ring(ctx, st, a, _whole_nodes(ctx, sorted(set(_ring_nodes(st.inter[a], ctx.gpn)) - {hi} | {lo})))
-    else:  # widen
-        _, a, lo = move
-        _set_ring(ctx, st, a, _whole_nodes(ctx, _ring_nodes(st.inter[a], ctx.gpn) + [lo]))
+        busy = _ring_busy(ctx, st)[lo]  # the m GPUs of lo carrying the least ring time (ties: lower index)
+        lent = sorted(sorted(range(ctx.gpn), key=lambda l: (busy[l], l))[:move.m])
+        ranks = [ctx.cluster.rank_of(lo, l) for l in lent] + [ctx.cluster.rank_of(hi, l) for l in range(ctx.gpn)]
+        _set_ring(ctx, st, a, tuple(sorted(ranks)))
+    elif isinstance(move, Shift):
+        nodes = set(_ring_nodes(st.inter[move.seq], ctx.gpn)) - {move.hi} | {move.lo}
+        _set_ring(ctx, st, move.seq, _whole_nodes(ctx, sorted(nodes)))
+    else:
+        _set_ring(ctx, st, move.seq, _whole_nodes(ctx, _ring_nodes(st.inter[move.seq], ctx.gpn) + [move.lo]))

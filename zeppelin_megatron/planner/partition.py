@@ -17,7 +17,7 @@ greedy "largest first, least loaded first" (LPT) heuristics:
    sequences, trades, a slice of a sequence lent as a ring over its node plus
    ``m`` GPUs of another node (``inter_node`` over ``G + m`` ranks), or a
    whole-node ring's share.
-2. GPUs, node by node. Each node's target is its load divided by ``G``.
+2. GPUs, node by node (:mod:`.place_gpus`). Each node's target is its load divided by ``G``.
    A sequence goes whole to the least loaded GPU (``local``) if that keeps
    the GPU under the node target (to the least loaded one that also stays
    under the linear layout's token quota, if that one is over it); otherwise it is split over the smallest
@@ -54,122 +54,29 @@ fit in memory, in which case it is split anyway (the least bad choice). A
 split must also beat keeping the sequence whole (a ring of tiny blocks pays
 the per-call overhead at every step).
 No fixed length thresholds: everything comes from the cost model.
+
+Module map: the inputs, limits and memoised cost queries every stage reads are
+a :class:`~.partition_context.PartitionContext`; level 1 is here
+(:func:`_assign_nodes`, :func:`_pick_span`), its local search in
+:mod:`.node_balance`, level 2 in :mod:`.place_gpus`, the scores in
+:mod:`.score`. Imports run one way: ``node_balance`` and ``score`` import the
+context, ``place_gpus`` imports those, ``partition`` imports them all.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 from .cost_model import CostModel
 from .node_balance import NodeState, rebalance_nodes
-from .plan import PlanError
-from .predict import ring_time
-from .routing import Route, plan_routing
-from .score import attention_times, node_remap, rank_tokens, remap_time
 from .options import PlannerOptions
-from .zigzag import ring_max_tokens, ring_node_tokens, zigzag_tokens
+from .partition_context import Assignment, PartitionContext
+from .place_gpus import place_gpus
+from .plan_parts import PlanError
+from .score import attention_times, rank_tokens, remap_time
+from .zigzag import ring_max_tokens, ring_node_tokens
 
-__all__ = ["Assignment", "partition", "attention_times", "remap_time"]  # scores re-exported
-
-
-@dataclass(frozen=True)
-class Assignment:
-    placement: str
-    ranks: tuple[int, ...]
-
-
-NODE_HEADROOM = 0.05
-"""Fraction of a node's token capacity level 1 leaves free while it can (fragmentation)."""
-
-
-class _Ctx:
-    """Shared inputs of the two levels and the cost queries they make."""
-
-    def __init__(self, lengths: Sequence[int], cost: CostModel, options: PlannerOptions) -> None:
-        cl = cost.cluster
-        self.lengths, self.cost, self.options, self.cluster = lengths, cost, options, cl
-        self.gpn, self.cap = cl.gpus_per_node, cl.tokens_per_gpu
-        self.proxies = cl.nics_per_node if options.routing else 1
-        self.allow_local = "local" in options.placements
-        self.allow_intra = "intra_node" in options.placements
-        self.allow_inter = "inter_node" in options.placements
-        self.w = [cost.local_ms(s) for s in lengths]
-        self.total_tokens = sum(lengths)
-        self.quota = self.total_tokens / cl.world_size
-        self.nic_share = [cl.gpus_sharing_nic(cl.gpu_nic[l]) for l in range(cl.gpus_per_node)]
-        self.target = sum(self.w) / cl.world_size
-        self.limit = self.target * (1.0 + options.slack)
-        self.node_soft_cap = int(self.gpn * self.cap * (1.0 - NODE_HEADROOM))
-        self._inter_ok: dict[tuple[int, int], bool] = {}
-        self._rings: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, float]] = {}
-
-    def intra_ok(self, s: int, g: int) -> bool:
-        """Splitting ``s`` over ``g`` GPUs of a node hides its transfer and beats keeping it whole."""
-        cost = self.cost
-        return (s >= 2 * g and cost.comm_ratio(s, g, inter_node=False) >= self.options.min_ratio
-                and cost.ring_ms(s, g, inter_node=False) < cost.local_ms(s))
-
-    def inter_ok(self, s: int, ranks: int) -> bool:
-        """The same for a ring of ``ranks`` GPUs across nodes (memoised: level 1 asks often)."""
-        hit = self._inter_ok.get((s, ranks))
-        if hit is None:
-            cost = self.cost
-            hit = (s >= 2 * ranks and cost.comm_ratio(s, ranks, inter_node=True, proxies=self.proxies)
-                   >= self.options.min_ratio and self.inter_ms(s, ranks) < cost.local_ms(s))
-            self._inter_ok[(s, ranks)] = hit
-        return hit
-
-    def ring_times(self, ranks: tuple[int, ...], lengths: tuple[int, ...]) -> tuple[float, float]:
-        """:func:`~.predict.ring_time` ``(total, own)`` of one ring, its cross hops routed (memoised).
-
-        Routes of a ring depend on that ring alone (:func:`~.routing.plan_routing`).
-        """
-        key = (ranks, lengths)
-        hit = self._rings.get(key)
-        if hit is None:
-            cost, cl = self.cost, self.cluster
-            routes: dict[tuple[int, int], Route] = {}
-            if len({cl.node_of(r) for r in ranks}) > 1:
-                step_bytes = sum(cost.ring_step_bytes(s, len(ranks)) for s in lengths)
-                routes = {(rt.src, rt.dst): rt
-                          for rt in plan_routing([(ranks, step_bytes)], cl, cost, enabled=self.options.routing)}
-            hit = ring_time(cost, ranks, lengths, routes)[:2]
-            self._rings[key] = hit
-        return hit
-
-    def inter_ms(self, s: int, ranks: int) -> float:
-        return self.cost.ring_ms(s, ranks, inter_node=True, proxies=self.proxies)
-
-    def node_cost(self, i: int) -> float:
-        """Estimated GPU-time sequence ``i`` adds to a node: ``g`` GPUs x per-rank time.
-
-        ``g``: the smallest ring whose per-rank time meets the limit, else the
-        fastest ring (:meth:`fastest_intra`): every ring step pays the call
-        overhead, so beyond some size a larger ring is slower, not faster.
-        """
-        s, cost, gpn = self.lengths[i], self.cost, self.gpn
-        if ((self.w[i] <= self.limit and s <= self.cap and self.allow_local)
-                or gpn == 1 or not self.intra_ok(s, 2)):
-            return self.w[i]
-        for g in range(2, gpn + 1):
-            if cost.ring_ms(s, g, inter_node=False) <= self.limit and ring_max_tokens(s, g) <= self.cap:
-                return g * cost.ring_ms(s, g, inter_node=False)
-        g = self.fastest_intra(s)
-        return g * cost.ring_ms(s, g, inter_node=False)
-
-    def fastest_intra(self, s: int) -> int:
-        """Ring size ``2 <= g <= G`` with the lowest per-rank :meth:`CostModel.ring_ms` among those whose
-        ring positions fit ``tokens_per_gpu`` (ties: the smaller ``g``); ``G`` if none fits.
-
-        Example (Llama-3B, H100 profile, call overhead 1.09 ms): 17686 tokens take
-        11.6, 7.9, 6.1, 5.5, 6.6, 7.7, 8.7 ms per rank on 2..8 GPUs: ``g = 5``.
-        """
-        cost, gpn = self.cost, self.gpn
-        fits = [g for g in range(2, gpn + 1) if ring_max_tokens(s, g) <= self.cap]
-        if not fits:
-            return gpn
-        return min(fits, key=lambda g: (cost.ring_ms(s, g, inter_node=False), g))
+__all__ = ["Assignment", "PartitionContext", "partition", "attention_times", "remap_time"]  # re-exported
 
 
 SPAN_FACTORS: tuple[float, ...] = (1.0, 0.5, 0.25)
@@ -195,7 +102,7 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions) 
     cannot fit the token capacity is skipped; if none fits, the first one's
     :class:`PlanError` is raised.
     """
-    ctx = _Ctx(lengths, cost, options)
+    ctx = PartitionContext(lengths, cost, options)
     order = sorted(range(len(lengths)), key=lambda i: (-ctx.w[i], -lengths[i], i))
     rank_in_order = {i: k for k, i in enumerate(order)}
     # best: ((misses balance_target, chained rings, score), assignments, balanced within slack); lower key wins
@@ -217,7 +124,7 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions) 
             seen.add(key)
             for rnd in range(CORRECTION_ROUNDS + 1):
                 try:
-                    assignments = _place_gpus(ctx, st)
+                    assignments = place_gpus(ctx, st)
                 except PlanError as exc:
                     error = error or exc
                     break
@@ -262,7 +169,7 @@ def _chained(assignments: list[Assignment]) -> bool:
     return False
 
 
-def _correct(ctx: _Ctx, st: NodeState, assignments: list[Assignment], att: list[float],
+def _correct(ctx: PartitionContext, st: NodeState, assignments: list[Assignment], att: list[float],
              rank_in_order: dict[int, int], *, lend: bool = True) -> bool:
     """Level 1 again on level 2's outcome; True if it moved anything.
 
@@ -283,86 +190,7 @@ def _correct(ctx: _Ctx, st: NodeState, assignments: list[Assignment], att: list[
     return rebalance_nodes(ctx, st, rank_in_order, lend=lend)
 
 
-def _place_gpus(ctx: _Ctx, st: NodeState) -> list[Assignment]:
-    """Level 2 for every node, after the node-spanning rings; returns every sequence's assignment."""
-    cl, gpn, lengths = ctx.cluster, ctx.gpn, ctx.lengths
-    out: dict[int, Assignment] = {i: Assignment("inter_node", r) for i, r in st.inter.items()}
-    gpu_load = [0.0] * cl.world_size
-    gpu_tok = [0] * cl.world_size
-    for i, ring in st.inter.items():
-        per_rank = ctx.inter_ms(lengths[i], len(ring))
-        for p, r in enumerate(ring):
-            gpu_load[r] += per_rank
-            gpu_tok[r] += zigzag_tokens(lengths[i], len(ring), p)
-    over = [r for r in range(cl.world_size) if gpu_tok[r] > ctx.cap]
-    if over:
-        raise PlanError(f"node-spanning rings put {gpu_tok[over[0]]} tokens on rank {over[0]}, "
-                        f"more than tokens_per_gpu = {ctx.cap}")
-    quota = [ctx.total_tokens // cl.world_size] * gpn  # the linear layout's, to a token
-    for n in range(cl.nodes):
-        ranks = [cl.rank_of(n, l) for l in range(gpn)]
-        t_lim = max(st.load[n] / gpn, ctx.target) * (1.0 + ctx.options.slack)
-        # Two candidate fills of the node; keep the one whose busiest GPU plus remap is cheapest.
-        best: tuple[float, tuple[dict[int, Assignment], list[float], list[int]]] | None = None
-        for whole_node in (False, True):
-            trial = _place_node(ctx, n, st.seqs[n], ranks, list(gpu_load), list(gpu_tok), t_lim, whole_node)
-            score = max(trial[1][r] for r in ranks) + node_remap(ctx, [trial[2][r] for r in ranks], quota)
-            if best is None or score < best[0] - 1e-9:
-                best = (score, trial)
-        assert best is not None
-        placed, gpu_load, gpu_tok = best[1]
-        out.update(placed)
-    return [out[i] for i in range(len(lengths))]
-
-
-def _place_node(
-    ctx: _Ctx, n: int, seqs: list[int], ranks: list[int], gpu_load: list[float], gpu_tok: list[int],
-    t_lim: float, whole_node: bool,
-) -> tuple[dict[int, Assignment], list[float], list[int]]:
-    """Level 2 for node ``n``: local to the least loaded GPU, or the smallest fitting ring.
-
-    ``whole_node``: a sequence that must split takes a ring over every GPU of
-    the node (when it hides its transfer there), which keeps ring loads even.
-    Updates and returns ``gpu_load``/``gpu_tok`` (callers pass copies).
-    """
-    out: dict[int, Assignment] = {}
-    cap = ctx.cap
-    for i in seqs:
-        s = ctx.lengths[i]
-        by_load = sorted(ranks, key=lambda r: (gpu_load[r], r))
-        room = [r for r in by_load if gpu_tok[r] + s <= cap]
-        if room and ctx.allow_local and gpu_load[room[0]] + ctx.w[i] <= t_lim:
-            choice = [room[0]]
-            if gpu_tok[room[0]] + s > ctx.quota:
-                # Within the time limit, prefer a GPU that stays under the linear layout's quota
-                # (fewer tokens to remap; short sequences carry many tokens per millisecond).
-                fit = [r for r in room if gpu_load[r] + ctx.w[i] <= t_lim and gpu_tok[r] + s <= ctx.quota]
-                choice = fit[:1] or choice
-        else:
-            choice = _pick_ring(ctx, s, by_load, gpu_load, gpu_tok, t_lim, force=not room,
-                                whole_node=whole_node)
-            if choice is None and not room:
-                raise PlanError(
-                    f"sequence {i} of length {s} does not fit on node {n}: its GPUs have "
-                    f"{[cap - gpu_tok[r] for r in ranks]} free tokens of {cap}; "
-                    "raise tokens_per_gpu or add GPUs"
-                )
-            choice = choice or [room[0]]
-        if len(choice) == 1:
-            out[i] = Assignment("local", (choice[0],))
-            gpu_load[choice[0]] += ctx.w[i]
-            gpu_tok[choice[0]] += s
-            continue
-        ring = tuple(sorted(choice))
-        per_rank = ctx.cost.ring_ms(s, len(ring), inter_node=False)
-        for p, r in enumerate(ring):
-            gpu_load[r] += per_rank
-            gpu_tok[r] += zigzag_tokens(s, len(ring), p)
-        out[i] = Assignment("intra_node", ring)
-    return out, gpu_load, gpu_tok
-
-
-def _assign_nodes(ctx: _Ctx, order: list[int], span_limit: float, rank_in_order: dict[int, int], *,
+def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, rank_in_order: dict[int, int], *,
                   lend: bool = True) -> NodeState:
     """Level 1: node of each sequence, or the node-spanning ring of an inter-node one.
 
@@ -419,9 +247,7 @@ def _assign_nodes(ctx: _Ctx, order: list[int], span_limit: float, rank_in_order:
     return st
 
 
-
-
-def _pick_span(ctx: _Ctx, s: int, node_tok: list[int], span_limit: float) -> int:
+def _pick_span(ctx: PartitionContext, s: int, node_tok: list[int], span_limit: float) -> int:
     """Smallest node count whose ring fits ``s`` and meets the time limit.
 
     Grows while a larger ring still hides its network transfer; stops at the
@@ -444,33 +270,3 @@ def _pick_span(ctx: _Ctx, s: int, node_tok: list[int], span_limit: float) -> int
             f"x {cap} tokens per GPU leave {sum(free)} free tokens"
         )
     return n_nodes if s >= 2 * n_nodes * gpn else best_k
-
-
-def _pick_ring(ctx: _Ctx, s: int, by_load: list[int], gpu_load: list[float], gpu_tok: list[int],
-               t_lim: float, *, force: bool, whole_node: bool = False) -> list[int] | None:
-    """Smallest set of least-loaded GPUs of one node that takes ``s`` under ``t_lim``.
-
-    Returns ``None`` to keep the sequence local. ``force``: it does not fit on
-    one GPU, so split even if the ratio test fails or the limit is missed.
-    """
-    gpn = len(by_load)
-    if not (ctx.allow_intra or force) or gpn < 2 or s < 4:
-        return None
-    fallback: tuple[float, list[int]] | None = None
-    sizes = range(2, min(gpn, s // 2) + 1)
-    if whole_node and gpn <= s // 2 and (force or ctx.intra_ok(s, gpn)):
-        sizes = range(gpn, gpn + 1)
-    for g in sizes:
-        if not force and not ctx.intra_ok(s, g):
-            break
-        per_rank = ctx.cost.ring_ms(s, g, inter_node=False)
-        need = ring_max_tokens(s, g)
-        cand = [r for r in by_load if gpu_tok[r] + need <= ctx.cap][:g]
-        if len(cand) < g:
-            continue
-        peak = max(gpu_load[r] for r in cand) + per_rank
-        if peak <= t_lim:
-            return cand
-        if fallback is None or peak < fallback[0]:
-            fallback = (peak, cand)
-    return None if fallback is None else fallback[1]

@@ -8,20 +8,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from .linear_layout import balanced_quotas
+from .partition_context import Assignment, PartitionContext
 from .predict import rank_attention
 from .remap_routing import nic_proxies
 from .zigzag import zigzag_tokens
 
-if TYPE_CHECKING:
-    from .partition import Assignment, _Ctx
-
 __all__ = ["attention_times", "rank_tokens", "remap_time", "node_remap"]
 
 
-def attention_times(ctx: _Ctx, assignments: list[Assignment]) -> list[float]:
+def attention_times(ctx: PartitionContext, assignments: list[Assignment]) -> list[float]:
     """Per-GPU attention time (one layer) of ``assignments``, by the rule of :func:`~.predict.predict`.
 
     Sequences with the same ranks share a ring; cross-node hops are routed as
@@ -45,7 +43,7 @@ def attention_times(ctx: _Ctx, assignments: list[Assignment]) -> list[float]:
     return rank_attention(ring_total, ring_own, local, cost.call_overhead_ms)[0]
 
 
-def rank_tokens(ctx: _Ctx, assignments: list[Assignment]) -> list[int]:
+def rank_tokens(ctx: PartitionContext, assignments: list[Assignment]) -> list[int]:
     """Attention tokens of each rank under ``assignments``."""
     tokens = [0] * ctx.cluster.world_size
     for i, a in enumerate(assignments):
@@ -58,7 +56,7 @@ def rank_tokens(ctx: _Ctx, assignments: list[Assignment]) -> list[int]:
     return tokens
 
 
-def remap_time(ctx: _Ctx, tokens: Sequence[int]) -> float:
+def remap_time(ctx: PartitionContext, tokens: Sequence[int]) -> float:
     """Remap time (ms, one layer) when rank ``r`` holds ``tokens[r]`` attention tokens: :func:`node_remap`
     of every node with the quotas of :func:`~.linear_layout.balanced_quotas` (equals the plan's remap time)."""
     gpn = ctx.gpn
@@ -71,12 +69,12 @@ def remap_time(ctx: _Ctx, tokens: Sequence[int]) -> float:
     return min(slowest(False), slowest(True)) if _proxies(ctx) > 1 else slowest(False)
 
 
-def _proxies(ctx: _Ctx) -> int:
+def _proxies(ctx: PartitionContext) -> int:
     """How many NICs a routed remap would use (1: routing off or one NIC per node)."""
     return len(nic_proxies(ctx.cluster.gpu_nic)) if ctx.options.routing else 1
 
 
-def node_remap(ctx: _Ctx, held: Sequence[int], quota: Sequence[int], *, routed: bool = True) -> float:
+def node_remap(ctx: PartitionContext, held: Sequence[int], quota: Sequence[int], *, routed: bool = True) -> float:
     """Remap time (ms, one layer) of one node's slowest GPU, GPU ``l`` holding ``held[l]`` of ``quota[l]``.
 
     Counts what :func:`~.linear_layout.linear_layout` moves: surpluses fill the

@@ -1,0 +1,154 @@
+"""Level 2 of the partitioner: the GPUs of each node, after level 1 chose the node of every sequence.
+
+Node-spanning rings (level 1's ``inter_node`` sequences) are placed first. Then,
+node by node, each node-local sequence (in level 1's placement order) goes
+whole to the least loaded GPU with room if that keeps it under the node's
+target ``t_lim`` (to the least loaded one that also stays under the linear
+layout's token quota, when that one is over it: fewer tokens to remap);
+otherwise it is split over the smallest number ``g >= 2`` of least loaded GPUs
+that all stay under target (:func:`pick_ring`; ``intra_node``, ring in local
+index order). Each node is filled twice, once that way and once giving every
+split sequence a ring over the whole node (even ring loads), and the fill with
+the lower busiest GPU plus node remap time (:func:`~.score.node_remap`) wins.
+
+Example: a node of 2 GPUs, target 10 ms, sequences costing 6, 3 and 3 ms whole:
+6 goes to GPU 0, 3 to GPU 1, the second 3 to GPU 1 (least loaded: 3 < 6).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from .node_balance import NodeState
+from .partition_context import Assignment, PartitionContext
+from .plan_parts import PlanError
+from .score import node_remap
+from .zigzag import ring_max_tokens, zigzag_tokens
+
+__all__ = ["place_gpus", "place_node", "pick_ring"]
+
+
+def place_gpus(ctx: PartitionContext, st: NodeState) -> list[Assignment]:
+    """Level 2 for every node, after the node-spanning rings; returns every sequence's assignment.
+
+    Raises:
+        PlanError: a node-spanning ring or a node's sequences do not fit ``tokens_per_gpu``.
+    """
+    cl, gpn, lengths = ctx.cluster, ctx.gpn, ctx.lengths
+    out: dict[int, Assignment] = {i: Assignment("inter_node", r) for i, r in st.inter.items()}
+    gpu_load = [0.0] * cl.world_size
+    gpu_tok = [0] * cl.world_size
+    for i, ring in st.inter.items():
+        per_rank = ctx.inter_ms(lengths[i], len(ring))
+        for p, r in enumerate(ring):
+            gpu_load[r] += per_rank
+            gpu_tok[r] += zigzag_tokens(lengths[i], len(ring), p)
+    over = [r for r in range(cl.world_size) if gpu_tok[r] > ctx.cap]
+    if over:
+        raise PlanError(f"node-spanning rings put {gpu_tok[over[0]]} tokens on rank {over[0]}, "
+                        f"more than tokens_per_gpu = {ctx.cap}")
+    quota = [ctx.total_tokens // cl.world_size] * gpn  # the linear layout's, to a token
+    for n in range(cl.nodes):
+        if not st.seqs[n]:
+            continue  # nothing to place: both fills would leave the node as it is
+        base = cl.rank_of(n, 0)
+        t_lim = max(st.load[n] / gpn, ctx.target) * (1.0 + ctx.options.slack)
+        # Two candidate fills of the node; keep the one whose busiest GPU plus remap is cheapest.
+        best: tuple[float, dict[int, Assignment], list[float], list[int]] | None = None
+        for whole_node in (False, True):
+            load, tok = gpu_load[base:base + gpn], gpu_tok[base:base + gpn]
+            placed = place_node(ctx, n, st.seqs[n], load, tok, t_lim, whole_node)
+            score = max(load) + node_remap(ctx, tok, quota)
+            if best is None or score < best[0] - 1e-9:
+                best = (score, placed, load, tok)
+        assert best is not None
+        out.update(best[1])
+        gpu_load[base:base + gpn], gpu_tok[base:base + gpn] = best[2], best[3]
+    return [out[i] for i in range(len(lengths))]
+
+
+def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float], tok: list[int],
+               t_lim: float, whole_node: bool) -> dict[int, Assignment]:
+    """Level 2 for node ``n``: each sequence local to the least loaded GPU, or on the smallest fitting ring.
+
+    ``load`` / ``tok``: the node's GPUs' time and tokens by local index (updated in place).
+    ``whole_node``: a sequence that must split takes a ring over every GPU of the node (when it
+    hides its transfer there), which keeps ring loads even.
+    """
+    out: dict[int, Assignment] = {}
+    cap, gpn, base = ctx.cap, len(load), ctx.cluster.rank_of(n, 0)
+    heap = [(load[l], l) for l in range(gpn)]  # (load, local index), stale entries skipped
+    heapq.heapify(heap)
+    for i in seqs:
+        s, w = ctx.lengths[i], ctx.w[i]
+        while heap[0][0] != load[heap[0][1]]:
+            heapq.heappop(heap)
+        least = heap[0][1]
+        if tok[least] + s > cap:  # the least loaded GPU is full: the least loaded one with room
+            room = [l for l in range(gpn) if tok[l] + s <= cap]
+            least = min(room, key=lambda l: (load[l], l)) if room else -1
+        choice: list[int] | None
+        if least >= 0 and ctx.allow_local and load[least] + w <= t_lim:
+            choice = [least]
+            if tok[least] + s > ctx.quota:
+                # Within the time limit, prefer a GPU that stays under the linear layout's quota
+                # (fewer tokens to remap; short sequences carry many tokens per millisecond).
+                fit = [l for l in sorted(range(gpn), key=lambda l: (load[l], l))
+                       if tok[l] + s <= cap and load[l] + w <= t_lim and tok[l] + s <= ctx.quota]
+                choice = fit[:1] or choice
+        else:
+            by_load = sorted(range(gpn), key=lambda l: (load[l], l))
+            choice = pick_ring(ctx, s, by_load, load, tok, t_lim, force=least < 0, whole_node=whole_node)
+            if choice is None and least < 0:
+                raise PlanError(
+                    f"sequence {i} of length {s} does not fit on node {n}: its GPUs have "
+                    f"{[cap - t for t in tok]} free tokens of {cap}; raise tokens_per_gpu or add GPUs"
+                )
+            choice = choice or [least]
+        if len(choice) == 1:
+            l = choice[0]
+            out[i] = Assignment("local", (base + l,))
+            load[l] += w
+            tok[l] += s
+            heapq.heappush(heap, (load[l], l))
+            continue
+        ring = sorted(choice)
+        per_rank = ctx.cost.ring_ms(s, len(ring), inter_node=False)
+        for p, l in enumerate(ring):
+            load[l] += per_rank
+            tok[l] += zigzag_tokens(s, len(ring), p)
+            heapq.heappush(heap, (load[l], l))
+        out[i] = Assignment("intra_node", tuple(base + l for l in ring))
+    return out
+
+
+def pick_ring(ctx: PartitionContext, s: int, by_load: list[int], load: list[float], tok: list[int],
+              t_lim: float, *, force: bool, whole_node: bool = False) -> list[int] | None:
+    """Smallest set of least-loaded GPUs of one node that takes ``s`` under ``t_lim`` (local indices).
+
+    Returns ``None`` to keep the sequence local. ``force``: it does not fit on
+    one GPU, so split even if the ratio test fails or the limit is missed
+    (then the ring with the lowest peak among those that fit).
+    Example: ``s = 41``, two empty GPUs of 21 tokens, ``force``: ring ``[0, 1]`` (21 + 20 tokens).
+    """
+    gpn = len(by_load)
+    if not (ctx.allow_intra or force) or gpn < 2 or s < 4:
+        return None
+    fallback: tuple[float, list[int]] | None = None
+    sizes = range(2, min(gpn, s // 2) + 1)
+    if whole_node and gpn <= s // 2 and (force or ctx.intra_ok(s, gpn)):
+        sizes = range(gpn, gpn + 1)
+    for g in sizes:
+        if not force and not ctx.intra_ok(s, g):
+            break
+        per_rank = ctx.cost.ring_ms(s, g, inter_node=False)
+        need = ring_max_tokens(s, g)
+        cand = [l for l in by_load if tok[l] + need <= ctx.cap][:g]
+        if len(cand) < g:
+            continue
+        peak = max(load[l] for l in cand) + per_rank
+        if peak <= t_lim:
+            return cand
+        if fallback is None or peak < fallback[0]:
+            fallback = (peak, cand)
+    return None if fallback is None else fallback[1]
