@@ -21,9 +21,9 @@ from zeppelin_megatron.runtime import (
     to_linear,
     zeppelin_attention,
 )
+from zeppelin_megatron.planner.lowering import LocalCall, Message, Post, RingCall, Wait, lower, message_hops
 from zeppelin_megatron.runtime.comm import CommStream, all_to_all_uneven
-from zeppelin_megatron.runtime.ring import RingLayout
-from zeppelin_megatron.runtime.router import Message, Router, build_schedule
+from zeppelin_megatron.runtime.router import Router, rank_rounds
 
 
 # -- data -------------------------------------------------------------------------------
@@ -113,32 +113,37 @@ def _payload(msg_idx: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.arange(numel, dtype=torch.float64).to(dtype) + 1e6 * (msg_idx + 1)
 
 
-def check_router(group: ZeppelinGroup, messages: list[Message], routes: dict[tuple[int, int], Route],
+def check_router(group: ZeppelinGroup, messages: Sequence[Message], unit: int = 1,
                  dtype: torch.dtype = torch.float64) -> None:
+    """Every message (``tokens * unit`` elements, direct or over its route) arrives intact."""
     rank = group.rank
     router = Router(group, stream=CommStream(torch.device("cpu")))
-    schedule = build_schedule(messages, routes, group)
-    payloads = {i: _payload(i, m.numel, dtype) for i, m in enumerate(messages) if m.src == rank}
-    got = router.start(schedule, payloads, dtype=dtype, device=torch.device("cpu")).wait()
+    sizes = tuple(m.tokens * unit for m in messages)
+    hops = message_hops(tuple(messages), sizes, group.gpus_per_node)
+    payloads = {i: _payload(i, sizes[i], dtype) for i, m in enumerate(messages) if m.src == rank}
+    got = router.start(rank_rounds(hops, rank), [(m.src, m.dst) for m in messages], sizes, payloads,
+                       dtype=dtype, device=torch.device("cpu")).wait()
     mine = {i for i, m in enumerate(messages) if m.dst == rank}
     assert set(got) == mine, f"rank {rank}: received messages {sorted(got)}, expected {sorted(mine)}"
     for i in mine:
-        assert torch.equal(got[i], _payload(i, messages[i].numel, dtype)), f"rank {rank}: message {i} corrupted"
+        assert torch.equal(got[i], _payload(i, sizes[i], dtype)), f"rank {rank}: message {i} corrupted"
 
 
-def random_router_case(seed: int, group: ZeppelinGroup) -> tuple[list[Message], dict[tuple[int, int], Route]]:
+def random_router_case(seed: int, group: ZeppelinGroup) -> list[Message]:
     rng = random.Random(seed)
     world, gpn = group.size, group.gpus_per_node
     messages: list[Message] = []
-    routes: dict[tuple[int, int], Route] = {}
+    routed: set[tuple[int, int]] = set()
     for _ in range(rng.randint(1, 2 * world)):
         src, dst = rng.sample(range(world), 2)
-        messages.append(Message(src=src, dst=dst, numel=rng.randint(0, 40)))
-        if group.node_of(src) != group.node_of(dst) and (src, dst) not in routes and rng.random() < 0.8:
+        route = None
+        if group.node_of(src) != group.node_of(dst) and (src, dst) not in routed and rng.random() < 0.8:
             others = [l for l in range(gpn) if l != group.local_of(src)]
             extra = rng.sample(others, rng.randint(0, len(others)))
-            routes[(src, dst)] = Route((src, dst), src, dst, (group.local_of(src), *extra))
-    return messages, routes
+            route = Route((src, dst), src, dst, (group.local_of(src), *extra))
+            routed.add((src, dst))
+        messages.append(Message(src=src, dst=dst, tokens=rng.randint(0, 40), route=route))
+    return messages
 
 
 def expect_error(exc_type: type[BaseException], fragment: str, fn) -> str:  # type: ignore[no-untyped-def]
@@ -165,7 +170,7 @@ def check_errors(group: ZeppelinGroup, plan: StepPlan, other_plan: StepPlan) -> 
     if rank == 0:
         assert f"{n + 1} tokens" in msg and f"{n} tokens" in msg, msg
     else:
-        assert "another rank" in msg, msg
+        assert "another rank" in msg or "rejected its inputs" in msg, msg
     expect_error(RuntimeInputError, "Hq=4", lambda: zeppelin_attention(q, q[:, :3], q[:, :3], plan, group))
     expect_error(RuntimeInputError, "torch.float32",
                  lambda: zeppelin_attention(q, k.float(), k, plan, group))
@@ -182,30 +187,88 @@ def check_errors(group: ZeppelinGroup, plan: StepPlan, other_plan: StepPlan) -> 
     assert out.shape == q.shape
 
 
-def check_ring_function(group: ZeppelinGroup, ranks: tuple[int, ...], lengths: tuple[int, ...]) -> None:
-    """The standalone ZigzagRingAttention Function on seq-major ring tokens (members and a relay-free ring)."""
-    from zeppelin_megatron.runtime.kernels import get_kernel
-    from zeppelin_megatron.runtime.ring import RingRun, ZigzagRingAttention
+def _lowered_events(plan: StepPlan, rank: int, ops: Sequence[object], prog: object, unit: int,
+                    data: list[tuple[torch.Tensor, ...]]) -> list[tuple[object, ...]]:
+    """What executing ``ops`` must do on gloo, derived from the lowered program alone: per kernel
+    call ``(lens_q, lens_k, causal, q, k, v)`` with q/k/v the float64 rows of its token ranges; per
+    ``Post`` the rank's round-0 hops, per ``Wait`` its round-1 and round-2 hops (gloo posts later
+    rounds while waiting), each as ``(peer, send, tag, elements)``."""
+    def rows(ranges: Sequence[tuple[int, int, int]], i: int) -> torch.Tensor:
+        return torch.cat([data[s][i][a:b] for s, a, b in ranges])
 
-    lay = RingLayout(ranks=ranks, lengths=lengths)
-    pos = lay.position(group.rank)
-    hq, hkv, d = 4, 2, 8
-    plan_like = [type("S", (), {"length": n})() for n in lengths]
-    data = global_data(type("P", (), {"sequences": plan_like})(), hq, hkv, d, seed=3)  # type: ignore[arg-type]
-    ref = reference(data, 0.5)
-    run = RingRun(layout=lay, position=pos, kernel=get_kernel("reference", torch.device("cpu"), torch.float64),
-                  scale=0.5, router=Router(group, stream=CommStream(torch.device("cpu"))), hkv=hkv, head_dim=d,
-                  dtype=torch.float64, device=torch.device("cpu"))
-    rng = lay.token_ranges(pos) if pos is not None else ()
+    ev: list[tuple[object, ...]] = []
+    for op in ops:
+        if isinstance(op, RingCall):
+            ev.append(("kernel", op.lens_q, op.lens_k, op.causal, rows(op.q, 0), rows(op.kv, 1), rows(op.kv, 2)))
+        elif isinstance(op, LocalCall):
+            c = prog.local_chunks[op.chunk]  # type: ignore[attr-defined]
+            ranges = [(s, 0, n) for s, n in zip(c.seqs, c.lens)]
+            ev.append(("kernel", c.lens, c.lens, True, rows(ranges, 0), rows(ranges, 1), rows(ranges, 2)))
+        else:
+            assert isinstance(op, (Post, Wait))
+            hops = prog.transfers[op.transfer].hops(unit)  # type: ignore[attr-defined]
+            for r in ((0,) if isinstance(op, Post) else (1, 2)):
+                ev += [("p2p", h.receiver if h.sender == rank else h.sender, h.sender == rank, h.tag, h.count)
+                       for h in hops if h.round == r and rank in (h.sender, h.receiver)]
+    return ev
+
+
+def check_trace(group: ZeppelinGroup, plan: StepPlan, *, routing: bool, hq: int = 4, hkv: int = 2,
+                d: int = 4) -> None:
+    """The engine executes the lowered program op for op, forward and backward: each kernel call
+    (lengths, mask, and the exact token rows of q, k and v it is given) and each point-to-point
+    op (peer, send/receive, tag, element count), in order, recorded at the kernel and at
+    :func:`~zeppelin_megatron.runtime.comm.post`."""
+    import zeppelin_megatron.runtime.router as router_mod
+    from zeppelin_megatron.runtime.engine import AttentionEngine
+    from zeppelin_megatron.runtime.kernels import get_kernel
+
+    rank, cpu = group.rank, torch.device("cpu")
+    data = global_data(plan, hq, hkv, d, seed=11)
+    prog = lower(plan, routing=routing).ranks[rank]
+    att = plan.attention_layout[rank]
     e = lambda h: torch.zeros(0, h, d, dtype=torch.float64)  # noqa: E731
-    q, k, v, do = (gather(rng, [x[i] for x in data], e(hq if i in (0, 3) else hkv)) for i in range(4))
-    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
-    out = ZigzagRingAttention.apply(q, k, v, run)
-    out.backward(do)
-    for name, got, idx in (("out", out, 0), ("dq", q.grad, 1), ("dk", k.grad, 2), ("dv", v.grad, 3)):
-        want = gather(rng, [r[idx] for r in ref], e(got.shape[1]))
-        err = rel_err(got.detach(), want, max(float(r[idx].abs().max()) for r in ref))
-        assert err <= 1e-9, f"rank {group.rank}: ZigzagRingAttention {name} error {err:.3e}"
+    q, k, v, dout = (gather(att, [x[i] for x in data], e(hkv if i in (1, 2) else hq)) for i in range(4))
+    ref = get_kernel("reference", cpu, torch.float64)
+    log: list[tuple[object, ...]] = []
+
+    class Recording:
+        name = "recording"
+
+        def forward(self, q, k, v, batch, scale):  # type: ignore[no-untyped-def]
+            log.append(("kernel", batch.lens_q, batch.lens_k, batch.causal, q.clone(), k.clone(), v.clone()))
+            return ref.forward(q, k, v, batch, scale)
+
+        def backward(self, dout, q, k, v, out, lse, batch, scale):  # type: ignore[no-untyped-def]
+            log.append(("kernel", batch.lens_q, batch.lens_k, batch.causal, q.clone(), k.clone(), v.clone()))
+            return ref.backward(dout, q, k, v, out, lse, batch, scale)
+
+    real_post = router_mod.post
+
+    def recording_post(ops, grp):  # type: ignore[no-untyped-def]
+        log.extend(("p2p", op.peer, op.send, op.tag, op.tensor.numel()) for op in ops)
+        return real_post(ops, grp)
+
+    router_mod.post = recording_post
+    try:
+        eng = AttentionEngine(plan, group, kernel=Recording(), scale=0.3, routes=plan.routing if routing else (),  # type: ignore[arg-type]
+                              hkv=hkv, head_dim=d, dtype=torch.float64, device=cpu)
+        _, saved = eng.forward(q, k, v)
+        fwd = list(log)
+        log.clear()
+        eng.backward(dout, q, k, v, saved)
+        bwd = list(log)
+    finally:
+        router_mod.post = real_post
+    unit = 2 * hkv * d
+    what = f"rank {rank} plan {plan.nodes}x{plan.gpus_per_node} routing={routing}"
+    for name, got, ops in (("forward", fwd, prog.forward), ("backward", bwd, prog.backward)):
+        want = _lowered_events(plan, rank, ops, prog, unit, data)
+        assert len(got) == len(want), f"{what}: {name} executed {len(got)} events, lowered {len(want)}"
+        for i, (a, b) in enumerate(zip(got, want)):
+            same = a[:4] == b[:4] and (a[0] == "p2p" or all(torch.equal(x, y) for x, y in zip(a[4:], b[4:])))
+            assert same, f"{what}: {name} event {i} is {a[:4]}, the lowered program says {b[:4]}"
+    assert any(x[0] == "kernel" for x in fwd) or not prog.forward, what
 
 
 def _interleave_expected(rings: Sequence[tuple[int, tuple[tuple[int, int], ...]]],
@@ -289,12 +352,13 @@ def check_local_interleaving(rank: int) -> None:
     prog = eng.program
     chunks = [c.lens for c in prog.local_chunks]
     assert chunks == {0: [(2,), (9, 7), (3,)], 1: [(5,)], 2: [(4,)], 3: [(6,)]}[rank], (rank, chunks)
-    rings = [(t.layout.size, t.fills) for t in prog.rings]
+    rings = [(t.size, tuple((op.step, op.chunk) for op in prog.forward if isinstance(op, LocalCall)
+                            and op.ring == t.ring)) for t in prog.rings]
     assert rings == {0: [(2, ((0, 0),)), (4, ((2, 1),)), (2, ())], 1: [(4, ()), (2, ((0, 0),))],
                      2: [(4, ((1, 0),))], 3: [(2, ()), (4, ())]}[rank], (rank, rings)
 
     def events() -> list[object]:
-        locals_ = {id(b): b.lens_q for _, b in eng.local}
+        locals_ = {id(b): b.lens_q for _, b in eng.dev.local}
         out = [e if isinstance(e, str) else locals_.get(id(e), "ring") for e in log]
         log.clear()
         return out
@@ -316,6 +380,7 @@ def check_local_interleaving(rank: int) -> None:
     # Same engine with all local sequences as one call (the engine's former local queue): identical bits.
     whole = engine(replace(plan, local_slots=()))
     assert [c.lens for c in whole.program.local_chunks] == ([prog.local_lens] if prog.local_lens else [])
+    assert [c.lens for c in whole.program.local_chunks] == {0: [(9, 2, 7, 3)], 1: [(5,)], 2: [(4,)], 3: [(6,)]}[rank]
     out1, saved1 = whole.forward(q, k, v)
     grads1 = whole.backward(dout, q, k, v, saved1)
     log.clear()
@@ -340,12 +405,12 @@ def run_all(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0) -> 
             plan = random_plan(seed0 + 100 * world + 10 * nodes + p_idx, nodes, gpn)
             seen |= placements(plan)
             check_remap(group, plan)
-            for step in range(plan.world_size and 3):
-                for ring in plan.rings:
-                    lay = RingLayout(ranks=ring.ranks, lengths=tuple(plan.sequences[s].length for s in ring.seqs))
-                    check_router(group, lay.messages(step, 3), plan.routes_for(ring.ranks))
-            messages, routes = random_router_case(7 * p_idx + world, group)
-            check_router(group, messages, routes)
+            for t in lower(plan).transfers.values():  # every ring step's messages, routed and direct
+                if t.id.step < 3:
+                    check_router(group, t.messages, unit=3)
+            check_router(group, random_router_case(7 * p_idx + world, group))
+            check_trace(group, plan, routing=True)
+            check_trace(group, plan, routing=False)
             cases = [(torch.float64, True, 4, 4), (torch.float64, False, 4, 2), (torch.float32, True, 4, 1),
                      (torch.float32, False, 4, 4)]
             if full:
@@ -378,7 +443,5 @@ def run_all(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0) -> 
         check_attention(g1, plan, dtype=torch.float64, routing=True, hq=4, hkv=2)
         x = torch.randn(5, 2)
         assert torch.equal(all_to_all_uneven(x, [5], [5], g1), x)
-        g12 = ZeppelinGroup(process_group=None, gpus_per_node=2)
-        check_ring_function(g12, (1, 0), (9, 20, 4))
     expected = {"local", "intra_node", "inter_node"} if world >= 4 else {"local", "intra_node", "inter_node"}
     assert seen >= expected, f"plans covered only {seen}"

@@ -1,40 +1,35 @@
-"""The engine's device-side indices and ring caches are built once per plan, not once per layer."""
+"""The engine's lowered program and device-side indices are built once per plan, not once per layer."""
 
 from __future__ import annotations
 
 import torch
 
 from plan_factory import random_plan
-from test_ring_router_units import FakeGroup
-from zeppelin_megatron.runtime.engine import _device_indices, build_program
-from zeppelin_megatron.runtime.ring import RingLayout, ring_cache
-from zeppelin_megatron.runtime.router import Router
+from zeppelin_megatron.planner.lowering import RingCall, lower_rank
+from zeppelin_megatron.runtime.engine import cached_program, device_program
 
 
-class _R(Router):
-    def __init__(self, plan):  # type: ignore[no-untyped-def]
-        self.group = FakeGroup(size=plan.world_size, gpus_per_node=plan.gpus_per_node)
-        self._routes = {(r.ring, r.src, r.dst): r for r in plan.routing}
-
-
-def test_device_indices_are_built_once_per_plan_and_match_the_program() -> None:
+def test_device_program_is_built_once_per_plan_and_matches_the_lowered_program() -> None:
     cpu = torch.device("cpu")
     plan = random_plan(11, 2, 4)
     for rank in range(plan.world_size):
-        prog = build_program(plan, rank, _R(plan))
-        key = (rank, plan.gpus_per_node, True, cpu)
-        rows, local = _device_indices(plan, prog, key)
-        again = _device_indices(plan, prog, key)
-        assert again[0] is rows and again[1] is local  # no rebuild for a second layer
-        assert [r.tolist() for r in rows] == [list(t.rows) for t in prog.rings]
-        assert [(r.tolist(), b.lens_q, b.lens_k, b.causal) for r, b in local] == [
+        dev = device_program(plan, rank, True, 12, cpu)
+        assert device_program(plan, rank, True, 12, cpu) is dev  # no rebuild for a second layer
+        assert cached_program(plan, rank, True) is dev.program
+        prog = lower_rank(plan, rank)
+        assert dev.program == prog
+        assert {k: r.tolist() for k, r in dev.rows.items()} == {
+            p.ring: list(p.rows) for p in prog.rings if p.position is not None}
+        assert [(r.tolist(), b.lens_q, b.lens_k, b.causal) for r, b in dev.local] == [
             (list(c.rows), c.lens, c.lens, True) for c in prog.local_chunks]
-
-
-def test_ring_cache_is_shared_per_layout_position_and_device() -> None:
-    cpu = torch.device("cpu")
-    lay = RingLayout(ranks=(0, 1, 2), lengths=(12, 7))
-    a = ring_cache(lay, 1, cpu)
-    assert ring_cache(lay, 1, cpu) is a
-    assert ring_cache(lay, 2, cpu) is not a
-    assert a.layout is lay and a.position == 1 and a.device == cpu
+        for op in prog.forward:
+            if isinstance(op, RingCall):
+                idx = dev.steps[(op.ring, op.step)]
+                assert (idx.batch.lens_q, idx.batch.lens_k, idx.batch.causal) == (op.lens_q, op.lens_k, op.causal)
+                q_rows = list(range(len(prog.rings[[p.ring for p in prog.rings].index(op.ring)].rows)))
+                assert (idx.q_index.tolist() if idx.q_index is not None else q_rows) == list(op.q_rows)
+        for tid, wire in dev.wires.items():
+            t = prog.transfers[tid]
+            assert wire.sizes == tuple(m.tokens * 12 for m in t.messages)
+            assert [h for r in wire.rounds for h in r] == [h for h in t.hops(12) if rank in (h.sender, h.receiver)]
+    assert device_program(plan, 0, False, 12, cpu) is not device_program(plan, 0, True, 12, cpu)

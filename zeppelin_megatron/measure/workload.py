@@ -1,15 +1,13 @@
-"""Each rank's planned attention kernel calls, as the runtime engine would make them.
+"""Each rank's planned attention kernel calls, as the runtime engine makes them.
 
-For ``attention_comm == "ring"`` (Zeppelin, TE CP) the calls come from the
-runtime itself: :func:`~zeppelin_megatron.runtime.engine.build_program` gives
-the rank's rings in queue order and its local sequences; for each ring the
-rank is a member of, step ``j`` calls the kernel on
-``RingCache.batch(layout.source(pos, j))`` (the exact :class:`VarlenBatch` of
-:func:`~zeppelin_megatron.runtime.ring.ring_forward`), and after step ``j``
-the local chunks the ring's ``RingTask.fills`` put there
-(``RankProgram.local_chunks``, one causal call each; the plan's
-``local_slots``); chunks left over run after the rings. Ranks that only relay routed traffic
-compute nothing and fill no slots, so routes are ignored here.
+For ``attention_comm == "ring"`` (Zeppelin, TE CP) the calls are the lowered
+program's (:func:`~zeppelin_megatron.planner.lowering.lower_rank`, what the
+runtime engine executes): the rank's :class:`~zeppelin_megatron.planner.lowering.RingCall` s
+and :class:`~zeppelin_megatron.planner.lowering.LocalCall` s of the forward
+op list, in order: each ring's step ``j`` call (its ``lens_q``, ``lens_k``,
+mask), the local chunk the plan's ``local_slots`` put after it, and the local
+sequences in no slot after the rings. Relays compute nothing, and routes do
+not change calls, so the program is lowered without routing.
 
 Worked example: a ring over ranks (4, 1) holding one sequence of 8 tokens
 (chunks of 2). Rank 1 is position 1 and holds chunks 1, 2 (tokens [2, 6)):
@@ -39,26 +37,15 @@ from dataclasses import dataclass
 
 import torch
 
+from ..planner.lowering import LocalCall, RingCall, RingPart, lower_rank
 from ..planner.plan import StepPlan
-from ..runtime.engine import build_program
-from ..runtime.kernels import VarlenBatch
 from ..planner.zigzag import zigzag_ranges
-from ..runtime.ring import RingCache, RingLayout
+from ..runtime.kernels import VarlenBatch
 from .attention import KernelCall
 
 __all__ = ["RankWork", "rank_work", "ATTENTION_COMMS"]
 
 ATTENTION_COMMS: tuple[str, ...] = ("ring", "allgather", "ulysses")
-
-
-class _MembersOnly:
-    """Stand-in for the runtime's Router in :func:`build_program`: ring participants = ring members.
-
-    (A real Router adds relay ranks of routed hops; relays run no kernels.)
-    """
-
-    def participants(self, ring: tuple[int, ...]) -> frozenset[int]:
-        return frozenset(ring)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,32 +67,27 @@ def rank_work(
             f"replay of attention_comm={attention_comm!r} is not supported (supported: {list(ATTENTION_COMMS)})")
     if not 0 <= rank < plan.world_size:
         raise ValueError(f"rank {rank} is outside the plan's [0, {plan.world_size})")
-    program = build_program(plan, rank, _MembersOnly())  # type: ignore[arg-type]
-    calls: list[KernelCall] = []
-    members = [t for t in program.rings if t.position is not None]
+    program = lower_rank(plan, rank, routing=False)
+    members = [p for p in program.rings if p.position is not None]
+    queue_of = {p.ring: q for q, p in enumerate(members)}
     local_queue = len(members)
+    calls: list[KernelCall] = []
     if attention_comm == "ring":
-        # Local chunk c (queue ``local_queue``, step c) where its ring's fills put it, else at the end.
-        chunks = [KernelCall(queue=local_queue, kind="local", step=c, batch=VarlenBatch(
-                      lens_q=ch.lens, lens_k=ch.lens, causal=True, device=device), q_heads=q_heads, kv_heads=kv_heads)
-                  for c, ch in enumerate(program.local_chunks)]
-        placed: set[int] = set()
-        for queue, task in enumerate(members):
-            assert task.position is not None
-            for call in _ring_calls(task.layout, task.position, queue, q_heads, kv_heads, device):
-                calls.append(call)
-                for step, c in task.fills:
-                    if step == call.step:
-                        calls.append(chunks[c])
-                        placed.add(c)
-        calls += [ch for c, ch in enumerate(chunks) if c not in placed]
+        for op in program.forward:
+            if isinstance(op, RingCall):
+                batch = VarlenBatch(lens_q=op.lens_q, lens_k=op.lens_k, causal=op.causal, device=device)
+                calls.append(KernelCall(queue=queue_of[op.ring], kind=f"ring_{op.kind}", step=op.step, batch=batch,
+                                        q_heads=q_heads, kv_heads=kv_heads))
+            elif isinstance(op, LocalCall):  # local chunk c: queue ``local_queue``, step c
+                lens = program.local_chunks[op.chunk].lens
+                calls.append(KernelCall(queue=local_queue, kind="local", step=op.chunk, batch=VarlenBatch(
+                    lens_q=lens, lens_k=lens, causal=True, device=device), q_heads=q_heads, kv_heads=kv_heads))
     else:
-        for queue, task in enumerate(members):
-            assert task.position is not None
+        for queue, part in enumerate(members):
             if attention_comm == "allgather":
-                calls.append(_allgather_call(task.layout, task.position, queue, q_heads, kv_heads, device))
+                calls.append(_allgather_call(part, queue, q_heads, kv_heads, device))
             else:
-                calls.append(_ulysses_call(task.layout, queue, q_heads, kv_heads, device))
+                calls.append(_ulysses_call(part, queue, q_heads, kv_heads, device))
         if program.local_lens:  # other strategies: the local sequences as one call after the groups
             batch = VarlenBatch(lens_q=program.local_lens, lens_k=program.local_lens, causal=True, device=device)
             calls.append(KernelCall(queue=local_queue, kind="local", step=0, batch=batch, q_heads=q_heads,
@@ -114,33 +96,20 @@ def rank_work(
                     linear_tokens=plan.tokens(rank, "linear"))
 
 
-def _ring_calls(layout: RingLayout, pos: int, queue: int, q_heads: int, kv_heads: int,
-                device: torch.device) -> list[KernelCall]:
-    """One call per ring step, the batch :func:`ring_forward` uses (``RingCache.batch``)."""
-    cache = RingCache(layout=layout, position=pos, device=device)
-    out = []
-    for step in range(layout.size):
-        src = layout.source(pos, step)
-        kind = "ring_diag" if src == pos else ("ring_early" if src < pos else "ring_late")
-        out.append(KernelCall(queue=queue, kind=kind, step=step, batch=cache.batch(src),
-                              q_heads=q_heads, kv_heads=kv_heads))
-    return out
-
-
-def _allgather_call(layout: RingLayout, pos: int, queue: int, q_heads: int, kv_heads: int,
-                    device: torch.device) -> KernelCall:
+def _allgather_call(part: RingPart, queue: int, q_heads: int, kv_heads: int, device: torch.device) -> KernelCall:
     """Each held chunk attends keys ``[0, chunk end)`` of the gathered sequence (bottom-right causal)."""
     lens_q: list[int] = []
     lens_k: list[int] = []
-    for n in layout.lengths:
-        for start, end in zigzag_ranges(n, layout.size, pos):
+    assert part.position is not None
+    for n in part.lengths:
+        for start, end in zigzag_ranges(n, part.size, part.position):
             lens_q.append(end - start)
             lens_k.append(end)
     batch = VarlenBatch(lens_q=tuple(lens_q), lens_k=tuple(lens_k), causal=True, device=device)
     return KernelCall(queue=queue, kind="allgather", step=0, batch=batch, q_heads=q_heads, kv_heads=kv_heads)
 
 
-def _ulysses_call(layout: RingLayout, queue: int, q_heads: int, kv_heads: int, device: torch.device) -> KernelCall:
+def _ulysses_call(part: RingPart, queue: int, q_heads: int, kv_heads: int, device: torch.device) -> KernelCall:
     """Whole sequences of the group with ``1/g`` of the query heads.
 
     K/V heads: ``Hkv / g`` when ``g`` divides them; with fewer K/V heads than
@@ -148,7 +117,7 @@ def _ulysses_call(layout: RingLayout, queue: int, q_heads: int, kv_heads: int, d
     that one K/V head is replicated (e.g. Hq = 8, Hkv = 2, g = 4: 2 query heads
     and 1 K/V head per rank).
     """
-    g = layout.size
+    g = part.size
     if q_heads % g:
         raise ValueError(f"ulysses over a group of {g} ranks needs q_heads ({q_heads}) divisible by {g}")
     if kv_heads % g == 0:
@@ -158,5 +127,5 @@ def _ulysses_call(layout: RingLayout, queue: int, q_heads: int, kv_heads: int, d
     else:
         raise ValueError(f"ulysses over a group of {g} ranks needs kv_heads ({kv_heads}) to divide or be a "
                          f"multiple of {g}")
-    batch = VarlenBatch(lens_q=layout.lengths, lens_k=layout.lengths, causal=True, device=device)
+    batch = VarlenBatch(lens_q=part.lengths, lens_k=part.lengths, causal=True, device=device)
     return KernelCall(queue=queue, kind="ulysses", step=0, batch=batch, q_heads=q_heads // g, kv_heads=kv_local)

@@ -1,207 +1,135 @@
-"""The attention engine: runs one rank's share of a plan on attention-layout tensors.
+"""The attention engine: executes one rank's lowered program on attention-layout tensors.
 
 Input/output are this rank's tokens in the plan's *attention layout*
 (``attention_layout[rank]`` ranges concatenated): ``q`` [T_a, Hq, D], ``k``,
 ``v`` [T_a, Hkv, D] -> ``out`` [T_a, Hq, D].
 
-Queues: the plan's rings in :attr:`StepPlan.rings` order, with the rank's
-local sequences where the plan's ``local_slots`` put them
-(:mod:`~zeppelin_megatron.planner.local_schedule`): each slot is one causal
-varlen call inside one of the rank's rings, after the step-``j`` kernel and
-before step ``j``'s wait, so it runs while that step's K/V transfer is in
-flight or a partner is late (:func:`~zeppelin_megatron.runtime.ring.ring_forward`'s
-``fill``). The rank's local sequences in no slot run as one call after the
-rings. Backward runs each chunk's backward at the same place of the backward
-ring walk. Each chunk's ``(out, lse)`` is saved for backward, so results equal
-one call over all local sequences after the rings.
+The program (:func:`zeppelin_megatron.planner.lowering.lower_rank`) says
+everything about order: rings in :attr:`StepPlan.rings` order, each ring's
+steps, which rows each kernel call reads, the local calls in the plan's
+``local_slots`` (after a step's kernel, before its wait, so they run while
+the step's K/V transfer is in flight) and after the rings, and every
+transfer's peers, tags and relays. The engine walks
+:attr:`RankProgram.forward` / :attr:`RankProgram.backward` op by op:
 
-A rank takes part in a ring as a member (it holds zigzag chunks) or as a relay
-(it carries routed parts of a cross-node hop); relays run the ring's transfer
-sequence without compute (and fill no slots). Only compute moves: every rank
-walks the rings in the same global order and posts each ring's transfers in
-the same order, so any valid plan executes without deadlock, including ranks
-that belong to several rings.
+* ``Post``: start the transfer (:class:`~.router.Router`) with what the rank
+  holds of the ring (its K/V; in backward for ``acc`` transfers the dK/dV
+  accumulator after adding the step's block; relays send nothing of their own);
+* ``Wait``: finish it; a member now holds the received K/V (or accumulator;
+  after the ring's last accumulator hop, its own dK/dV);
+* ``RingCall``: one kernel call (:mod:`.ring`); ``LocalCall``: one causal call
+  over whole local sequences. Each call's ``(out, lse)`` is saved for backward.
+
+Every rank walks the rings in the same global order and posts each ring's
+transfers in the same order, so any valid plan executes without deadlock,
+including ranks that belong to several rings. Programs and device index
+tensors are built once per plan (not per layer).
 """
 
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
+from ..planner.lowering import LocalCall, Post, RankProgram, RingCall, Transfer, TransferId, Wait, lower_rank
 from ..planner.plan import StepPlan
 from ..planner.routing import Route
 from .comm import CommStream
 from .group import ZeppelinGroup
-from .kernels import AttentionKernel, VarlenBatch
-from .ring import RingLayout, RingRun, ring_backward, ring_forward
-from .router import Router
+from .kernels import AttentionKernel, VarlenBatch, acc_dtype
+from .ring import RingGrad, RingState, StepIndex, add_block, backward_step, forward_step
+from .router import InFlight, Router, rank_rounds
 
-__all__ = ["RingTask", "LocalChunk", "RankProgram", "build_program", "AttentionEngine", "EngineFunction"]
+__all__ = ["DeviceProgram", "device_program", "cached_program", "AttentionEngine", "EngineFunction"]
 
-
-@dataclass(frozen=True, kw_only=True)
-class RingTask:
-    """One ring as seen by one rank.
-
-    ``position``: ring position (None: relay only). ``rows``: attention-buffer
-    rows of the rank's ring tokens in seq-major ring order (empty for relays).
-    ``fills``: ``(step, local chunk index)`` pairs, by step: the chunks run in
-    this ring (members only).
-    """
-
-    layout: RingLayout
-    placement: str
-    position: int | None
-    rows: tuple[int, ...]
-    fills: tuple[tuple[int, int], ...] = ()
+# plan -> {(rank, routed): RankProgram}; programs are pure functions of these.
+_PROGRAMS: "weakref.WeakKeyDictionary[StepPlan, dict[tuple[int, bool], RankProgram]]" = weakref.WeakKeyDictionary()
 
 
-@dataclass(frozen=True, kw_only=True)
-class LocalChunk:
-    """Whole local sequences run as one causal varlen call in one slot.
-
-    ``rows``: attention-buffer rows, sequence after sequence; ``lens``: their lengths.
-    """
-
-    rows: tuple[int, ...]
-    lens: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        if not self.lens or sum(self.lens) != len(self.rows):
-            raise ValueError(f"a local chunk of lengths {list(self.lens)} needs {sum(self.lens)} rows "
-                             f"(at least one sequence), got {len(self.rows)}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RankProgram:
-    """Everything rank ``rank`` runs for a plan: rings in queue order, local chunks filling their slots.
-
-    ``local_rows``: attention-buffer rows of its local sequences, sequence after
-    sequence (plan order); ``local_lens``: their lengths; ``local_chunks``:
-    the same sequences as the calls that run them: the plan's slots of this
-    rank in ring and step order (named by the rings' ``fills``), then, if any
-    local sequence is in no slot, one chunk of those run after the rings;
-    ``tokens``: attention-layout tokens.
-    """
-
-    rank: int
-    rings: tuple[RingTask, ...]
-    local_rows: tuple[int, ...]
-    local_lens: tuple[int, ...]
-    local_chunks: tuple[LocalChunk, ...]
-    tokens: int
-
-    @property
-    def slots(self) -> int:
-        """Local chunks that run inside a ring step (the rest, at most one, after the rings)."""
-        return sum(len(t.fills) for t in self.rings)
-
-
-def _pieces(plan: StepPlan, rank: int) -> dict[int, list[tuple[int, int, int]]]:
-    """seq -> ``(start, end, buffer offset)`` pieces of the rank's attention buffer."""
-    out: dict[int, list[tuple[int, int, int]]] = {}
-    off = 0
-    for seq, start, end in plan.attention_layout[rank]:
-        out.setdefault(seq, []).append((start, end, off))
-        off += end - start
-    return out
-
-
-def _rows(pieces: list[tuple[int, int, int]], a: int, b: int) -> list[int]:
-    """Buffer rows of tokens ``[a, b)`` of one sequence.
-
-    Example: pieces ``[(0, 4, 10), (4, 6, 0)]`` (tokens 0-3 at rows 10-13,
-    tokens 4-5 at rows 0-1); tokens [3, 5) -> rows [13, 0].
-    """
-    rows: list[int] = []
-    for start, end, off in sorted(pieces):  # token order, whatever the buffer order
-        lo, hi = max(a, start), min(b, end)
-        if lo < hi:
-            rows += range(off + lo - start, off + hi - start)
-    if len(rows) != b - a:
-        raise ValueError(f"tokens [{a}, {b}) are not all in this rank's attention layout")
-    return rows
-
-
-def build_program(plan: StepPlan, rank: int, router: Router) -> RankProgram:
-    pieces = _pieces(plan, rank)
-    mine = sorted((x.ring, x.step, x.seqs) for x in plan.local_slots if x.rank == rank)
-    per_seq: dict[int, list[int]] = {}
-    local_lens: list[int] = []
-    for s, seq in enumerate(plan.sequences):
-        if seq.placement == "local" and seq.ranks[0] == rank:
-            per_seq[s] = _rows(pieces[s], 0, seq.length)
-            local_lens.append(seq.length)
-    slotted = {i for _, _, seqs in mine for i in seqs}
-    groups = [seqs for _, _, seqs in mine] + [tuple(i for i in per_seq if i not in slotted)]
-    chunks = tuple(
-        LocalChunk(rows=tuple(r for i in idx for r in per_seq[i]),
-                   lens=tuple(plan.sequences[i].length for i in idx))
-        for idx in groups if idx)
-    fills: dict[int, list[tuple[int, int]]] = {}
-    for c, (k, j, _) in enumerate(mine):
-        fills.setdefault(k, []).append((j, c))
-    rings = []
-    for k, ring in enumerate(plan.rings):
-        layout = RingLayout(ranks=ring.ranks, lengths=tuple(plan.sequences[s].length for s in ring.seqs))
-        if rank not in router.participants(ring.ranks):
-            continue
-        pos = layout.position(rank)
-        rows: list[int] = []
-        if pos is not None:
-            for s_idx, start, end in layout.token_ranges(pos):
-                rows += _rows(pieces[ring.seqs[s_idx]], start, end)
-        rings.append(RingTask(layout=layout, placement=ring.placement, position=pos, rows=tuple(rows),
-                              fills=tuple(fills.get(k, ())) if pos is not None else ()))
-    return RankProgram(rank=rank, rings=tuple(rings), local_rows=tuple(r for rows in per_seq.values() for r in rows),
-                       local_lens=tuple(local_lens), local_chunks=chunks, tokens=plan.tokens(rank, "attention"))
-
-
-# plan -> {(rank, gpus_per_node, routed): RankProgram}; programs are pure functions of these.
-_PROGRAMS: "weakref.WeakKeyDictionary[StepPlan, dict[tuple[int, int, bool], RankProgram]]" = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def cached_program(plan: StepPlan, rank: int, router: Router, routed: bool) -> RankProgram:
-    """:func:`build_program`, memoised per plan object (one build per step, not per layer)."""
+def cached_program(plan: StepPlan, rank: int, routed: bool) -> RankProgram:
+    """:func:`~zeppelin_megatron.planner.lowering.lower_rank`, memoised per plan object."""
     per_plan = _PROGRAMS.setdefault(plan, {})
-    key = (rank, router.group.gpus_per_node, routed)
-    hit = per_plan.get(key)
+    hit = per_plan.get((rank, routed))
     if hit is None:
-        hit = per_plan[key] = build_program(plan, rank, router)
+        hit = per_plan[(rank, routed)] = lower_rank(plan, rank, routing=routed)
     return hit
 
 
-# plan -> {(rank, gpus_per_node, routed, device): (ring row tensors, local chunk (rows, batch))}
-_DEVICE: "weakref.WeakKeyDictionary[StepPlan, dict[tuple[int, int, bool, torch.device], Any]]" = (
+@dataclass(frozen=True, kw_only=True)
+class Wire:
+    """A transfer as this rank runs it for ``unit`` elements per token: its hops per round,
+    every message's ``(src, dst)`` and element count."""
+
+    rounds: tuple[tuple[Any, ...], ...]
+    ends: tuple[tuple[int, int], ...]
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceProgram:
+    """A program's index tensors on one device: ``rows[ring]`` (the rank's ring rows in its attention
+    buffer), ``steps[(ring, step)]``, ``local[chunk]`` ``(rows, batch)``, and ``wires[transfer id]``."""
+
+    program: RankProgram
+    rows: dict[int, torch.Tensor]
+    steps: dict[tuple[int, int], StepIndex]
+    local: tuple[tuple[torch.Tensor, VarlenBatch], ...]
+    wires: dict[TransferId, Wire]
+
+
+_DEVICE: "weakref.WeakKeyDictionary[StepPlan, dict[tuple[int, bool, int, torch.device], DeviceProgram]]" = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _device_indices(
-    plan: StepPlan, program: RankProgram, key: tuple[int, int, bool, torch.device]
-) -> tuple[tuple[torch.Tensor, ...], tuple[tuple[torch.Tensor, VarlenBatch], ...]]:
-    """``program``'s row indices and local batches on ``key``'s device, built once per plan (not per layer)."""
+def _wire(t: Transfer, rank: int, unit: int) -> Wire:
+    return Wire(rounds=rank_rounds(t.hops(unit), rank), ends=tuple((m.src, m.dst) for m in t.messages),
+                sizes=tuple(m.tokens * unit for m in t.messages))
+
+
+def device_program(plan: StepPlan, rank: int, routed: bool, unit: int, device: torch.device) -> DeviceProgram:
+    """Rank ``rank``'s program with its index tensors on ``device`` and its transfers for ``unit``
+    elements per token, built once per plan (every layer of a step shares it)."""
     per_plan = _DEVICE.setdefault(plan, {})
+    key = (rank, routed, unit, device)
     hit = per_plan.get(key)
-    if hit is None:
-        device = key[3]
-        rows = tuple(torch.tensor(t.rows, dtype=torch.long, device=device) for t in program.rings)
-        local = tuple(
-            (torch.tensor(c.rows, dtype=torch.long, device=device),
-             VarlenBatch(lens_q=c.lens, lens_k=c.lens, causal=True, device=device))
-            for c in program.local_chunks
-        )
-        hit = per_plan[key] = (rows, local)
+    if hit is not None:
+        return hit
+    program = cached_program(plan, rank, routed)
+    as_t = lambda rows: torch.tensor(rows, dtype=torch.long, device=device)  # noqa: E731
+    rows = {p.ring: as_t(p.rows) for p in program.rings if p.position is not None}
+    steps: dict[tuple[int, int], StepIndex] = {}
+    shared: dict[tuple[int, ...], torch.Tensor] = {}  # one tensor per distinct row list (e.g. the late rows)
+
+    def index(r: tuple[int, ...], n: int) -> torch.Tensor | None:
+        if r == tuple(range(n)):
+            return None
+        if r not in shared:
+            shared[r] = as_t(r)
+        return shared[r]
+
+    parts = {p.ring: p for p in program.rings}
+    for op in program.forward:
+        if isinstance(op, RingCall):
+            part = parts[op.ring]
+            steps[(op.ring, op.step)] = StepIndex(
+                batch=VarlenBatch(lens_q=op.lens_q, lens_k=op.lens_k, causal=op.causal, device=device),
+                q_index=index(op.q_rows, part.tokens(op.position)), kv_index=index(op.kv_rows, part.tokens(op.source)))
+    local = tuple((as_t(c.rows), VarlenBatch(lens_q=c.lens, lens_k=c.lens, causal=True, device=device))
+                  for c in program.local_chunks)
+    wires = {tid: _wire(t, rank, unit) for tid, t in program.transfers.items()}
+    hit = per_plan[key] = DeviceProgram(program=program, rows=rows, steps=steps, local=local, wires=wires)
     return hit
 
 
 class AttentionEngine:
-    """Executes a :class:`RankProgram` forward and backward with one kernel backend."""
+    """Executes a :class:`RankProgram` forward and backward with one kernel backend.
+
+    ``routes``: the plan's routes to use (``plan.routing``, or empty: every hop direct).
+    """
 
     def __init__(
         self,
@@ -216,113 +144,133 @@ class AttentionEngine:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        self.group = group
-        self.kernel = kernel
-        self.scale = scale
+        if routes and tuple(routes) != plan.routing:
+            raise ValueError("routes must be the plan's own routes (plan.routing) or empty")
+        self.group, self.kernel, self.scale = group, kernel, scale
+        self.hkv, self.head_dim, self.dtype, self.device = hkv, head_dim, dtype, device
         self.stream = CommStream(device)
-        self.router = Router(group, routes, stream=self.stream)
-        routed = bool(routes)
-        self.program = cached_program(plan, group.rank, self.router, routed)
-        self.device = device
-        self.runs = [
-            RingRun(layout=t.layout, position=t.position, kernel=kernel, scale=scale, router=self.router,
-                    hkv=hkv, head_dim=head_dim, dtype=dtype, device=device)
-            for t in self.program.rings
-        ]
-        self.rows, self.local = _device_indices(
-            plan, self.program, (group.rank, group.gpus_per_node, routed, device))
-        self.hkv = hkv
+        self.router = Router(group, stream=self.stream)
+        self.dev = device_program(plan, group.rank, bool(routes), 2 * hkv * head_dim, device)
+        self.program = self.dev.program
+        self._parts = {p.ring: p for p in self.program.rings}
 
-    def _filler(
-        self, run_chunk: Callable[[int], None]
-    ) -> tuple[Callable[[RingTask], Callable[[int], None] | None], Callable[[], None]]:
-        """-> ``(fill_for, finish)``: ``fill_for(task)`` is the ring's ``fill(j)`` (None when no chunk
-        runs in it), running the chunks the plan put at step ``j``; ``finish`` runs the chunks left."""
-        done: set[int] = set()
+    def _start(self, tid: TransferId, payload: torch.Tensor | None, dtype: torch.dtype) -> InFlight:
+        w = self.dev.wires[tid]
+        payloads = {}
+        if payload is not None:
+            payloads = {i: payload.reshape(-1) for i, (src, _) in enumerate(w.ends) if src == self.group.rank}
+        return self.router.start(w.rounds, w.ends, w.sizes, payloads, dtype=dtype, device=self.device)
 
-        def run(c: int) -> None:
-            done.add(c)
-            run_chunk(c)
+    def _received(self, tid: TransferId, got: dict[int, torch.Tensor]) -> torch.Tensor | None:
+        """The one message of a ring transfer this member receives, as [n, 2*Hkv, D]; None for relays."""
+        if not got:
+            return None
+        (i, flat), = got.items()
+        n = self.dev.wires[tid].sizes[i] // (2 * self.hkv * self.head_dim)
+        return flat.view(n, 2 * self.hkv, self.head_dim)
 
-        def fill_for(task: RingTask) -> Callable[[int], None] | None:
-            if not task.fills:
-                return None
+    def _local(self, op: LocalCall) -> tuple[torch.Tensor, VarlenBatch]:
+        return self.dev.local[op.chunk]
 
-            def fill(j: int) -> None:
-                for step, c in task.fills:
-                    if step == j and c not in done:
-                        run(c)
-            return fill
-
-        def finish() -> None:
-            for c in range(len(self.local)):
-                if c not in done:
-                    run(c)
-
-        return fill_for, finish
-
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, list[Any]]:
-        """-> ``(out [T_a, Hq, D], saved)``; ``saved``: each ring's ``(out, lse)`` (None for relays),
-        then each local chunk's ``(out, lse)``, for backward."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, dict[Any, Any]]:
+        """-> ``(out [T_a, Hq, D], saved)``; ``saved``: each member ring's and local chunk's ``(out, lse)``."""
         out = torch.zeros_like(q)
-        saved: list[Any] = []
-        local: list[Any] = [None] * len(self.local)
-
-        def run_chunk(c: int) -> None:
-            rows, batch = self.local[c]
-            o, lse = self.kernel.forward(q.index_select(0, rows), k.index_select(0, rows),
-                                         v.index_select(0, rows), batch, self.scale)
-            out.index_copy_(0, rows, o)
-            local[c] = (o, lse)
-
-        fill_for, finish = self._filler(run_chunk)
-        for run, rows, task in zip(self.runs, self.rows, self.program.rings):
-            if run.position is None:
-                ring_forward(run, None, None)
-                saved.append(None)
-                continue
-            q_r = q.index_select(0, rows)
-            kv_r = torch.cat([k.index_select(0, rows), v.index_select(0, rows)], dim=1)
-            res = ring_forward(run, q_r, kv_r, fill=fill_for(task))
-            assert res is not None
-            out.index_copy_(0, rows, res[0])
-            saved.append(res)
-        finish()
-        return out, saved + local
+        saved: dict[Any, Any] = {}
+        state: dict[int, RingState] = {}
+        flying: dict[TransferId, InFlight] = {}
+        for op in self.program.forward:
+            if isinstance(op, RingCall):
+                s = state.get(op.ring)
+                if s is None:
+                    rows = self.dev.rows[op.ring]
+                    s = state[op.ring] = RingState(
+                        q=q.index_select(0, rows), kv=torch.cat([k.index_select(0, rows), v.index_select(0, rows)], 1))
+                forward_step(self.kernel, self.scale, self.hkv, self.dev.steps[(op.ring, op.step)], s)
+                if op.step == self._parts[op.ring].size - 1:
+                    assert s.out is not None and s.lse is not None
+                    res = s.out.to(q.dtype)
+                    out.index_copy_(0, self.dev.rows[op.ring], res)
+                    saved[("ring", op.ring)] = (res, s.lse)
+            elif isinstance(op, LocalCall):
+                rows, batch = self._local(op)
+                o, lse = self.kernel.forward(q.index_select(0, rows), k.index_select(0, rows),
+                                             v.index_select(0, rows), batch, self.scale)
+                out.index_copy_(0, rows, o)
+                saved[("local", op.chunk)] = (o, lse)
+            elif isinstance(op, Post):
+                t = op.transfer
+                if t.ring not in state and t.ring in self.dev.rows:
+                    rows = self.dev.rows[t.ring]
+                    state[t.ring] = RingState(
+                        q=q.index_select(0, rows), kv=torch.cat([k.index_select(0, rows), v.index_select(0, rows)], 1))
+                held = state[t.ring].kv if t.ring in state else None
+                flying[t] = self._start(t, held, self.dtype)
+            else:
+                assert isinstance(op, Wait)
+                got = self._received(op.transfer, flying.pop(op.transfer).wait())
+                if got is not None:
+                    state[op.transfer.ring].kv = got
+        return out, saved
 
     def backward(
-        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, saved: list[Any]
+        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, saved: dict[Any, Any]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         hkv = self.hkv
-        local = saved[len(self.runs):]
+        acc_t = acc_dtype(self.dtype)
+        state: dict[int, RingGrad] = {}
+        flying: dict[TransferId, InFlight] = {}
 
-        def run_chunk(c: int) -> None:
-            rows, batch = self.local[c]
-            o, lse = local[c]
-            dq_l, dk_l, dv_l = self.kernel.backward(
-                dout.index_select(0, rows), q.index_select(0, rows), k.index_select(0, rows),
-                v.index_select(0, rows), o, lse, batch, self.scale)
-            dq.index_copy_(0, rows, dq_l)
-            dk.index_copy_(0, rows, dk_l)
-            dv.index_copy_(0, rows, dv_l)
+        def ring_state(ring: int) -> RingGrad | None:
+            s = state.get(ring)
+            if s is None and ring in self.dev.rows:
+                rows = self.dev.rows[ring]
+                out_r, lse_r = saved[("ring", ring)]
+                q_r = q.index_select(0, rows)
+                s = state[ring] = RingGrad(
+                    dout=dout.index_select(0, rows), q=q_r, out=out_r, lse=lse_r,
+                    kv=torch.cat([k.index_select(0, rows), v.index_select(0, rows)], dim=1),
+                    dq=torch.zeros(q_r.shape, dtype=acc_t, device=q.device))
+            return s
 
-        fill_for, finish = self._filler(run_chunk)
-        for run, rows, res, task in zip(self.runs, self.rows, saved, self.program.rings):
-            if run.position is None:
-                ring_backward(run, None, None, None, None, None)
-                continue
-            out_r, lse_r = res
-            kv_r = torch.cat([k.index_select(0, rows), v.index_select(0, rows)], dim=1)
-            grads = ring_backward(run, dout.index_select(0, rows), q.index_select(0, rows), kv_r, out_r, lse_r,
-                                  fill=fill_for(task))
-            assert grads is not None
-            dq.index_copy_(0, rows, grads[0])
-            dk.index_copy_(0, rows, grads[1][:, :hkv])
-            dv.index_copy_(0, rows, grads[1][:, hkv:])
-        finish()
+        for op in self.program.backward:
+            if isinstance(op, RingCall):
+                s = ring_state(op.ring)
+                assert s is not None
+                backward_step(self.kernel, self.scale, hkv, self.dev.steps[(op.ring, op.step)], s)
+            elif isinstance(op, LocalCall):
+                rows, batch = self._local(op)
+                o, lse = saved[("local", op.chunk)]
+                g = self.kernel.backward(dout.index_select(0, rows), q.index_select(0, rows),
+                                         k.index_select(0, rows), v.index_select(0, rows), o, lse, batch, self.scale)
+                for acc, part in zip((dq, dk, dv), g):
+                    acc.index_copy_(0, rows, part)
+            elif isinstance(op, Post):
+                t = op.transfer
+                s = ring_state(t.ring)
+                if s is None:
+                    payload, dtype = None, (self.dtype if t.kind == "kv" else acc_t)
+                elif t.kind == "kv":
+                    payload, dtype = s.kv, self.dtype
+                else:
+                    payload, dtype = add_block(s), acc_t
+                flying[t] = self._start(t, payload, dtype)
+            else:
+                assert isinstance(op, Wait)
+                t = op.transfer
+                got = self._received(t, flying.pop(t).wait())
+                s = state.get(t.ring)
+                if got is None or s is None:
+                    continue
+                if t.kind == "kv":
+                    s.kv = got
+                    continue
+                s.acc = got
+                if t.step == self._parts[t.ring].size - 1:  # own dK/dV, home after g hops
+                    rows = self.dev.rows[t.ring]
+                    dq.index_copy_(0, rows, s.dq.to(self.dtype))
+                    dk.index_copy_(0, rows, got[:, :hkv].to(self.dtype))
+                    dv.index_copy_(0, rows, got[:, hkv:].to(self.dtype))
         return dq, dk, dv
 
 
