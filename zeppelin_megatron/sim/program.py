@@ -200,6 +200,10 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
     the runtime engine runs them (``True``), or every local sequence goes to the
     end-of-attention queue (``False``; what the ``fill`` engine draws from).
     """
+    # Peer baselines (megatron-hcp, te-cp-a2a-p2p, distca) build their own programs: sim/peer_programs.py.
+    if attention_comm in ("hcp", "a2a_p2p", "distca"):
+        from .peer_programs import build_peer_program
+        return build_peer_program(plan, cost, attention_comm)
     world = plan.world_size
     o = cost.call_overhead_ms
     per_token = 2 * cost.q_bytes_per_token + cost.kv_bytes_per_token

@@ -15,8 +15,15 @@ raises ``ValueError`` saying so.
 
 Options (keyword, all optional): ``cp_size`` (te-cp, te-cp-routing,
 allgather-cp, wlb-llm: a fixed CP size instead of the per-batch best),
-``max_seqlen_per_rank`` (hybrid-dp), ``max_group`` (flexsp), ``milp_node_limit``
-(flexsp). Unknown options raise ``TypeError``.
+``max_seqlen_per_rank`` (hybrid-dp, megatron-hcp), ``max_group`` (flexsp),
+``a2a`` and ``p2p`` (te-cp-a2a-p2p: both or neither), ``buffer_bytes`` and
+``min_tolerance`` (distca: its all-to-all buffer, default no limit, and
+``MIN_TOLERANCE_FACTOR``, default the best simulated per batch). Unknown options raise ``TypeError``.
+
+The peers ``megatron-hcp``, ``te-cp-a2a-p2p`` and ``distca`` (``docs/peers.md``)
+return a :class:`~.peer_programs.PeerPlan` whose ``peer`` field carries their own
+schedule; their ``attention_comm`` (``hcp``, ``a2a_p2p``, ``distca``) selects their
+program builders in :mod:`~.peer_programs`.
 """
 
 from __future__ import annotations
@@ -32,8 +39,11 @@ from ..planner.plan import StepPlan
 
 __all__ = ["StrategyPlan", "STRATEGY_NAMES", "BOUND_NAMES", "ATTENTION_COMMS", "plan_with", "describe"]
 
-AttentionComm = Literal["ring", "allgather", "ulysses"]
+AttentionComm = Literal["ring", "allgather", "ulysses", "hcp", "a2a_p2p", "distca"]
 ATTENTION_COMMS: tuple[str, ...] = ("ring", "allgather", "ulysses")
+"""Kinds the runtime-shaped program (and ``zeppelin replay``) handle; the peers' kinds
+(:data:`~.peer_programs.PEER_COMMS`) have their own programs (``sim/peer_programs.py``)."""
+_PEER_COMMS: tuple[str, ...] = ("hcp", "a2a_p2p", "distca")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,8 +56,9 @@ class StrategyPlan:
     note: str = ""
 
     def __post_init__(self) -> None:
-        if self.attention_comm not in ATTENTION_COMMS:
-            raise ValueError(f"attention_comm is {self.attention_comm!r}, expected one of {list(ATTENTION_COMMS)}")
+        if self.attention_comm not in ATTENTION_COMMS + _PEER_COMMS:
+            raise ValueError(f"attention_comm is {self.attention_comm!r}, expected one of "
+                             f"{list(ATTENTION_COMMS + _PEER_COMMS)}")
         if not isinstance(self.plan, StepPlan):
             raise ValueError(f"plan must be a StepPlan, got {type(self.plan).__name__}")
 
@@ -106,6 +117,38 @@ def _flexsp(name: str, lengths: list[int], cluster: Cluster, cost: CostModel,
                         note=f"groups {sizes}; MILP T={sol.makespan_ms:.2f} ms/layer, {sol.solves} optimal solves")
 
 
+def _megatron_hcp(name: str, lengths: list[int], cluster: Cluster, cost: CostModel,
+                  max_seqlen_per_rank: int | None = None) -> StrategyPlan:
+    from .megatron_hcp import hcp_plan
+    plan, S = hcp_plan(lengths, cluster, cost, max_seqlen_per_rank=max_seqlen_per_rank)
+    how = "fixed" if max_seqlen_per_rank is not None else "best simulated power of two for this batch"
+    return StrategyPlan(name=name, plan=plan, attention_comm="hcp",
+                        note=f"max_seqlen_per_rank={S} ({how}), {len(plan.peer.groups)} groups")
+
+
+def _te_cp_a2a_p2p(name: str, lengths: list[int], cluster: Cluster, cost: CostModel,
+                   a2a: int | None = None, p2p: int | None = None) -> StrategyPlan:
+    from .te_cp_a2a_p2p import a2a_p2p_plan
+    plan, sizes = a2a_p2p_plan(lengths, cluster, cost, a2a=a2a, p2p=p2p)
+    how = "fixed" if a2a is not None else "best simulated sizes for this batch"
+    return StrategyPlan(name=name, plan=plan, attention_comm="a2a_p2p",
+                        note=f"cp={sizes.cp} = a2a {sizes.a2a} x p2p {sizes.p2p} ({how})")
+
+
+def _distca(name: str, lengths: list[int], cluster: Cluster, cost: CostModel,
+            buffer_bytes: int | None = None, min_tolerance: float | None = None) -> StrategyPlan:
+    from .distca import distca_plan
+    kw: dict[str, Any] = {"min_tolerance": min_tolerance}
+    if buffer_bytes is not None:
+        kw["buffer_bytes"] = buffer_bytes
+    plan = distca_plan(lengths, cluster, cost, **kw)
+    sched = plan.peer
+    how = "from min_tolerance" if min_tolerance is not None else "best simulated that fits the buffer"
+    return StrategyPlan(name=name, plan=plan, attention_comm="distca",
+                        note=f"tolerance={sched.tolerance:g} ({how}), {sched.shards} attention shards, "
+                             f"a2a buffer {sched.buffer_peak / 2**30:.2f} GiB")
+
+
 _DESCRIPTIONS: dict[str, str] = {
     "zeppelin": "Zeppelin: hierarchical partitioning + routing + remapping (per step, where predicted to pay)",
     "zeppelin-no-routing": "Zeppelin without NIC-aware routing",
@@ -116,9 +159,15 @@ _DESCRIPTIONS: dict[str, str] = {
     "te-cp": "TE CP: fixed CP groups, every sequence zigzag-split over its group, packed by tokens",
     "te-cp-routing": "TE CP plus Zeppelin's NIC-aware routing of cross-node ring hops (routing alone)",
     "allgather-cp": "all-gather K/V CP (LLaMA-3 style): TE CP's groups, K/V all-gathered, dK/dV reduce-scattered",
-    "hybrid-dp": "Hybrid DP (Megatron --hybrid-context-parallel): short sequences whole, long ones on power-of-two CP groups",
+    "hybrid-dp": "Hybrid DP (Megatron --hybrid-context-parallel, simplified): short sequences whole, long ones on "
+                 "power-of-two CP groups",
     "wlb-llm": "WLB-LLM: workload-aware packing into CP groups + per-document sharding where it pays",
     "flexsp": "FlexSP: per-sequence Ulysses group sizes from a MILP (scipy.optimize.milp)",
+    "megatron-hcp": "Megatron --hybrid-context-parallel as megatron-core 0.16 runs it: BalancedCPScheduler groups, "
+                    "one microbatch per sequence, a barrier per group, TE CP ring per CP group",
+    "te-cp-a2a-p2p": "TE CP a2a+p2p: all-to-all head parallelism inside a node, a ring across nodes (sizes per batch)",
+    "distca": "DistCA: equal-token linear layout, attention shards balanced by FLOPs and moved by all-to-alls, "
+              "two nano-batches ping-ponging communication and compute",
 }
 
 _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
@@ -134,6 +183,9 @@ _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
     "hybrid-dp": _hybrid_dp,
     "wlb-llm": _wlb_llm,
     "flexsp": _flexsp,
+    "megatron-hcp": _megatron_hcp,
+    "te-cp-a2a-p2p": _te_cp_a2a_p2p,
+    "distca": _distca,
 }
 
 STRATEGY_NAMES: tuple[str, ...] = tuple(_MAKERS)

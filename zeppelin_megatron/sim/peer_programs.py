@@ -1,0 +1,158 @@
+"""Simulated layer programs of the peer baselines: Megatron HCP, TE CP a2a+p2p, DistCA.
+
+The peers do not run Zeppelin's engine order, so each builds its own per-rank
+op list (:class:`~.program.Op`) and transfers (:class:`~.program.Transfer`) for
+one layer, forward + backward merged as the cost model times them (like every
+other strategy). :func:`~.program.build_layer_program` hands a plan to
+:func:`build_peer_program` when its ``attention_comm`` is one of
+:data:`PEER_COMMS`; the plan is then a :class:`PeerPlan`, a ``StepPlan`` that
+carries the peer's own schedule in ``peer`` (groups and their order for HCP,
+the ``(a2a, p2p)`` sizes for TE CP a2a+p2p, the attention shards and
+nano-batches for DistCA).
+
+Primitives shared by the three builders (:class:`ProgramBuilder`):
+
+* ``pairs``: one hop per ``(src, dst)`` pair carrying its bytes, NVLink inside
+  a node, the source GPU's NIC to the destination GPU's NIC across nodes
+  (direct, no PXN aggregation: what NVSHMEM puts and intra-node all-to-alls do);
+* ``ring``: the ring steps of one group (post step ``j``'s transfer, compute,
+  wait), every kernel call at least the profile's per-call overhead;
+* ``barrier``: all ranks meet: a 1-byte gather to rank 0 and a 1-byte release
+  from it (two link latencies; see ``docs/peers.md`` for what that charges).
+
+Example: ``ProgramBuilder(cost).ring((0, 1), 3e6, 2.0, 1.5, key=("x",), label="g")``
+gives each of ranks 0 and 1 ``post, compute 2.0, wait, compute 1.5`` and one
+transfer in which each sends 3 MB to the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..planner.cost_model import CostModel
+from ..planner.plan import StepPlan
+from .program import Hop, LayerProgram, Op, Transfer
+
+__all__ = ["PEER_COMMS", "PeerPlan", "ProgramBuilder", "as_peer_plan", "build_peer_program", "HBM_DATASHEET_GBPS",
+           "hbm_GBps"]
+
+PEER_COMMS: tuple[str, ...] = ("hcp", "a2a_p2p", "distca")
+"""``attention_comm`` kinds whose programs this module builds."""
+
+HBM_DATASHEET_GBPS = 3350.0
+"""H100 SXM HBM3 bandwidth, datasheet figure (not measured); used for DistCA's buffer
+copies when the profile has no ``hbm_GBps``."""
+
+
+def hbm_GBps(cost: CostModel) -> float:
+    """The profile's HBM bandwidth (GB/s) when it has one, else the H100 datasheet figure."""
+    v = getattr(cost.profile, "hbm_GBps", None)
+    return float(v) if v else HBM_DATASHEET_GBPS
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeerPlan(StepPlan):
+    """A ``StepPlan`` plus the peer's own schedule (``peer``), read by its program builder."""
+
+    peer: Any = None
+
+
+def as_peer_plan(plan: StepPlan, peer: Any) -> PeerPlan:
+    """``plan`` (already validated, or built on purpose unvalidated) with ``peer`` attached."""
+    values = {f.name: getattr(plan, f.name) for f in fields(StepPlan)}
+    return PeerPlan(**values, peer=peer, validate=False)
+
+
+class ProgramBuilder:
+    """Accumulates per-rank ops and named transfers for one simulated layer."""
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+        self.world = cost.cluster.world_size
+        self.ops: list[list[Op]] = [[] for _ in range(self.world)]
+        self.transfers: dict[tuple, Transfer] = {}
+
+    # -- ops ---------------------------------------------------------------
+    def compute(self, r: int, ms: float, kind: str, label: str) -> None:
+        """A kernel (or kernels) of ``ms``; ``attention``/``local`` calls pay at least the call overhead."""
+        if kind in ("attention", "local"):
+            ms = max(ms, self.cost.call_overhead_ms)
+        if ms > 0:
+            self.ops[r].append(Op("compute", ms, kind, label=label))
+
+    def post(self, r: int, key: tuple) -> None:
+        self.ops[r].append(Op("post", key=key))
+
+    def wait(self, r: int, key: tuple, kind: str, label: str) -> None:
+        self.ops[r].append(Op("wait", key=key, kind=kind, label=label))
+
+    # -- transfers -----------------------------------------------------------
+    def hop(self, src: int, dst: int, nbytes: float) -> Hop:
+        cl = self.cost.cluster
+        return Hop(src, dst, float(nbytes), "nvl" if cl.node_of(src) == cl.node_of(dst) else "nic")
+
+    def pairs(self, key: tuple, pair_bytes: dict[tuple[int, int], float], category: str = "group") -> tuple:
+        """Register a transfer of one direct hop per pair with bytes (self-pairs and zeros skipped)."""
+        t = Transfer(key, category)
+        for (a, b), n in sorted(pair_bytes.items()):
+            if a != b and n > 0:
+                t.chains.append([self.hop(a, b, n)])
+        self.transfers[key] = t
+        return key
+
+    def ring(self, ranks: tuple[int, ...], step_bytes: float, diag_ms: float, off_ms: float, *, key: tuple,
+             label: str, members: tuple[int, ...] | None = None) -> None:
+        """The ``g = len(ranks)`` steps of one ring, for ``members`` (default all ranks of the ring):
+        step ``j``: post the transfer (each position sends ``step_bytes`` to the next; none
+        after the last step), compute (``diag_ms`` at step 0, ``off_ms`` after), wait."""
+        g = len(ranks)
+        keys = []
+        for j in range(g - 1):
+            t = Transfer(key + (j,), "ring")
+            for p, src in enumerate(ranks):
+                t.chains.append([self.hop(src, ranks[(p + 1) % g], step_bytes)])
+            self.transfers[t.key] = t
+            keys.append(t.key)
+        for r in (members if members is not None else ranks):
+            for j in range(g):
+                if j < g - 1:
+                    self.post(r, keys[j])
+                self.compute(r, diag_ms if j == 0 else off_ms, "attention", f"{label} step {j}")
+                if j < g - 1:
+                    self.wait(r, keys[j], "ring", f"{label} step {j}")
+
+    def barrier(self, key: tuple, label: str) -> None:
+        """Every rank waits until all have arrived: 1-byte gather to rank 0, then its release."""
+        gather = Transfer(key + ("gather",), "group")
+        release = Transfer(key + ("release",), "group")
+        for r in range(1, self.world):
+            gather.chains.append([self.hop(r, 0, 1.0)])
+            release.chains.append([self.hop(0, r, 1.0)])
+        self.transfers[gather.key] = gather
+        self.transfers[release.key] = release
+        for r in range(self.world):
+            self.post(r, gather.key)
+            self.wait(r, gather.key, "group", f"{label} (arrive)")
+            self.post(r, release.key)
+            self.wait(r, release.key, "group", f"{label} (release)")
+
+    def program(self) -> LayerProgram:
+        return LayerProgram(self.ops, self.transfers, [[] for _ in range(self.world)])
+
+
+def build_peer_program(plan: StepPlan, cost: CostModel, attention_comm: str) -> LayerProgram:
+    """The layer program of a peer plan (``attention_comm`` in :data:`PEER_COMMS`)."""
+    if not isinstance(plan, PeerPlan) or plan.peer is None:
+        raise ValueError(f"attention_comm {attention_comm!r} needs the PeerPlan its strategy returns "
+                         f"(got a {type(plan).__name__} without a peer schedule)")
+    if attention_comm == "hcp":
+        from .megatron_hcp import hcp_program
+        return hcp_program(plan, cost)
+    if attention_comm == "a2a_p2p":
+        from .te_cp_a2a_p2p import a2a_p2p_program
+        return a2a_p2p_program(plan, cost)
+    if attention_comm == "distca":
+        from .distca import distca_program
+        return distca_program(plan, cost)
+    raise ValueError(f"attention_comm is {attention_comm!r}, expected one of {list(PEER_COMMS)}")
