@@ -45,7 +45,6 @@ def test_remapped_plan_keeps_the_barrier_rule() -> None:
     cost = CostModel(model=load_model(None), cluster=load_cluster("1x2"))
     lengths = [16384] + [1024] * 24
     ranks = [0] + [1] * 24
-    att = [[(0, 0, 16384)], [(i, 0, 1024) for i in range(1, 25)]]
     lin = [[(0, 0, 16384), (1, 0, 1024), (2, 0, 1024), (3, 0, 1024), (4, 0, 1024)],
            [(i, 0, 1024) for i in range(5, 25)]]
     plan = _local_plan(lengths, ranks, 2, remap_to=lin)

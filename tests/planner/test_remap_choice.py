@@ -31,7 +31,8 @@ def test_auto_keeps_the_faster_of_the_two(spec: str, tokens: int, seed: int) -> 
     assert off.linear_layout == off.attention_layout != on.linear_layout
     assert auto.predicted.step_ms == min(on.predicted.step_ms, off.predicted.step_ms)
     assert auto == (on if on.predicted.step_ms <= off.predicted.step_ms else off)
-    assert auto.to_json() == plan_step(list(lengths), _cost(spec), PlannerOptions(remap="auto")).to_json()  # deterministic
+    # deterministic
+    assert auto.to_json() == plan_step(list(lengths), _cost(spec), PlannerOptions(remap="auto")).to_json()
 
 
 def test_auto_picks_each_side_on_some_batch() -> None:

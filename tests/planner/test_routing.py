@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from zeppelin_megatron.planner import CostModel, StepPlan, load_cluster, load_model, plan_step
+from zeppelin_megatron.planner import CostModel, load_cluster, load_model, plan_step
 from zeppelin_megatron.planner import PlannerOptions
 from zeppelin_megatron.planner.routing import cross_hops, plan_routing, split_counts
 

@@ -73,4 +73,5 @@ def test_neighbours() -> None:
     assert [next_position(p, 4) for p in range(4)] == [1, 2, 3, 0]
     assert [prev_position(p, 4) for p in range(4)] == [3, 0, 1, 2]
     # a position receives at step j the K/V its predecessor held at step j - 1
-    assert all(ring_source(p, j, 5) == ring_source(prev_position(p, 5), j - 1, 5) for p in range(5) for j in range(1, 5))
+    assert all(ring_source(p, j, 5) == ring_source(prev_position(p, 5), j - 1, 5)
+               for p in range(5) for j in range(1, 5))

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .capacity_fill import capacity_fill
 from .cost_model import CostModel
 from .node_balance import NodeState, rebalance_nodes
 from .options import PlannerOptions
@@ -99,22 +100,22 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions) 
     result without :func:`_chained` rings beats one with them. Lower thresholds, which span more
     sequences over nodes (batches dominated by a few huge sequences), are
     tried unless the best result so far is within ``slack``. A candidate that
-    cannot fit the token capacity is skipped; if none fits, the first one's
-    :class:`PlanError` is raised.
+    cannot fit the token capacity is skipped; if none fits, the batch is packed
+    by tokens alone (:func:`~.capacity_fill.capacity_fill`), which fits by
+    construction or names the sequence it cannot place.
     """
+    check_ring_fit(lengths, cost.cluster.world_size, cost.cluster.tokens_per_gpu)
     ctx = PartitionContext(lengths, cost, options)
     order = sorted(range(len(lengths)), key=lambda i: (-ctx.w[i], -lengths[i], i))
     rank_in_order = {i: k for k, i in enumerate(order)}
     # best: ((misses balance_target, chained rings, score), assignments, balanced within slack); lower key wins
     best: tuple[tuple[bool, bool, float], list[Assignment], bool] | None = None
-    error: PlanError | None = None
     seen: set[tuple] = set()  # level-1 outcomes already placed (thresholds often agree)
     for factor in SPAN_FACTORS if ctx.allow_inter and ctx.cluster.nodes > 1 else SPAN_FACTORS[:1]:
         for lend in (True, False):  # without lends only if some were made
             try:
                 st = _assign_nodes(ctx, order, ctx.limit * factor, rank_in_order, lend=lend)
-            except PlanError as exc:  # this candidate runs out of memory somewhere
-                error = error or exc
+            except PlanError:  # this candidate runs out of tokens somewhere: the others may not
                 continue
             key = (tuple(st.inter.items()), tuple(map(tuple, st.seqs)))
             if key in seen:
@@ -125,8 +126,7 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions) 
             for rnd in range(CORRECTION_ROUNDS + 1):
                 try:
                     assignments = place_gpus(ctx, st)
-                except PlanError as exc:
-                    error = error or exc
+                except PlanError:
                     break
                 att = attention_times(ctx, assignments)
                 peak, mean = max(att), sum(att) / len(att)
@@ -142,10 +142,31 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions) 
                 break
         if best is not None and best[2]:
             break  # the best plan is within slack of its mean: no need to try more spanning
-    if best is None:
-        assert error is not None
-        raise error  # no candidate fits: the first one's reason
+    if best is None:  # no balanced candidate fits the token capacity: pack by tokens alone
+        return capacity_fill(ctx)
     return best[1]
+
+
+def check_ring_fit(lengths: Sequence[int], world: int, cap: int) -> None:
+    """Refuse a sequence that no placement can hold: longer than one GPU and than any ring's positions.
+
+    A sequence of ``s > cap`` tokens needs a ring of ``g <= world`` GPUs with ``s >= 2g``
+    (zigzag chunks) and ``ceil(s / g) <= cap`` (:func:`~.zigzag.ring_max_tokens`).
+    Example: 4 GPUs of 10 tokens: 41 tokens leave 11 on some GPU even over all 4: refused.
+
+    Raises:
+        PlanError: naming the sequence, its length, the GPUs and ``tokens_per_gpu``.
+    """
+    for i, s in enumerate(lengths):
+        if s <= cap:
+            continue
+        g = min(world, s // 2)  # the largest ring possible holds the fewest tokens per GPU
+        if g < 2 or ring_max_tokens(s, g) > cap:
+            held = s if g < 2 else ring_max_tokens(s, g)
+            raise PlanError(
+                f"sequence {i} of length {s} does not fit: even split over {max(g, 1)} of the {world} GPUs "
+                f"it leaves {held} tokens on a GPU, more than tokens_per_gpu = {cap}"
+            )
 
 
 def _chained(assignments: list[Assignment]) -> bool:

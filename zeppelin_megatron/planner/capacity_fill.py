@@ -1,0 +1,198 @@
+"""The partitioner's last resort: place every sequence where its tokens fit, time be damned.
+
+:func:`~.partition.partition` prefers balanced placements; near full capacity
+its level-by-level choices (a node first, then that node's GPUs) can leave
+tokens stranded: three sequences of 64 tokens on 2 x 3 GPUs of 48 tokens each
+(67% full) put two rings on node 0 and find the third no room. Then this
+module packs the batch by tokens alone, checking every GPU's exact tokens
+(:func:`~.zigzag.zigzag_tokens`) before it places anything, so whatever it
+returns fits ``tokens_per_gpu`` by construction:
+
+* sequences longest first (ties: lower index);
+* whole (``local``) on a GPU with room: the fullest that still fits
+  (best fit) or the emptiest (worst fit);
+* otherwise a ring over the ``g`` GPUs with the most free tokens, for the
+  smallest ``g >= 2`` whose every position fits (``intra_node`` when they share
+  a node, else ``inter_node``; ring in rank order).
+
+Four rules are tried in turn (:data:`RULES`, :func:`_fill`), then, for
+batches of up to :data:`SEARCH_MAX_SEQUENCES` sequences, a bounded
+backtracking search (:func:`_search`); if all of them strand a sequence, the
+refusal names it, its length and the free tokens left. Example: ``[64, 64,
+64]`` on 2x3 GPUs of 48: the first 64 does not fit one GPU, so a ring over
+ranks 0 and 1 (32 + 32); the second over ranks 2 and 3, the third over 4 and
+5: every GPU holds 32 tokens.
+"""
+
+from __future__ import annotations
+
+from .partition_context import Assignment, PartitionContext
+from .plan_parts import PlanError
+from .zigzag import ring_max_tokens, zigzag_tokens
+
+__all__ = ["capacity_fill"]
+
+RULES: tuple[str, ...] = ("best_fit", "worst_fit", "balanced", "whole_ring")
+"""Rules tried in order (see :func:`_fill`)."""
+
+
+def capacity_fill(ctx: PartitionContext) -> list[Assignment]:
+    """Every sequence's assignment, each GPU within ``tokens_per_gpu``; see the module docstring.
+
+    Raises:
+        PlanError: no rule places every sequence (names the first rule's stranded sequence,
+            its length and the GPUs' free tokens at that point).
+    """
+    error: PlanError | None = None
+    for rule in RULES:
+        try:
+            return _fill(ctx, rule)
+        except PlanError as exc:
+            error = error or exc
+    assert error is not None
+    found = _search(ctx) if len(ctx.lengths) <= SEARCH_MAX_SEQUENCES else None
+    if found is None:
+        raise error
+    return found
+
+
+SEARCH_MAX_SEQUENCES = 400
+"""Batches up to this many sequences get the backtracking search when every rule strands one."""
+
+SEARCH_BUDGET = 20_000
+"""Placements the search tries before it gives up (a few tenths of a second at most)."""
+
+
+def _search(ctx: PartitionContext) -> list[Assignment] | None:
+    """Depth-first search over placements, longest sequence first, or ``None`` past :data:`SEARCH_BUDGET`.
+
+    At each sequence it tries, in order: whole on a GPU (one per distinct free-token count,
+    fullest first: GPUs with equal room are interchangeable for fit), then rings of
+    ``g = 2, 3, ...`` over the fullest GPUs that hold ``ceil(s / g)`` and over the emptiest.
+    Tiny capacities need it: ``[11, 7, 3, 3, 2, 1]`` on 6 GPUs of 5 tokens (90% full) fits only
+    with 11 on a ring of 5 (3, 2, 2, 2, 2 tokens) and 7 on a ring of 3 including the sixth GPU.
+    """
+    lengths, cap, cl = ctx.lengths, ctx.cap, ctx.cluster
+    world = cl.world_size
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    free = [cap] * world
+    chosen: list[tuple[int, ...]] = []
+    tries = 0
+
+    def options(s: int) -> list[tuple[int, ...]]:
+        out: list[tuple[int, ...]] = []
+        seen: set[int] = set()
+        for r in sorted(range(world), key=lambda r: (free[r], r)):
+            if free[r] >= s and free[r] not in seen:
+                seen.add(free[r])
+                out.append((r,))
+        for g in range(2, min(world, s // 2) + 1):
+            for fullest in (True, False):
+                ring = _ring_of(s, g, free, fullest)
+                if ring is not None and ring not in out:
+                    out.append(ring)
+        return out
+
+    def place(k: int) -> bool:
+        nonlocal tries
+        if k == len(order):
+            return True
+        s = lengths[order[k]]
+        for ring in options(s):
+            tries += 1
+            if tries > SEARCH_BUDGET:
+                return False
+            taken = [s] if len(ring) == 1 else [zigzag_tokens(s, len(ring), p) for p in range(len(ring))]
+            for r, n in zip(ring, taken):
+                free[r] -= n
+            chosen.append(ring)
+            if place(k + 1):
+                return True
+            chosen.pop()
+            for r, n in zip(ring, taken):
+                free[r] += n
+        return False
+
+    if not place(0):
+        return None
+    out: list[Assignment | None] = [None] * len(lengths)
+    for i, ring in zip(order, chosen):
+        nodes = {cl.node_of(r) for r in ring}
+        out[i] = Assignment("local" if len(ring) == 1 else "intra_node" if len(nodes) == 1 else "inter_node", ring)
+    return [a for a in out if a is not None]
+
+
+def _ring_of(s: int, g: int, free: list[int], fullest: bool) -> tuple[int, ...] | None:
+    """A ring of exactly ``g`` GPUs (ascending) whose positions fit: the fullest GPUs that hold
+    ``ceil(s / g)``, or the emptiest ones; ``None`` if that choice does not fit."""
+    need = ring_max_tokens(s, g)
+    order = sorted(range(len(free)), key=lambda r: (free[r], r) if fullest else (-free[r], r))
+    ring = tuple(sorted([r for r in order if free[r] >= need][:g] if fullest else order[:g]))
+    return ring if len(ring) == g and _fits(s, ring, free, 0) else None
+
+
+def _fill(ctx: PartitionContext, rule: str) -> list[Assignment]:
+    """One packing, longest sequence first. ``rule``:
+
+    * ``best_fit``: whole on the fullest GPU with room, else the smallest ring over the emptiest GPUs;
+    * ``worst_fit``: whole on the emptiest GPU with room, else the same ring;
+    * ``balanced``: as ``worst_fit`` but first within ``ceil(T / P)`` tokens per GPU (the linear
+      layout's quota), so rings take the long sequences and free tokens stay even; only a sequence
+      that fits nowhere so is placed against ``tokens_per_gpu``;
+    * ``whole_ring``: every sequence of at least ``2P`` tokens on one ring over all ``P`` GPUs
+      (each GPU takes at most ``ceil(s / P)``), the shorter ones whole on the emptiest GPU.
+    """
+    lengths, cap, cl = ctx.lengths, ctx.cap, ctx.cluster
+    world = cl.world_size
+    limits = [-(-sum(lengths) // world), cap] if rule == "balanced" else [cap]
+    free = [cap] * world
+    out: list[Assignment | None] = [None] * len(lengths)
+    everyone = tuple(range(world))
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        s = lengths[i]
+        ring: tuple[int, ...] | None = None
+        if rule == "whole_ring" and world > 1 and s >= 2 * world and _fits(s, everyone, free, 0):
+            ring = everyone
+        for lim in limits:
+            if ring is not None:
+                break
+            spare = cap - lim  # tokens each GPU keeps free under this limit
+            fit = [r for r in range(world) if free[r] - spare >= s]
+            if fit:
+                r = min(fit, key=lambda r: (free[r], r) if rule == "best_fit" else (-free[r], r))
+                free[r] -= s
+                out[i] = Assignment("local", (r,))
+                break
+            ring = _ring(s, free, spare, fullest=rule == "best_fit")
+        if out[i] is not None:
+            continue
+        if ring is None:
+            raise PlanError(
+                f"sequence {i} of length {s} does not fit: the free tokens per GPU are {free} "
+                f"(tokens_per_gpu = {cap}) after placing the longer sequences, and no ring over GPUs "
+                "with room holds it; raise tokens_per_gpu or add GPUs"
+            )
+        for p, r in enumerate(ring):
+            free[r] -= zigzag_tokens(s, len(ring), p)
+        nodes = {cl.node_of(r) for r in ring}
+        out[i] = Assignment("intra_node" if len(nodes) == 1 else "inter_node", ring)
+    return [a for a in out if a is not None]
+
+
+def _fits(s: int, ring: tuple[int, ...], free: list[int], spare: int) -> bool:
+    return all(zigzag_tokens(s, len(ring), p) <= free[r] - spare for p, r in enumerate(ring))
+
+
+def _ring(s: int, free: list[int], spare: int = 0, *, fullest: bool = False) -> tuple[int, ...] | None:
+    """Ranks (ascending) of the smallest ring whose every position fits (keeping ``spare`` free on
+    each GPU), or ``None``: over the GPUs with the most free tokens, or (``fullest``) over the
+    fullest GPUs that still hold ``ceil(s / g)`` (best fit: the emptier GPUs stay free).
+    Example: ``s = 41``, free ``[21, 21]``: ``(0, 1)`` (21 + 20 tokens); ``s = 4``, free
+    ``[2, 2, 3, 3]``, ``fullest``: ``(0, 1)``, leaving 3 tokens free on GPUs 2 and 3."""
+    order = sorted(range(len(free)), key=lambda r: (free[r], r) if fullest else (-free[r], r))
+    for g in range(2, min(len(free), s // 2) + 1):
+        need = ring_max_tokens(s, g) + spare
+        ring = tuple(sorted([r for r in order if free[r] >= need][:g] if fullest else order[:g]))
+        if len(ring) == g and _fits(s, ring, free, spare):
+            return ring
+    return None
