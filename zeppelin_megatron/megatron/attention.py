@@ -16,6 +16,15 @@ attention within each sequence of the bound micro-step's plan:
 group is the data-parallel ranks of this TP rank, so heads never cross TP ranks.
 Packed THD inputs ([T, H, D], when Megatron is handed ``packed_seq_params``) are
 accepted too and return [T, H * D] as Megatron expects.
+
+The start-of-call check (one small ``all_gather``, see
+:mod:`zeppelin_megatron.runtime.agreement`: plan, softmax scale, heads, head dim,
+dtype, routing, check setting, kernel) runs in the **first** Zeppelin attention
+layer of every forward whatever the setting, so that every rank runs it on the same
+calls; ``--zeppelin-check-plan`` (``ZeppelinStep.check_plan``) adds it to every
+other layer too. The setting itself is one of the compared fields: ranks launched
+with different settings all raise at the first layer instead of one of them
+waiting in a check the others skip.
 """
 
 from __future__ import annotations
@@ -90,7 +99,8 @@ class ZeppelinCoreAttention(MegatronModule):
         # scores back inside the softmax: the net scale is 1/sqrt(head_dim) either way.
         self.softmax_scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
         self.step: "ZeppelinStep | None" = None
-        self.checks_plan = True  # bind_step keeps it only on the model's first Zeppelin attention layer
+        # bind_step sets it on the model's first Zeppelin attention layer only: that layer always checks
+        self.checks_plan = True
 
     def forward(
         self,
@@ -124,7 +134,8 @@ class ZeppelinCoreAttention(MegatronModule):
             raise ValueError(f"query has {total} tokens, fewer than the bound step's real_tokens={t_r}")
         out = zeppelin_attention(
             query[:t_r], key[:t_r], value[:t_r], step.plan, step.group, self.softmax_scale,
-            backend=step.backend, routing=step.routing, check_plan=step.check_plan and self.checks_plan,
+            backend=step.backend, routing=step.routing,
+            check_plan=self.checks_plan or step.check_plan, check_setting=step.check_plan,
         )  # [T_r, Hq, D]
         if total > t_r:
             out = torch.cat([out, out.new_zeros((total - t_r, *out.shape[1:]))])

@@ -2,12 +2,16 @@
 
 Per call (one attention layer, one step)::
 
-    check inputs and plan agreement        (one small all_reduce)
+    check inputs and agreement across ranks (one small all_gather: plan, scale, heads,
+                                            head dim, dtype, routing, check setting, kernel)
     [q | k | v] --remap--> attention layout (one all_to_all_single)
     engine: inter-node rings, intra-node rings, local sequences
     out --remap--> linear layout            (one all_to_all_single)
 
-Everything is differentiable with respect to ``q``, ``k`` and ``v``.
+Everything is differentiable with respect to ``q``, ``k`` and ``v``. Every wait
+runs under ``group.timeout_s``: a rank that fails (even one that raises and stays
+alive) makes the others raise :class:`~.errors.ZeppelinTimeoutError` naming the step
+and the peer within that time instead of blocking.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ import math
 import torch
 
 from ..planner.plan import StepPlan
-from .comm import check_plan_agreement
+from .agreement import CallTerms, check_agreement
 from .engine import AttentionEngine, EngineFunction
-from .errors import RuntimeInputError
+from .errors import BackendUnavailableError, RuntimeInputError
 from .group import ZeppelinGroup
 from .kernels import get_kernel
 from .remap import to_attention, to_linear
@@ -75,6 +79,7 @@ def zeppelin_attention(
     backend: str | None = None,
     routing: bool = True,
     check_plan: bool = True,
+    check_setting: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention within each sequence of ``plan``, executed across ``group``.
 
@@ -85,25 +90,62 @@ def zeppelin_attention(
     ``softmax_scale``: defaults to ``1 / sqrt(D)``. ``backend``: kernel name
     (``reference``, ``torch_varlen``, ``flash_attn``, ``te``) or None for the
     best available. ``routing``: False sends every ring hop directly, ignoring
-    the plan's routes. ``check_plan``: verify with one small all_reduce that all
-    ranks hold the same plan and accept their inputs (on by default; when off,
-    input errors are raised locally and plan mismatches go undetected).
+    the plan's routes.
+
+    ``check_plan``: run the start-of-call check on this call (one ``all_gather``
+    of a 12-entry int64 vector, read on the host): every rank must hold the same
+    plan hash, softmax scale, Hq, Hkv, D, dtype, routing, ``check_setting``,
+    resolved kernel, device type and autograd state, and valid inputs; otherwise
+    every rank raises (:class:`~.errors.PlanMismatchError`,
+    :class:`~.errors.RuntimeInputError` or :class:`~.errors.AgreementError`) naming
+    the field and the ranks, see :mod:`.agreement`. ``check_plan`` is a per-call
+    *schedule* that every rank must follow identically (a rank that skips the check
+    while others run it leaves them waiting until the group timeout); make it
+    depend on something all ranks share, such as the layer index, never on a
+    per-rank flag. When False, input errors are raised locally and mismatches go
+    undetected. ``check_setting``: the caller's check setting (e.g. Megatron's
+    ``--zeppelin-check-plan``), compared across ranks by the check; defaults to
+    ``check_plan``.
     Every rank of the group must call this with the same plan.
+
+    Example (2 ranks, rank 1 passes ``softmax_scale=0.5``, rank 0 the default
+    ``1/sqrt(64)``): both raise ``AgreementError: ... softmax_scale differs:
+    rank 0 (node 0, local 0) has 0.125, rank 1 (node 0, local 1) has 0.5 ...``.
     """
     if not isinstance(plan, StepPlan):
         raise RuntimeInputError(f"plan must be a StepPlan, got {type(plan).__name__}")
     if not isinstance(group, ZeppelinGroup):
         raise RuntimeInputError(f"group must be a ZeppelinGroup, got {type(group).__name__}")
     problem = validate_inputs(q, k, v, plan, group)
+    scale, kernel, own_error = None, None, None
+    if problem is None:
+        try:
+            scale = 1.0 / math.sqrt(q.shape[2]) if softmax_scale is None else float(softmax_scale)
+        except (TypeError, ValueError):
+            scale = math.nan
+        if not (math.isfinite(scale) and scale > 0):
+            problem, scale = f"softmax_scale must be a positive finite number, got {softmax_scale!r}", None
+    if problem is None:
+        try:  # resolved before the check: a backend missing on one rank is that rank's input error
+            kernel = get_kernel(backend, q.device, q.dtype)
+        except BackendUnavailableError as exc:
+            if not check_plan:
+                raise
+            problem, own_error = str(exc), exc
     if check_plan:
         device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
-        check_plan_agreement(plan, group, device, problem)
+        terms = CallTerms.of_call(
+            plan=plan, q=q, k=k, scale=scale, routing=routing,
+            check_setting=check_plan if check_setting is None else check_setting,
+            kernel=kernel.name if kernel is not None else None, problem=problem,
+        )
+        check_agreement(terms, group, device, own_error or problem)
     elif problem:
         raise RuntimeInputError(problem)
+    assert scale is not None and kernel is not None
     hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     engine = AttentionEngine(
-        plan, group, kernel=get_kernel(backend, q.device, q.dtype), scale=scale,
+        plan, group, kernel=kernel, scale=scale,
         routes=plan.routing if routing else (), hkv=hkv, head_dim=d, dtype=q.dtype, device=q.device,
     )
     qkv = to_attention(torch.cat([q, k, v], dim=1), plan, group)

@@ -5,24 +5,26 @@
 * :class:`P2P` / :func:`post`: ``batch_isend_irecv`` with Zeppelin-rank peers;
 * :class:`CommStream`: on CUDA, a side stream so that posted transfers and the
   waits between routing rounds do not queue behind compute; a no-op on CPU;
-* :func:`check_plan_agreement`: one small ``all_reduce`` that catches ranks
-  holding different plans before any point-to-point call can hang.
+* :func:`check_plan_agreement` / :func:`plan_hash`: re-exported from
+  :mod:`.agreement` (the start-of-call check).
 
-Every function has a group-of-one fast path that issues no communication.
+Every function has a group-of-one fast path that issues no communication. Every
+wait runs under the group's timeout (:mod:`.waits`): a peer that never arrives
+gives :class:`~.errors.ZeppelinTimeoutError` naming the step and the peer.
 """
 
 from __future__ import annotations
 
 import contextlib
-import weakref
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 
-from .errors import PlanMismatchError, RuntimeInputError
+from .agreement import check_plan_agreement, plan_hash
 from .group import ZeppelinGroup
+from .waits import collective, wait_work
 
 __all__ = ["P2P", "Posted", "post", "all_to_all_uneven", "CommStream", "plan_hash", "check_plan_agreement"]
 
@@ -35,6 +37,7 @@ def all_to_all_uneven(
     send_counts: Sequence[int],
     recv_counts: Sequence[int],
     group: ZeppelinGroup,
+    what: str = "a remap all_to_all",
 ) -> torch.Tensor:
     """Exchange rows of ``send`` ([sum(send_counts), *F]) -> [sum(recv_counts), *F].
 
@@ -42,23 +45,27 @@ def all_to_all_uneven(
     of ``send`` are grouped by destination in Zeppelin-rank order and the result
     is grouped by source in Zeppelin-rank order. A rank map that is not the
     identity is handled here by permuting the blocks into process-group order.
+    ``what`` names the step in a timeout error.
     """
     feat = tuple(send.shape[1:])
     if group.size == 1:
         return send.clone()
     recv = send.new_empty((sum(recv_counts), *feat))
     if group.is_identity_map:
-        dist.all_to_all_single(recv, send.contiguous(), list(recv_counts), list(send_counts), group=group.pg)
+        send_c = send.contiguous()
+        collective(lambda: dist.all_to_all_single(recv, send_c, list(recv_counts), list(send_counts),
+                                                  group=group.pg, async_op=True), group, what=what)
         return recv
     # Reorder blocks from Zeppelin-rank order to process-group-rank order and back.
     order = [group.zeppelin_rank(g) for g in range(group.size)]
     send_blocks = list(torch.split(send, list(send_counts)))
     send_pg = torch.cat([send_blocks[z] for z in order]) if send.shape[0] else send
     recv_pg = send.new_empty((sum(recv_counts), *feat))
-    dist.all_to_all_single(
-        recv_pg, send_pg.contiguous(), [recv_counts[z] for z in order], [send_counts[z] for z in order],
-        group=group.pg,
-    )
+    send_pg = send_pg.contiguous()
+    collective(lambda: dist.all_to_all_single(
+        recv_pg, send_pg, [recv_counts[z] for z in order], [send_counts[z] for z in order],
+        group=group.pg, async_op=True,
+    ), group, what=what)
     blocks = dict(zip(order, torch.split(recv_pg, [recv_counts[z] for z in order])))
     if recv.shape[0]:
         torch.cat([blocks[z] for z in range(group.size)], out=recv)
@@ -79,19 +86,42 @@ class P2P:
 
 
 class Posted:
-    """Outstanding point-to-point work; :meth:`wait` blocks (gloo) or orders streams (NCCL)."""
+    """Outstanding point-to-point work; :meth:`wait` blocks (gloo) or orders streams (NCCL).
 
-    def __init__(self, works: list[dist.Work]) -> None:
+    A wait that fails (gloo: after ``group.timeout_s``) raises
+    :class:`~.errors.ZeppelinTimeoutError` / ``ZeppelinCommError`` naming ``what``
+    (the caller's step, e.g. ``"ring 2 step 1"``), the direction and the peer.
+    """
+
+    def __init__(self, works: list[dist.Work], ops: Sequence[P2P] = (), group: ZeppelinGroup | None = None,
+                 what: str = "") -> None:
         self._works = works
+        self._ops = tuple(ops)
+        self._group = group
+        self._what = what
+
+    def _describe(self) -> tuple[str, list[int]]:
+        moves = [f"{'send to' if op.send else 'receive from'} rank {op.peer}" for op in self._ops]
+        step = self._what or "a point-to-point exchange"
+        return f"{step} ({', '.join(moves)})", sorted({op.peer for op in self._ops})
 
     def wait(self) -> None:
-        for w in self._works:
-            w.wait()
+        if self._group is None:
+            for w in self._works:
+                w.wait()
+        else:
+            what, peers = self._describe()
+            per_op = len(self._works) == len(self._ops)  # gloo: one Work per op; NCCL: one for the batch
+            for i, w in enumerate(self._works):
+                wait_work(w, self._group, what=what, peers=[self._ops[i].peer] if per_op else peers)
         self._works = []
 
 
-def post(ops: Sequence[P2P], group: ZeppelinGroup) -> Posted:
-    """Post ``ops`` in one ``batch_isend_irecv`` (nothing when ``ops`` is empty)."""
+def post(ops: Sequence[P2P], group: ZeppelinGroup, what: str = "") -> Posted:
+    """Post ``ops`` in one ``batch_isend_irecv`` (nothing when ``ops`` is empty).
+
+    ``what``: the step, named in a timeout error (e.g. ``"ring 2 step 1"``).
+    """
     if not ops:
         return Posted([])
     p2p = []
@@ -100,7 +130,7 @@ def post(ops: Sequence[P2P], group: ZeppelinGroup) -> Posted:
             raise ValueError(f"rank {group.rank} cannot send to or receive from itself")
         fn = dist.isend if op.send else dist.irecv
         p2p.append(dist.P2POp(fn, op.tensor, group.global_rank(op.peer), group.pg, op.tag))
-    return Posted(list(dist.batch_isend_irecv(p2p)))
+    return Posted(list(dist.batch_isend_irecv(p2p)), ops, group, what)
 
 
 # -- streams -------------------------------------------------------------------------
@@ -136,60 +166,3 @@ class CommStream:
     def join(self) -> None:
         if self._stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._stream)
-
-
-# -- plan agreement --------------------------------------------------------------------
-
-_HASHES: "weakref.WeakKeyDictionary[object, int]" = weakref.WeakKeyDictionary()
-
-
-def plan_hash(plan: object) -> int:
-    """63-bit integer from ``plan.digest()`` (SHA-256 of the canonical JSON), cached per plan object."""
-    try:
-        return _HASHES[plan]
-    except (KeyError, TypeError):
-        pass
-    value = int(plan.digest()[:15], 16)  # type: ignore[attr-defined]  # 60 bits: fits int64
-    try:
-        _HASHES[plan] = value
-    except TypeError:
-        pass
-    return value
-
-
-def check_plan_agreement(
-    plan: object, group: ZeppelinGroup, device: torch.device, problem: str | None = None
-) -> None:
-    """Raise on every rank unless all ranks of ``group`` hold the same plan and accept their inputs.
-
-    One ``all_reduce(MAX)`` of ``[h, -h, bad]`` (``h`` = :func:`plan_hash`, ``bad``
-    = 1 when this rank found ``problem`` with its inputs): all ranks agree
-    exactly when the maximum and the minimum of ``h`` are both ``h``. Every rank
-    takes part, so all raise together instead of some hanging in a later
-    point-to-point call. A plan mismatch is reported first
-    (:class:`PlanMismatchError`), as it explains any input mismatch; then
-    ``problem`` (:class:`RuntimeInputError`) on its rank and a pointer to it on
-    the others.
-    """
-    if group.size == 1:
-        if problem:
-            raise RuntimeInputError(problem)
-        return
-    h = plan_hash(plan)
-    dev = device if group.backend == "nccl" else torch.device("cpu")
-    t = torch.tensor([h, -h, 1 if problem else 0], dtype=torch.int64, device=dev)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group.pg)
-    hi, lo, bad = int(t[0]), -int(t[1]), int(t[2])
-    if hi != h or lo != h:
-        raise PlanMismatchError(
-            f"ranks of the Zeppelin group hold different step plans: rank {group.rank} has plan hash "
-            f"{h:#x}, the group's hashes range over [{lo:#x}, {hi:#x}]; every rank must pass the same "
-            f"StepPlan (build it from the same lengths and options, or broadcast it)"
-            + (f"; this rank's inputs are also invalid: {problem}" if problem else "")
-        )
-    if problem:
-        raise RuntimeInputError(problem)
-    if bad:
-        raise RuntimeInputError(
-            f"rank {group.rank}: another rank of the Zeppelin group rejected its inputs (see that rank's error)"
-        )

@@ -15,13 +15,17 @@ Zeppelin rank 2 (node 1, local 0).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch.distributed as dist
 
 from .errors import RuntimeInputError
 
-__all__ = ["ZeppelinGroup"]
+__all__ = ["ZeppelinGroup", "DEFAULT_TIMEOUT_S"]
+
+DEFAULT_TIMEOUT_S = 300.0  # seconds; ``--zeppelin-timeout``
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,13 +34,19 @@ class ZeppelinGroup:
 
     ``process_group``: the torch group (``None``: the default group).
     ``gpus_per_node``: ranks per node. ``rank_map``: process-group rank of each
-    Zeppelin rank (``None``: the identity). ``torch.distributed`` must be
+    Zeppelin rank (``None``: the identity). ``timeout_s``: seconds a host-blocking
+    wait of the runtime (every wait on gloo; the start-of-call check on NCCL) lasts
+    before it raises :class:`~.errors.ZeppelinTimeoutError` naming the step and the
+    peers (create ``process_group`` with the same timeout, as
+    :func:`zeppelin_megatron.megatron.groups.zeppelin_group_over` does, so that NCCL's
+    stream-ordered waits give up then too). ``torch.distributed`` must be
     initialised before construction; nothing is read from the environment.
     """
 
     process_group: dist.ProcessGroup | None
     gpus_per_node: int
     rank_map: tuple[int, ...] | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
     # derived in __post_init__
     size: int = field(init=False)
     rank: int = field(init=False)
@@ -51,6 +61,9 @@ class ZeppelinGroup:
         gpn = self.gpus_per_node
         if not isinstance(gpn, int) or isinstance(gpn, bool) or gpn < 1:
             raise RuntimeInputError(f"gpus_per_node must be a positive integer, got {gpn!r}")
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise RuntimeInputError(f"timeout_s must be a positive number of seconds, got {t!r}")
         pg = self.process_group if self.process_group is not None else dist.group.WORLD
         size = dist.get_world_size(pg)
         if size % gpn:
@@ -106,6 +119,19 @@ class ZeppelinGroup:
     def zeppelin_rank(self, group_rank: int) -> int:
         """Zeppelin rank of process-group rank ``group_rank``."""
         return self._from_group[group_rank]
+
+    @property
+    def timeout(self) -> timedelta:
+        """``timeout_s`` as the ``timedelta`` torch's waits take."""
+        return timedelta(seconds=self.timeout_s)
+
+    def describe_ranks(self, ranks: "list[int] | tuple[int, ...]") -> str:
+        """``'rank 3 (node 1, local 1)'`` or ``'ranks 1, 2, 3'`` for Zeppelin ranks ``ranks``."""
+        ranks = sorted(ranks)
+        if len(ranks) == 1:
+            r = ranks[0]
+            return f"rank {r} (node {self.node_of(r)}, local {self.local_of(r)})"
+        return "ranks " + ", ".join(str(r) for r in ranks)
 
     @property
     def is_identity_map(self) -> bool:
