@@ -73,3 +73,24 @@ def test_megatron_layers_check_on_a_shared_schedule(setting: bool, monkeypatch: 
     for layer in layers:
         layer(x, x, x, None)
     assert calls == [(True, setting), (setting, setting), (setting, setting)]
+
+
+def test_zeppelin_timeout_flag() -> None:
+    import argparse
+
+    from zeppelin_megatron.megatron.arguments import (
+        DEFAULT_TIMEOUT_S,
+        ZeppelinArgsError,
+        add_zeppelin_args,
+        zeppelin_config_from_args,
+    )
+    from zeppelin_megatron.runtime import DEFAULT_TIMEOUT_S as RUNTIME_DEFAULT
+
+    assert DEFAULT_TIMEOUT_S == RUNTIME_DEFAULT == 300.0
+    parser = add_zeppelin_args(argparse.ArgumentParser())
+    base = ["--zeppelin", "--zeppelin-cluster", "1x2"]
+    assert zeppelin_config_from_args(parser.parse_args(base)).timeout == 300.0
+    assert zeppelin_config_from_args(parser.parse_args([*base, "--zeppelin-timeout", "7.5"])).timeout == 7.5
+    for bad in ("0", "-3", "inf", "nan"):
+        with pytest.raises(ZeppelinArgsError, match=f"--zeppelin-timeout must be a positive number of seconds, got {bad}"):
+            zeppelin_config_from_args(parser.parse_args([*base, "--zeppelin-timeout", bad]))

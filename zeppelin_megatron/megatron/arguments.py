@@ -41,6 +41,10 @@ __all__ = [
 ZEPPELIN_SPEC_MODULE = "zeppelin_megatron.megatron.spec"
 """Module holding Zeppelin's layer specs (``--spec`` may name it; nothing else is accepted)."""
 
+DEFAULT_TIMEOUT_S = 300.0
+"""``--zeppelin-timeout`` default, seconds (= ``runtime.group.DEFAULT_TIMEOUT_S``; kept here so that
+parsing flags imports no torch)."""
+
 
 class ZeppelinArgsError(ValueError):
     """A command line Zeppelin cannot run; raised at start-up, before any step."""
@@ -76,8 +80,13 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-backend", type=str, default=None, choices=sorted(BACKENDS),
                    help="Attention kernel backend (default: the best usable one).")
     g.add_argument("--zeppelin-check-plan", action=argparse.BooleanOptionalAction, default=True,
-                   help="Check that all ranks run the same plan (default: on): one small all-reduce in the first "
-                        "attention layer of every forward.")
+                   help="Check in every Zeppelin attention layer that all ranks run the same plan and settings "
+                        "(default: on; one small all-gather per layer). The first layer of every forward checks "
+                        "either way, so ranks with different settings are caught too.")
+    g.add_argument("--zeppelin-timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help="Seconds Zeppelin's collectives and transfers wait for a peer before every waiting rank "
+                        f"raises an error naming the step and the peer (default: {DEFAULT_TIMEOUT_S:g}; the "
+                        "Zeppelin communicator's process-group timeout). See docs/failures.md.")
     g.add_argument("--zeppelin-placements", type=str, default=",".join(PLACEMENTS),
                    help="Comma-separated placements the planner may use, 'local' plus any of intra_node, "
                         "inter_node (ablations: e.g. local,intra_node never spans nodes).")
@@ -104,6 +113,7 @@ class ZeppelinConfig:
     check_plan: bool = True
     prefetch: int = 2
     metrics: bool = True
+    timeout: float = DEFAULT_TIMEOUT_S
 
     @property
     def routing(self) -> bool:
@@ -122,6 +132,9 @@ class ZeppelinConfig:
             raise ZeppelinArgsError(f"options is a {type(self.options).__name__}, expected a PlannerOptions")
         if isinstance(self.prefetch, bool) or self.prefetch not in (0, 1, 2):
             raise ZeppelinArgsError(f"--zeppelin-prefetch must be 0, 1 or 2, got {self.prefetch!r}")
+        t = self.timeout
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+            raise ZeppelinArgsError(f"--zeppelin-timeout must be a positive number of seconds, got {t!r}")
 
 
 def _remap_from_args(args: argparse.Namespace) -> Remap:
@@ -170,6 +183,7 @@ def zeppelin_config_from_args(args: argparse.Namespace) -> ZeppelinConfig:
         check_plan=args.zeppelin_check_plan,
         prefetch=args.zeppelin_prefetch,
         metrics=args.zeppelin_metrics,
+        timeout=getattr(args, "zeppelin_timeout", DEFAULT_TIMEOUT_S),
     )
 
 
