@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(modules[args.command].run(args))
-    except (PlanError, ClusterError, ModelError, ProfileError, ValueError) as exc:
+    except (PlanError, ClusterError, ModelError, ProfileError, ValueError, OSError) as exc:
         print(f"zeppelin {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -26,12 +26,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
-        raise ValueError("zeppelin demo needs megatron-core: pip install 'zeppelin_megatron[megatron]'")
-    from ..megatron.demo import DemoConfig, run_demo
+    from ..megatron.demo import DemoConfig  # numpy only: megatron is imported later, in run_demo
+    from .checks import check_output_dir, check_output_file
 
     cfg = DemoConfig(steps=args.steps, compare_baseline=args.compare_baseline, tokens_per_step=args.tokens_per_step,
                      seq_length=args.seq_length, documents=args.documents, seed=args.seed, out_dir=args.out)
+    check_output_dir(args.out, "--out")
+    check_output_file(args.json, "--json")
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        raise ValueError("zeppelin demo needs megatron-core: pip install 'zeppelin_megatron[megatron]'")
+    # The first line, before the corpus and the ranks' imports (tens of seconds on a small CPU).
+    then = ", then plain data parallelism" if cfg.compare_baseline else ""
+    print(f"zeppelin demo: {cfg.steps} steps of {cfg.tokens_per_step} tokens on {cfg.world} CPU ranks "
+          f"({cfg.nodes} nodes x {cfg.gpus_per_node}, gloo){then}; writing a {cfg.documents}-document corpus to "
+          f"{cfg.out_dir}/ ...", flush=True)
+    from ..megatron.demo import run_demo
+
     doc = run_demo(cfg)
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1))

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
 from pathlib import Path
 
 from ..lengths_io import read_lengths
-from ..planner import PlanError, PlannerOptions, StepPlan
+from ..planner import PlanError, PlannerOptions, Prediction, StepPlan
 from ..planner.predict import attention_time
 from ..planner.setup import build_planning
+from .checks import (
+    check_cluster_spec,
+    check_input_file,
+    check_matplotlib,
+    check_output_file,
+    profile_range_warning,
+)
 
-__all__ = ["HELP", "add_arguments", "run", "read_lengths", "plot_plan"]
+__all__ = ["HELP", "add_arguments", "run", "read_lengths", "plot_plan", "exposed_ms", "traffic_unit"]
 
 HELP = "plan one global batch and print the per-rank table"
 
@@ -41,6 +49,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, help="write a PNG of per-rank load here")
 
 
+def exposed_ms(pred: Prediction) -> list[float]:
+    """Per-rank exposed communication of a step: ring waits not hidden by compute plus the remap
+    all-to-alls (every rank pays ``remap_ms``). The table's column and the plot's red bar."""
+    return [e + pred.remap_ms for e in pred.exposed_comm_ms]
+
+
+def traffic_unit(pred: Prediction) -> tuple[str, float]:
+    """``("MB", 1.0)``, or ``("GB", 1e-3)`` when a rank sends 10,000 MB or more per step."""
+    top = max([*pred.intra_MB, *pred.inter_MB, 0.0])
+    return ("GB", 1e-3) if top >= 10_000 else ("MB", 1.0)
+
+
 def _table(plan: StepPlan) -> str:
     pred = plan.predicted
     assert pred is not None
@@ -48,21 +68,25 @@ def _table(plan: StepPlan) -> str:
     for s in plan.sequences:
         for r in s.ranks:
             placements[r][s.placement] += 1
+    unit, scale = traffic_unit(pred)
+    exposed = exposed_ms(pred)
     head = (f"{'rank':>4} {'node':>4} {'att tok':>8} {'lin tok':>8} {'attn ms':>9} {'linear ms':>9} "
-            f"{'exposed ms':>10} {'intra MB':>9} {'inter MB':>9}  local/intra/inter")
+            f"{'exposed ms':>10} {'intra ' + unit:>9} {'inter ' + unit:>9}  local/intra/inter")
     lines = [head, "-" * len(head)]
     for r in range(plan.world_size):
         c = placements[r]
         lines.append(
             f"{r:>4} {r // plan.gpus_per_node:>4} {plan.tokens(r, 'attention'):>8} {plan.tokens(r, 'linear'):>8} "
-            f"{pred.attention_ms[r]:>9.1f} {pred.linear_ms[r]:>9.1f} {pred.exposed_comm_ms[r]:>10.1f} "
-            f"{pred.intra_MB[r]:>9.1f} {pred.inter_MB[r]:>9.1f}  "
+            f"{pred.attention_ms[r]:>9.1f} {pred.linear_ms[r]:>9.1f} {exposed[r]:>10.1f} "
+            f"{pred.intra_MB[r] * scale:>9.1f} {pred.inter_MB[r] * scale:>9.1f}  "
             f"{c['local']}/{c['intra_node']}/{c['inter_node']}"
         )
     att = attention_time(pred)
     mean = sum(att) / len(att)
     kinds = Counter(s.placement for s in plan.sequences)
     lines += [
+        f"exposed ms = ring waits not hidden by compute + remap all-to-alls ({pred.remap_ms:.1f} ms on every rank); "
+        f"{unit} sent per step",
         "",
         f"sequences: {len(plan.sequences)} ({kinds['local']} local, {kinds['intra_node']} intra_node, "
         f"{kinds['inter_node']} inter_node), tokens: {plan.total_tokens}, routed hops: {len(plan.routing)}",
@@ -87,8 +111,7 @@ def plot_plan(plan: StepPlan, path: str | Path) -> None:
     pred = plan.predicted
     assert pred is not None
     ranks = list(range(plan.world_size))
-    remap = [pred.remap_ms] * len(ranks)
-    exposed = [e + m for e, m in zip(pred.exposed_comm_ms, remap)]
+    exposed = exposed_ms(pred)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.25 * len(ranks) + 2), 4))
     ax.bar(ranks, pred.attention_ms, label="attention compute", color="#3b7dd8")
     ax.bar(ranks, pred.linear_ms, bottom=pred.attention_ms, label="linear", color="#9bc53d")
@@ -105,10 +128,23 @@ def plot_plan(plan: StepPlan, path: str | Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Everything a user can get wrong is checked before planning.
+    check_input_file(args.lengths, "--lengths")
+    check_cluster_spec(args.cluster)
+    check_input_file(args.model, "--model")
+    check_input_file(args.profile, "--profile")
+    check_output_file(args.json, "--json")
+    check_output_file(args.plot, "--plot")
+    if args.plot:
+        check_matplotlib("--plot")
+    lengths = read_lengths(args.lengths)
     setup = build_planning(args.cluster, args.model, args.profile, tensor_parallel=args.tensor_parallel,
                            tokens_per_gpu=args.tokens_per_gpu,
                            options=PlannerOptions(routing=not args.no_routing, remap=_REMAP[args.remap or "on"]))
-    plan = setup.plan(read_lengths(args.lengths))
+    warning = profile_range_warning(setup.cost.profile, lengths) if args.profile else None
+    if warning:
+        print(f"zeppelin plan: {warning}", file=sys.stderr)
+    plan = setup.plan(lengths)
     print(_table(plan))
     if args.json:
         Path(args.json).write_text(plan.to_json(indent=1) + "\n")

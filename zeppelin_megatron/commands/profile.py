@@ -19,6 +19,11 @@ __all__ = ["HELP", "add_arguments", "run", "parse_int_list", "model_from_args", 
 
 HELP = "measure the attention/linear/link cost profile of this machine and write its JSON"
 
+QUICK_CPU_LENGTHS: tuple[int, ...] = (64, 128, 256)
+QUICK_CPU_LINEAR: tuple[int, ...] = (64, 256)
+QUICK_GPU_LENGTHS: tuple[int, ...] = tuple(2 ** k for k in range(7, 15))  # 128 .. 16384
+QUICK_GPU_LINEAR: tuple[int, ...] = (1024, 4096)
+
 
 def parse_int_list(text: str, what: str) -> tuple[int, ...]:
     """``"64,128,256"`` -> ``(64, 128, 256)``; every item a positive integer."""
@@ -105,8 +110,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the longest length on CPU)")
     add_model_arguments(p)
     add_threads_argument(p)
-    p.add_argument("--repeats", type=int, default=10, help="timed repetitions per row (median is kept)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed runs before timing")
+    p.add_argument("--quick", action="store_true",
+                   help="a rough profile in about a minute: 3 repeats after 1 warm-up, no ring_blocks table, and "
+                        f"fewer rows (CPU: lengths {','.join(map(str, QUICK_CPU_LENGTHS))}, linear tokens "
+                        f"{','.join(map(str, QUICK_CPU_LINEAR))}; CUDA: lengths {QUICK_GPU_LENGTHS[0]}.."
+                        f"{QUICK_GPU_LENGTHS[-1]}); explicit flags win")
+    p.add_argument("--repeats", type=int, default=None, help="timed repetitions per row, median kept (default 10; "
+                                                             "3 with --quick)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed runs before timing (default 3; 1 with --quick)")
     p.add_argument("--no-blocks", action="store_true", help="skip the ring_blocks table")
     p.add_argument("--link-bytes", type=int, default=64 << 20, help="message size for link bandwidth (torchrun)")
     p.add_argument("--link-iters", type=int, default=10, help="messages per bandwidth timing (torchrun)")
@@ -130,6 +141,10 @@ def run(args: argparse.Namespace) -> int:
     from ..measure.profiler import GPU_LENGTHS, GPU_LINEAR_TOKENS, GPU_TOKENS_PER_CALL, ProfileOptions, measure_profile
     from ..measure.timing import kernel_for, parse_dtype, resolve_device
 
+    from .checks import check_input_file, check_output_file
+
+    check_output_file(args.out, "--out")
+    check_input_file(args.model, "--model")
     apply_threads(args.threads)
     rank, world, local_rank, local_world = _distributed_env()
     if world > 1 and torch.cuda.is_available() and args.device in ("auto", "cuda"):
@@ -138,14 +153,19 @@ def run(args: argparse.Namespace) -> int:
     dtype, dtype_name = parse_dtype(args.dtype, device)
     model = model_from_args(args)
     on_gpu = device.type == "cuda"
-    lengths = parse_int_list(args.lengths, "--lengths") if args.lengths else (GPU_LENGTHS if on_gpu else (64, 128, 256))
-    lin_tokens = (parse_int_list(args.linear_tokens, "--linear-tokens") if args.linear_tokens
-                  else (GPU_LINEAR_TOKENS if on_gpu else lengths))
+    quick = args.quick
+    default_lengths = (QUICK_GPU_LENGTHS if quick else GPU_LENGTHS) if on_gpu else QUICK_CPU_LENGTHS
+    lengths = parse_int_list(args.lengths, "--lengths") if args.lengths else default_lengths
+    default_linear = ((QUICK_GPU_LINEAR if quick else GPU_LINEAR_TOKENS) if on_gpu
+                      else (QUICK_CPU_LINEAR if quick else lengths))
+    lin_tokens = parse_int_list(args.linear_tokens, "--linear-tokens") if args.linear_tokens else default_linear
     per_call = args.tokens_per_call if args.tokens_per_call is not None else (
         GPU_TOKENS_PER_CALL if on_gpu else max(lengths))
+    repeats = args.repeats if args.repeats is not None else (3 if quick else 10)
+    warmup = args.warmup if args.warmup is not None else (1 if quick else 3)
     opts = ProfileOptions(model=model, lengths=lengths, linear_tokens=lin_tokens, tokens_per_call=per_call,
                           dtype=dtype, dtype_name=dtype_name, device=device, backend=args.backend,
-                          warmup=args.warmup, repeats=args.repeats, blocks=not args.no_blocks)
+                          warmup=warmup, repeats=repeats, blocks=not (args.no_blocks or quick))
 
     kernel_for(args.backend, device, dtype)  # an unusable backend fails now, not after the link timings
     links = None
@@ -164,7 +184,6 @@ def run(args: argparse.Namespace) -> int:
 
     doc = measure_profile(opts, links=links, progress=None if args.quiet else print)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {out} ({doc['device']}, {dtype_name}, backend {doc['measurement']['backend']}; MEASURED on this "
           f"machine)")

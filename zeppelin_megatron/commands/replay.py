@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
     from ..planner import Cluster, CostModel, StepPlan
 
 from .profile import add_model_arguments, add_threads_argument, apply_threads, model_from_args
 
-__all__ = ["HELP", "add_arguments", "run", "parse_ranks"]
+__all__ = ["HELP", "add_arguments", "run", "parse_ranks", "same_device", "not_comparable"]
 
 HELP = "replay each rank's planned attention and linear work on this device: measured vs predicted"
 
@@ -46,6 +48,29 @@ def parse_ranks(text: str, world: int) -> tuple[int, ...]:
     if not out:
         raise ValueError(f"--ranks: no ranks in {text!r}")
     return tuple(sorted(set(out)))
+
+
+def same_device(profile_device: str, device: "torch.device") -> bool:
+    """Whether a profile measured on ``profile_device`` (its ``device`` field) describes ``device``.
+
+    CPU profiles name ``CPU ...`` (any CPU counts: the thread count may differ);
+    a CUDA device must match the profile's GPU name exactly.
+    """
+    if device.type == "cpu":
+        return profile_device.startswith("CPU")
+    if device.type == "cuda":
+        import torch
+
+        return profile_device == torch.cuda.get_device_name(device)
+    return False
+
+
+def not_comparable(profile_device: str, device: "torch.device") -> str:
+    """The label printed (before and after the tables) when the profile is another device's."""
+    return (f"NOT COMPARABLE: the predictions come from a profile measured on {profile_device or 'an unknown device'}"
+            f" and this replay runs on {device}; the 'error' columns compare two different devices and mean "
+            f"nothing. For a comparison measure a profile here (`zeppelin profile --quick --device {device.type} "
+            "--out prof.json`, with the same --model) and pass --profile prof.json.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -108,6 +133,15 @@ def run(args: argparse.Namespace) -> int:
     from ..planner.setup import build_planning
     from ..planner.predict import predict
 
+    from .checks import check_cluster_spec, check_input_file, check_output_file
+
+    for flag in ("plan", "lengths", "model", "profile"):
+        check_input_file(getattr(args, flag), f"--{flag}")
+    if args.cluster is not None:
+        check_cluster_spec(args.cluster)
+    check_output_file(args.json, "--json")
+    if args.lengths is not None and args.cluster is None:
+        raise ValueError("--lengths needs --cluster (NODESxGPUS, a YAML, or NODESxGPUS@YAML)")
     apply_threads(args.threads)
     device = resolve_device(args.device)
     dtype, dtype_name = parse_dtype(args.dtype, device)
@@ -117,8 +151,6 @@ def run(args: argparse.Namespace) -> int:
     tp = args.tensor_parallel
     if args.plan is not None:
         path = Path(args.plan)
-        if not path.is_file():
-            raise ValueError(f"plan file {args.plan!r} does not exist")
         plan = StepPlan.from_json(path.read_text())
         setup = build_planning(args.cluster or f"{plan.nodes}x{plan.gpus_per_node * tp}", model, profile,
                                tensor_parallel=tp, tokens_per_gpu=args.tokens_per_gpu)
@@ -132,15 +164,15 @@ def run(args: argparse.Namespace) -> int:
             note += " (predictions recomputed with --model/--profile)"
         items: list[Item] = [("plan", plan, "ring", note)]
     else:
-        if args.cluster is None:
-            raise ValueError("--lengths needs --cluster (NODESxGPUS, a YAML, or NODESxGPUS@YAML)")
         setup = build_planning(args.cluster, model, profile, tensor_parallel=tp, tokens_per_gpu=args.tokens_per_gpu)
         cluster, cost = setup.cluster, setup.cost
         items = _plans(args, cost, cluster)
 
+    same = same_device(profile.device, device)
     print(f"replaying on {device} ({dtype_name}, backend {kernel.name}); predictions from profile "
-          f"{args.profile or 'bundled H100 bf16'} measured on {profile.device or 'unknown device'}"
-          " (compare only when that is this device)")
+          f"{args.profile or 'bundled H100 bf16'} measured on {profile.device or 'unknown device'}")
+    if not same:
+        print(not_comparable(profile.device, device))
     # Build every strategy's per-rank work first: a plan that cannot be replayed fails before any timing.
     prepared = []
     for name, plan, comm, note in items:
@@ -165,11 +197,13 @@ def run(args: argparse.Namespace) -> int:
                               warmup=args.warmup, repeats=args.repeats)
     if len(results) > 1 or ideal is not None:
         print(format_comparison(results, ideal))
+    if not same:
+        print(not_comparable(profile.device, device))
     if args.json:
         doc = {
             "schema": REPLAY_SCHEMA,
             "device": str(device), "dtype": dtype_name, "backend": kernel.name,
-            "profile": {"path": args.profile, "device": profile.device},
+            "profile": {"path": args.profile, "device": profile.device, "same_device": same},
             "model": {k: getattr(model, k) for k in ("name", "layers", "hidden", "q_heads", "kv_heads", "head_dim",
                                                      "ffn")},
             "tensor_parallel": args.tensor_parallel,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -149,9 +150,22 @@ def _timeline(res: Any, path: str, title: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..sim.runner import Progress, parse_strategies, run_strategies
+    from .checks import (check_cluster_spec, check_input_file, check_matplotlib, check_output_file,
+                         profile_range_warning)
+    check_input_file(args.lengths, "--lengths")
+    check_cluster_spec(args.cluster)
+    check_input_file(args.model, "--model")
+    check_input_file(args.profile, "--profile")
+    for flag in ("json", "plot", "timeline"):
+        check_output_file(getattr(args, flag), f"--{flag}")
+    if args.plot or args.timeline:
+        check_matplotlib("--plot" if args.plot else "--timeline")
     names = parse_strategies(args.strategies)
     cluster, cost = setup(args.cluster, args.model, args.profile, args.tensor_parallel, args.tokens_per_gpu)
     batches, what = load_batches(args)
+    warning = profile_range_warning(cost.profile, [max(b) for b in batches]) if args.profile else None
+    if warning:
+        print(f"zeppelin simulate: {warning}", file=sys.stderr)
     options: dict[str, dict[str, Any]] = {}
     if args.cp_size is not None:
         for n in ("te-cp", "te-cp-routing", "allgather-cp", "wlb-llm"):

@@ -26,7 +26,9 @@ import json
 import math
 import os
 import socket
+import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -34,7 +36,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DemoConfig", "write_corpus", "run_demo"]
+__all__ = ["DemoConfig", "write_corpus", "run_demo", "quiet_third_party_warnings", "THIRD_PARTY"]
+
+THIRD_PARTY = r"(megatron|megatron_fsdp|transformer_engine|apex|torch\.distributed)(\.|$)"
+"""Modules whose import-time warnings the demo hides (e.g. megatron-core's "Transformer Engine and Apex
+are not installed", once per module and rank: 44 lines before the first step)."""
+
+
+def quiet_third_party_warnings() -> None:
+    """Ignore warnings raised from :data:`THIRD_PARTY` modules (this process; called in the parent and
+    in every spawned rank before anything imports megatron). Zeppelin's own warnings still show."""
+    warnings.filterwarnings("ignore", module=THIRD_PARTY)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +161,7 @@ def _bar(i: int, n: int, width: int = 20) -> str:
 
 
 def _worker(rank: int, world: int, port: int, cfg: DemoConfig, prefix: str, result_path: str) -> None:
+    quiet_third_party_warnings()
     import torch
     import torch.distributed as dist
 
@@ -282,15 +295,20 @@ def _free_port() -> int:
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Write the corpus, spawn ``cfg.world`` gloo ranks, train; returns the per-step record of rank 0."""
+    quiet_third_party_warnings()
     import torch.multiprocessing as mp
 
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
     prefix = write_corpus(out / "corpus", cfg)
+    print(f"corpus: {cfg.documents} documents in {prefix}.bin/.idx ({time.perf_counter() - t0:.1f} s); starting "
+          f"{cfg.world} ranks (each imports torch and megatron-core first)", flush=True)
     result = out / "demo.json"
     if result.exists():
         result.unlink()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.stdout.flush()
     mp.spawn(_worker, args=(cfg.world, _free_port(), cfg, prefix, str(result)), nprocs=cfg.world, join=True)
     doc = json.loads(result.read_text())
     losses = [s["loss"] for s in doc["steps"]]

@@ -27,7 +27,7 @@ from ..planner import (
     load_profile,
 )
 from ..planner.options import REMAP_WORDS
-from ..planner.setup import PlanningSetup, build_planning
+from ..planner.setup import PlanningSetup, build_planning, check_cluster_shape
 from .arguments import ZeppelinArgsError, ZeppelinConfig, ZeppelinParallel
 
 __all__ = [
@@ -71,6 +71,7 @@ def model_shape_from_args(args: argparse.Namespace) -> ModelShape:
 
 def _physical_cluster(cfg: ZeppelinConfig, *, world_size: int, gpus_per_node: int) -> Cluster:
     try:
+        check_cluster_shape(cfg.cluster)
         cluster = load_cluster(cfg.cluster, tokens_per_gpu=cfg.tokens_per_gpu)
     except ClusterError as exc:
         raise ZeppelinArgsError(f"--zeppelin-cluster {cfg.cluster}: {exc}") from None

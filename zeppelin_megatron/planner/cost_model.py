@@ -82,6 +82,13 @@ class CostModel:
     tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
+        for name, kind, hint in (("model", ModelShape, "load_model('configs/models/llama_7b.yaml')"),
+                                 ("cluster", Cluster, "load_cluster('4x8')"),
+                                 ("profile", CostProfile, "load_profile(path) or leave it out")):
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                raise TypeError(f"CostModel {name} is the {type(value).__name__} {value!r:.60}, expected a "
+                                f"{kind.__name__} (e.g. {hint})")
         tp = self.tensor_parallel
         if not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tensor_parallel must be a positive integer, got {tp!r}")

@@ -54,6 +54,7 @@ planner a Zeppelin rank is a "GPU").
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -66,7 +67,27 @@ from .options import PlannerOptions
 from .plan import PlanError, StepPlan
 from .profile import CostProfile, ProfileError, load_profile
 
-__all__ = ["PlanningSetup", "build_planning", "reduce_cluster_for_tp", "rank_capacity"]
+__all__ = ["PlanningSetup", "build_planning", "reduce_cluster_for_tp", "rank_capacity", "check_cluster_shape"]
+
+_SHAPE = re.compile(r"^\s*(-?\d+)\s*[xX]\s*(-?\d+)\s*$")
+
+
+def check_cluster_shape(spec: str | Path) -> None:
+    """The ``NODESxGPUS`` part of a cluster spec (``4x8`` or ``4x8@file.yaml``), if any, has both numbers >= 1.
+
+    >>> check_cluster_shape("4x0")
+    Traceback (most recent call last):
+    ...
+    zeppelin_megatron.planner.cluster.ClusterError: cluster '4x0': GPUs per node is 0, expected at least 1
+    """
+    text = str(spec)
+    shape, at, _ = text.partition("@")
+    m = _SHAPE.match(shape)
+    if not m:
+        return
+    for value, what in ((int(m.group(1)), "node count"), (int(m.group(2)), "GPUs per node")):
+        if value < 1:
+            raise ClusterError(f"cluster {text!r}: {what} is {value}, expected at least 1")
 
 
 def _check_tp(tensor_parallel: object) -> int:
@@ -167,6 +188,7 @@ def _cluster(cluster: str | Path | Cluster, tokens_per_gpu: int | None) -> Clust
     if isinstance(cluster, Cluster):
         return cluster if tokens_per_gpu is None else cluster.with_tokens_per_gpu(tokens_per_gpu)
     if isinstance(cluster, (str, Path)):
+        check_cluster_shape(cluster)
         return load_cluster(cluster, tokens_per_gpu=tokens_per_gpu)
     raise ClusterError(f"cluster is a {type(cluster).__name__}, expected a Cluster, NODESxGPUS or a YAML path")
 
