@@ -9,8 +9,8 @@ Cases (Llama-7B shape, default H100 profile and cluster):
 * ``8-seqs-80k``: 8 sequences of 64k tokens on 10,000 x 8 GPUs, budget 10 s.
 
 For each: the best wall time of ``plan_step`` (a fresh cost model each run, caches
-cold), of ``StepPlan.to_json`` on the result, and the plan's predicted attention
-max/mean (busiest rank over the mean of ``predicted.attention_ms``).
+cold), of ``StepPlan.to_json`` on the result, the plan's predicted attention
+max/mean (busiest rank over the mean of ``predicted.attention_ms``) and predicted step.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def main() -> None:
         ratio = max(att) / (sum(att) / len(att)) if sum(att) else 1.0
         print(f"{name}: {len(lengths)} sequences, {sum(lengths)} tokens, {cluster.world_size} GPUs ({spec}): "
               f"plan_step best {min(plan_s):.2f} s of {len(plan_s)} (budget {budget:.0f} s), "
-              f"to_json {min(json_s):.2f} s ({len(text) / 1e6:.1f} MB), attention max/mean {ratio:.3f}",
+              f"to_json {min(json_s):.2f} s ({len(text) / 1e6:.1f} MB), attention max/mean {ratio:.4f}, "
+              f"predicted step {plan.predicted.step_ms:.1f} ms",
               flush=True)
 
 

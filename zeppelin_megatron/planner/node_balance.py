@@ -171,6 +171,8 @@ class RoundView:
     spare: list[float]
     items: list[Item]
     costs: list[float]
+    hi_rings: list[tuple[int, list[int]]]
+    """``(sequence, its nodes)`` of each ring over whole nodes through ``hi``."""
 
 
 Candidate = tuple[MoveKey, Move]
@@ -222,7 +224,12 @@ def _round_view(ctx: PartitionContext, st: NodeState, rank_in_order: dict[int, i
         items.append(Item(st.cost[a], rank_in_order[a], a, s, w[a] if ctx.is_light(a) else 0.0,
                           lend_ms.get(a, ()) if lend_ms is not None else ()))
     items.sort()
-    return RoundView(hi, busy, uneven, fill, heavy, spare, items, [x.cost for x in items])
+    hi_rings = []
+    for a, ring in st.inter.items():
+        nodes = _ring_nodes(ring, gpn)
+        if hi in nodes and len(ring) == len(nodes) * gpn:
+            hi_rings.append((a, nodes))
+    return RoundView(hi, busy, uneven, fill, heavy, spare, items, [x.cost for x in items], hi_rings)
 
 
 def _candidates(ctx: PartitionContext, st: NodeState, view: RoundView,
@@ -353,12 +360,11 @@ def ring_moves(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, g
                rank_in_order: dict[int, int]) -> Iterator[Candidate]:
     """:class:`Shift` and :class:`Widen` of each ring over whole nodes through ``hi`` and not ``lo``."""
     hi, gpn, load, tok = view.hi, ctx.gpn, st.load, st.tokens
-    for a, ring in st.inter.items():
-        nodes = _ring_nodes(ring, gpn)
-        if hi not in nodes or lo in nodes or len(ring) != len(nodes) * gpn:
-            continue  # not through hi, already on lo, or not over whole nodes
+    for a, nodes in view.hi_rings:
+        if lo in nodes:
+            continue  # already on lo
         s, k, order = ctx.lengths[a], len(nodes), rank_in_order[a]
-        share = gpn * ctx.inter_ms(s, len(ring))
+        share = gpn * ctx.inter_ms(s, k * gpn)
         if share < gap and tok[lo] + max(ring_node_tokens(s, k, gpn)) <= ctx.node_soft_cap:
             yield MoveKey(max(load[hi] - share, load[lo] + share), order, TIE_ONE, lo), Shift(a, hi, lo)
         if ctx.inter_ok(s, (k + 1) * gpn) and tok[lo] + max(ring_node_tokens(s, k + 1, gpn)) <= ctx.node_soft_cap:

@@ -65,6 +65,7 @@ context, ``place_gpus`` imports those, ``partition`` imports them all.
 
 from __future__ import annotations
 
+import heapq
 from typing import Sequence
 
 from .capacity_fill import capacity_fill
@@ -224,13 +225,18 @@ def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, ra
     node_tok = [0] * n_nodes
     node_seqs: list[list[int]] = [[] for _ in range(n_nodes)]
     inter: dict[int, tuple[int, ...]] = {}
+    heap = [(0.0, n) for n in range(n_nodes)]  # (load, node); entries whose load changed are skipped
     for i in order:
         s = lengths[i]
-        # Keep headroom on each node so the GPU level can still pack whole
-        # sequences; use the full capacity only when no node has headroom left.
-        fits = ([n for n in range(n_nodes) if node_tok[n] + s <= ctx.node_soft_cap]
-                or [n for n in range(n_nodes) if node_tok[n] + s <= gpn * cap])
-        best = min(fits, key=lambda n: (node_load[n], n)) if fits else None
+        while heap[0][0] != node_load[heap[0][1]]:
+            heapq.heappop(heap)
+        best: int | None = heap[0][1]  # the least loaded node
+        if node_tok[best] + s > ctx.node_soft_cap:
+            # Keep headroom on each node so the GPU level can still pack whole
+            # sequences; use the full capacity only when no node has headroom left.
+            fits = ([n for n in range(n_nodes) if node_tok[n] + s <= ctx.node_soft_cap]
+                    or [n for n in range(n_nodes) if node_tok[n] + s <= gpn * cap])
+            best = min(fits, key=lambda n: (node_load[n], n)) if fits else None
         span = best is None
         if n_nodes > 1 and ctx.allow_inter and best is not None and w[i] > span_limit:
             whole_node = ctx.cost.ring_ms(s, gpn, inter_node=False) if gpn > 1 and s >= 2 * gpn else w[i]
@@ -252,6 +258,7 @@ def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, ra
             for p, n in enumerate(block):
                 node_load[n] += gpn * per_rank
                 node_tok[n] += share[p]
+                heapq.heappush(heap, (node_load[n], n))
             continue
         if best is None:
             raise PlanError(
@@ -262,6 +269,7 @@ def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, ra
         node_load[best] += ctx.node_cost(i)
         node_tok[best] += s
         node_seqs[best].append(i)
+        heapq.heappush(heap, (node_load[best], best))
     st = NodeState(seqs=node_seqs, inter=inter, load=node_load, tokens=node_tok,
                    cost={i: ctx.node_cost(i) for seqs in node_seqs for i in seqs})
     rebalance_nodes(ctx, st, rank_in_order, lend=lend)

@@ -75,6 +75,8 @@ class PartitionContext:
         self._inter_ok: dict[tuple[int, int], bool] = {}
         self._rings: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, float]] = {}
         self._node_cost: dict[int, float] = {}
+        self.node_remap_memo: dict[tuple[tuple[int, ...], tuple[int, ...], bool], float] = {}
+        """:func:`~.score.node_remap` by ``(held, quota, routed)``: nodes alike cost alike (large clusters)."""
 
     def is_light(self, i: int) -> bool:
         """Sequence ``i`` is light enough for level 2 to keep whole on one GPU (``w <= limit``): such

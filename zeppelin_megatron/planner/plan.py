@@ -32,7 +32,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .plan_check import check_local_slots, check_routing, validate_plan
-from .plan_json import derive_routing, plan_from_json, plan_to_dict
+from .plan_json import derive_routing, plan_from_json, plan_to_dict, plan_to_json
 from .plan_parts import (
     PLACEMENTS, PLAN_SCHEMA, LocalSlot, Placement, PlanError, Prediction, Ring, SequencePlan, TokenRange,
 )
@@ -141,6 +141,8 @@ class StepPlan:
             for name in ("remap", "remap_traffic"):
                 if name in self.__dict__:
                     new.__dict__[name] = self.__dict__[name]
+        if "sequences" not in changes and "rings" in self.__dict__:
+            new.__dict__["rings"] = self.__dict__["rings"]  # derived from the sequences alone
         return new
 
     def routes_for(self, ring: Sequence[int]) -> dict[tuple[int, int], Route]:
@@ -161,7 +163,10 @@ class StepPlan:
         return plan_to_dict(self)
 
     def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(self.to_dict(), indent=indent, separators=(",", ":") if indent is None else None)
+        """The document as text: compact (the digest's form, :func:`~.plan_json.plan_to_json`) or indented."""
+        if indent is None:
+            return plan_to_json(self)
+        return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
     def from_json(

@@ -34,6 +34,8 @@ def validate_plan(plan: "StepPlan") -> None:
             )
     gpn = plan.gpus_per_node
     for i, s in enumerate(plan.sequences):
+        if s.placement == "local" and len(s.ranks) == 1 and 0 <= s.ranks[0] < world and s.length >= 1:
+            continue  # the common case, checked in one line (large batches: a million sequences)
         where = f"sequence {i} (length {s.length}, {s.placement})"
         if s.length < 1:
             raise PlanError(f"{where}: length must be >= 1")
@@ -58,7 +60,13 @@ def validate_plan(plan: "StepPlan") -> None:
     _check_cover(plan, plan.linear_layout, "linear_layout")
     # Attention layout must follow each sequence's placement.
     for i, s in enumerate(plan.sequences):
-        held = att[i]  # rank -> sorted merged ranges
+        one = att[i]
+        if type(one) is tuple:  # held as one span (rank, start, end)
+            if s.placement == "local" and one == (s.ranks[0], 0, s.length):
+                continue
+            held = {one[0]: [(one[1], one[2])]}
+        else:
+            held = one  # rank -> sorted merged ranges
         expected: dict[int, list[tuple[int, int]]]
         if s.placement == "local":
             expected = {s.ranks[0]: [(0, s.length)]}
@@ -89,22 +97,36 @@ def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def _check_cover(
     plan: "StepPlan", layout: Sequence[Sequence[TokenRange]], name: str
-) -> list[dict[int, list[tuple[int, int]]]]:
-    """Every token of every sequence exactly once; returns per-seq rank -> merged spans."""
+) -> list[tuple[int, int, int] | dict[int, list[tuple[int, int]]]]:
+    """Every token of every sequence exactly once; returns per sequence its spans: ``(rank, start, end)``
+    when it is held in one range (then ``(r, 0, length)``), else rank -> merged spans."""
     n = len(plan.sequences)
-    per_seq: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+    lengths = [s.length for s in plan.sequences]
+    first: list[tuple[int, int, int] | None] = [None] * n  # the only (start, end, rank) seen so far
+    more: dict[int, list[tuple[int, int, int]]] = {}  # sequences held in several ranges
     for r, ranges in enumerate(layout):
         for seq, start, end in ranges:
             if not 0 <= seq < n:
                 raise PlanError(f"{name}[{r}]: sequence index {seq} is outside [0, {n})")
-            length = plan.sequences[seq].length
+            length = lengths[seq]
             if not 0 <= start < end <= length:
                 raise PlanError(
                     f"{name}[{r}]: range [{start}, {end}) of sequence {seq} is empty or outside [0, {length})"
                 )
-            per_seq[seq].append((start, end, r))
-    held: list[dict[int, list[tuple[int, int]]]] = []
-    for seq, spans in enumerate(per_seq):
+            f = first[seq]
+            if f is None:
+                first[seq] = (start, end, r)
+            elif seq in more:
+                more[seq].append((start, end, r))
+            else:
+                more[seq] = [f, (start, end, r)]
+    held: list[tuple[int, int, int] | dict[int, list[tuple[int, int]]]] = []
+    for seq in range(n):
+        f = first[seq]
+        if seq not in more and f is not None and f[0] == 0 and f[1] == lengths[seq]:
+            held.append((f[2], 0, f[1]))
+            continue
+        spans = more.get(seq) or ([f] if f is not None else [])
         spans.sort()
         pos = 0
         for start, end, _r in spans:

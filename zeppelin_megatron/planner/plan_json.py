@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .cost_model import CostModel
     from .plan import StepPlan
 
-__all__ = ["plan_to_dict", "plan_from_json", "derive_routing"]
+__all__ = ["plan_to_dict", "plan_to_json", "plan_from_json", "derive_routing"]
 
 
 def plan_to_dict(plan: "StepPlan") -> dict[str, Any]:
@@ -39,6 +39,14 @@ def plan_to_dict(plan: "StepPlan") -> dict[str, Any]:
         ],
         "attention_layout": [[list(r) for r in rs] for rs in plan.attention_layout],
         "linear_layout": [[list(r) for r in rs] for rs in plan.linear_layout],
+    }
+    d.update(_tail(plan))
+    return d
+
+
+def _tail(plan: "StepPlan") -> dict[str, Any]:
+    """The document's keys after the layouts, in order."""
+    d: dict[str, Any] = {
         "routing": [
             {"ring": list(r.ring), "src": r.src, "dst": r.dst, "proxies": list(r.proxies)}
             for r in plan.routing
@@ -52,6 +60,26 @@ def plan_to_dict(plan: "StepPlan") -> dict[str, Any]:
     if plan.predicted is not None:
         d["predicted"] = plan.predicted.to_dict()
     return d
+
+
+def plan_to_json(plan: "StepPlan") -> str:
+    """``json.dumps(plan_to_dict(plan), separators=(",", ":"))``, byte for byte, written faster.
+
+    The sequences and both layouts (a million entries in a large batch) are formatted
+    directly; the rest goes through :mod:`json`. Example: one local sequence of 5 tokens
+    on rank 0 of 1x1 starts ``{"schema":"zeppelin-plan/1","nodes":1,"gpus_per_node":1,
+    "sequences":[{"length":5,"placement":"local","ranks":[0]}],"attention_layout":[[[0,0,5]]]``.
+    """
+    def layout(lay: Any) -> str:
+        return "[" + ",".join("[" + ",".join(f"[{q},{a},{b}]" for q, a, b in rs) + "]" for rs in lay) + "]"
+
+    seqs = ",".join(f'{{"length":{s.length},"placement":"{s.placement}","ranks":[{",".join(map(str, s.ranks))}]}}'
+                    for s in plan.sequences)
+    rest = _tail(plan)
+    head = (f'{{"schema":{json.dumps(PLAN_SCHEMA)},"nodes":{int(plan.nodes)},'
+            f'"gpus_per_node":{int(plan.gpus_per_node)},"sequences":[{seqs}],'
+            f'"attention_layout":{layout(plan.attention_layout)},"linear_layout":{layout(plan.linear_layout)}')
+    return head + "," + json.dumps(rest, separators=(",", ":"))[1:]
 
 
 def plan_from_json(

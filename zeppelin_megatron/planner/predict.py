@@ -72,9 +72,13 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
             ring_own[r] += own
 
     local = [0.0] * world
+    by_length: dict[int, float] = {}  # batches repeat lengths
     for s in plan.sequences:
         if s.placement == "local":
-            local[s.ranks[0]] += cost.local_ms(s.length)
+            t = by_length.get(s.length)
+            if t is None:
+                t = by_length[s.length] = cost.local_ms(s.length)
+            local[s.ranks[0]] += t
     attn, own_compute = rank_attention(ring_total, ring_own, local, o)
     linear = [cost.linear_ms(plan.tokens(r, "linear")) for r in range(world)]
 
@@ -124,13 +128,19 @@ def remap_time(
         node_out[cl.node_of(r)] += out[r]
         node_in[cl.node_of(r)] += into[r]
     remap = 0.0
+    share = [cl.gpus_sharing_nic(cl.gpu_nic[l]) for l in range(cl.gpus_per_node)]
+    seen: set[tuple[float, ...]] = set()  # ranks alike (large clusters: most of them) are timed once
     for r in range(world):
         n = cl.node_of(r)
+        key = (intra[r], out[r], into[r], node_out[n], node_in[n]) if k else (intra[r], inter[r], share[r % len(share)])
+        if key in seen:
+            continue
+        seen.add(key)
         if k:
             t = (cost.nvlink_ms(intra[r] + 2 * max(out[r], into[r]) * (k - 1) / k)
                  + cost.nic_ms(max(node_out[n], node_in[n]) / k))
         else:
-            t = cost.nvlink_ms(intra[r]) + cost.nic_ms(inter[r] * cl.gpus_sharing_nic(cl.nic_of(r)))
+            t = cost.nvlink_ms(intra[r]) + cost.nic_ms(inter[r] * share[r % len(share)])
         remap = max(remap, t)
     return remap, intra, inter
 

@@ -88,6 +88,14 @@ def node_remap(ctx: PartitionContext, held: Sequence[int], quota: Sequence[int],
     Example: held ``[10, 2]``, quota ``[4, 4]``: GPU 0 sends 2 tokens to GPU 1
     over NVLink and 4 across nodes.
     """
+    key = (tuple(held), tuple(quota), routed)
+    hit = ctx.node_remap_memo.get(key)
+    if hit is None:
+        hit = ctx.node_remap_memo[key] = _node_remap(ctx, held, quota, routed)
+    return hit
+
+
+def _node_remap(ctx: PartitionContext, held: Sequence[int], quota: Sequence[int], routed: bool) -> float:
     cost = ctx.cost
     surplus = [max(0, h - q) for h, q in zip(held, quota)]
     need = [max(0, q - h) for h, q in zip(held, quota)]
