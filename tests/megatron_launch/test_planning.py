@@ -105,6 +105,12 @@ def test_missing_files_fail_at_startup(tmp_path) -> None:
     bad.write_text(json.dumps({"schema": "other"}))
     with pytest.raises(ZeppelinArgsError, match="--zeppelin-profile"):
         _setup(zeppelin_profile=str(bad))
+    with pytest.raises(ZeppelinArgsError, match=f"--zeppelin-profile {tmp_path}: is a directory, expected a file"):
+        _setup(zeppelin_profile=str(tmp_path))
+    with pytest.raises(ZeppelinArgsError, match="--zeppelin-cluster .*: is a directory"):
+        _setup(zeppelin_cluster=f"4x8@{tmp_path}")
+    with pytest.raises(ZeppelinArgsError, match="--zeppelin-cluster 4x0: cluster '4x0': GPUs per node is 0"):
+        _setup(zeppelin_cluster="4x0")
 
 
 def test_capacity_check() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..lengths_io import read_lengths
 from ..planner import PlanError, PlannerOptions, Prediction, StepPlan
+from ..planner.options import REMAP_CHOICES, REMAP_WORDS, Remap
 from ..planner.predict import attention_time
 from ..planner.setup import build_planning
 from .checks import (
@@ -24,7 +25,8 @@ __all__ = ["HELP", "add_arguments", "run", "read_lengths", "plot_plan", "exposed
 HELP = "plan one global batch and print the per-rank table"
 
 
-_REMAP: dict[str, bool | str] = {"auto": "auto", "on": True, "off": False}
+_REMAP: dict[str, Remap] = {REMAP_WORDS[v].split()[0]: v for v in REMAP_CHOICES}
+"""``--remap`` word -> PlannerOptions.remap: {"auto": "auto", "on": True, "off": False} (words from REMAP_WORDS)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-routing", action="store_true", help="plan without NIC-aware routing")
     remap = p.add_mutually_exclusive_group()
     # default None (meaning "on"): argparse's exclusivity check ignores an option given its own default value
-    remap.add_argument("--remap", choices=("auto", "on", "off"), default=None,
+    remap.add_argument("--remap", choices=tuple(_REMAP), default=None,
                        help="token-balanced linear layout: on (default) = always; auto = remap only when the "
                             "predicted step is lower; off = linear layout = attention layout")
     remap.add_argument("--no-remap", dest="remap", action="store_const", const="off",

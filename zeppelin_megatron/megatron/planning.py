@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..planner import (
     Cluster,
@@ -69,7 +70,13 @@ def model_shape_from_args(args: argparse.Namespace) -> ModelShape:
         raise ZeppelinArgsError(f"model flags do not describe a model Zeppelin can cost: {exc}") from None
 
 
+def _not_a_directory(path: str | None, flag: str) -> None:
+    if path and Path(path).is_dir():
+        raise ZeppelinArgsError(f"{flag} {path}: is a directory, expected a file")
+
+
 def _physical_cluster(cfg: ZeppelinConfig, *, world_size: int, gpus_per_node: int) -> Cluster:
+    _not_a_directory(cfg.cluster.partition("@")[2] or cfg.cluster, "--zeppelin-cluster")
     try:
         check_cluster_shape(cfg.cluster)
         cluster = load_cluster(cfg.cluster, tokens_per_gpu=cfg.tokens_per_gpu)
@@ -130,6 +137,7 @@ def build_setup(cfg: ZeppelinConfig, parallel: ZeppelinParallel, model: ModelSha
     """Cluster, cost model and planner of a run; raises :class:`ZeppelinArgsError` (naming the flag) on any
     mismatch."""
     physical = _physical_cluster(cfg, world_size=parallel.world_size, gpus_per_node=parallel.gpus_per_node)
+    _not_a_directory(cfg.profile, "--zeppelin-profile")
     try:
         profile = load_profile(cfg.profile)
     except ProfileError as exc:
