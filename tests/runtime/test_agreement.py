@@ -92,5 +92,6 @@ def test_zeppelin_timeout_flag() -> None:
     assert zeppelin_config_from_args(parser.parse_args(base)).timeout == 300.0
     assert zeppelin_config_from_args(parser.parse_args([*base, "--zeppelin-timeout", "7.5"])).timeout == 7.5
     for bad in ("0", "-3", "inf", "nan"):
-        with pytest.raises(ZeppelinArgsError, match=f"--zeppelin-timeout must be a positive number of seconds, got {bad}"):
+        msg = f"--zeppelin-timeout must be a positive number of seconds, got {bad}"
+        with pytest.raises(ZeppelinArgsError, match=msg):
             zeppelin_config_from_args(parser.parse_args([*base, "--zeppelin-timeout", bad]))

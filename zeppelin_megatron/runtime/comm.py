@@ -16,6 +16,7 @@ gives :class:`~.errors.ZeppelinTimeoutError` naming the step and the peer.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -100,20 +101,21 @@ class Posted:
         self._group = group
         self._what = what
 
-    def _describe(self) -> tuple[str, list[int]]:
+    def _describe(self, i: int) -> tuple[str, list[int]]:
+        """(step with every move, peers) for a failed wait on work ``i``."""
         moves = [f"{'send to' if op.send else 'receive from'} rank {op.peer}" for op in self._ops]
         step = self._what or "a point-to-point exchange"
-        return f"{step} ({', '.join(moves)})", sorted({op.peer for op in self._ops})
+        per_op = len(self._works) == len(self._ops)  # gloo: one Work per op; NCCL: one for the batch
+        peers = [self._ops[i].peer] if per_op else sorted({op.peer for op in self._ops})
+        return f"{step} ({', '.join(moves)})", peers
 
     def wait(self) -> None:
-        if self._group is None:
-            for w in self._works:
+        group = self._group
+        for i, w in enumerate(self._works):
+            if group is None:
                 w.wait()
-        else:
-            what, peers = self._describe()
-            per_op = len(self._works) == len(self._ops)  # gloo: one Work per op; NCCL: one for the batch
-            for i, w in enumerate(self._works):
-                wait_work(w, self._group, what=what, peers=[self._ops[i].peer] if per_op else peers)
+            else:
+                wait_work(w, group, functools.partial(self._describe, i))
         self._works = []
 
 

@@ -47,15 +47,21 @@ def comm_error(exc: BaseException, group: ZeppelinGroup, what: str, peers: Seque
 
 
 def wait_work(
-    work: dist.Work, group: ZeppelinGroup, *, what: str, peers: Sequence[int], blocking: bool = False
+    work: dist.Work, group: ZeppelinGroup, describe: Callable[[], tuple[str, Sequence[int]]], *,
+    blocking: bool = False,
 ) -> None:
-    """``work.wait()`` under ``group.timeout`` when the wait blocks the host (gloo, or ``blocking``)."""
+    """``work.wait()`` under ``group.timeout`` when the wait blocks the host (gloo, or ``blocking``).
+
+    ``describe()`` -> ``(step, peers)`` is called only when the wait fails (no string work on
+    the fast path).
+    """
     try:
         if blocking or not group.async_waits:
             work.wait(timeout=group.timeout)
         else:
             work.wait()
     except RuntimeError as exc:
+        what, peers = describe()
         raise comm_error(exc, group, what, peers) from exc
 
 
@@ -67,10 +73,12 @@ def collective(start: Callable[[], dist.Work | None], group: ZeppelinGroup, *, w
 
         collective(lambda: dist.all_gather(outs, t, group=g.pg, async_op=True), g, what="agreement check")
     """
-    peers = [r for r in range(group.size) if r != group.rank]
+    def describe() -> tuple[str, list[int]]:
+        return what, [r for r in range(group.size) if r != group.rank]
+
     try:
         work = start()
     except RuntimeError as exc:
-        raise comm_error(exc, group, what, peers) from exc
+        raise comm_error(exc, group, *describe()) from exc
     if work is not None:
-        wait_work(work, group, what=what, peers=peers, blocking=blocking)
+        wait_work(work, group, describe, blocking=blocking)
