@@ -23,8 +23,8 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..planner.options import PlannerOptions, Remap
-from ..planner.plan import PLACEMENTS, PlanError
+from ..planner.options import REMAP_WORDS, PlannerOptions, Remap
+from ..planner.plan import PlanError
 
 __all__ = [
     "ZeppelinArgsError",
@@ -44,6 +44,10 @@ ZEPPELIN_SPEC_MODULE = "zeppelin_megatron.megatron.spec"
 DEFAULT_TIMEOUT_S = 300.0
 """``--zeppelin-timeout`` default, seconds (= ``runtime.group.DEFAULT_TIMEOUT_S``; kept here so that
 parsing flags imports no torch)."""
+
+
+_PLANNER = PlannerOptions()
+"""The planner's defaults: the defaults of the ``--zeppelin-*`` planner flags."""
 
 
 class ZeppelinArgsError(ValueError):
@@ -70,11 +74,13 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-tokens-per-gpu", type=int, default=None,
                    help="Attention-layout tokens one GPU may hold (overrides the cluster file); a Zeppelin rank, "
                         "one TP group, holds TP x this.")
-    g.add_argument("--zeppelin-routing", action=argparse.BooleanOptionalAction, default=True,
-                   help="Spread cross-node ring hops over idle NICs through proxy GPUs (default: on).")
-    g.add_argument("--zeppelin-remap", action=argparse.BooleanOptionalAction, default=True,
-                   help="Linear modules on a token-balanced layout (default: on); --no-zeppelin-remap: the "
-                        "linear layout is the attention layout (no remap traffic).")
+    # Defaults of the planner's flags are PlannerOptions' (declared there once).
+    g.add_argument("--zeppelin-routing", action=argparse.BooleanOptionalAction, default=_PLANNER.routing,
+                   help="Spread cross-node ring hops over idle NICs through proxy GPUs (default: "
+                        f"{'on' if _PLANNER.routing else 'off'}).")
+    g.add_argument("--zeppelin-remap", action=argparse.BooleanOptionalAction, default=None,
+                   help=f"Linear modules on a token-balanced layout (default: {REMAP_WORDS[_PLANNER.remap]}); "
+                        "--no-zeppelin-remap: the linear layout is the attention layout (no remap traffic).")
     g.add_argument("--zeppelin-remap-auto", action="store_true",
                    help="Decide remapping per micro-step: remap only when the planner predicts a faster step.")
     g.add_argument("--zeppelin-backend", type=str, default=None, choices=sorted(BACKENDS),
@@ -87,13 +93,14 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="Seconds Zeppelin's collectives and transfers wait for a peer before every waiting rank "
                         f"raises an error naming the step and the peer (default: {DEFAULT_TIMEOUT_S:g}; the "
                         "Zeppelin communicator's process-group timeout). See docs/failures.md.")
-    g.add_argument("--zeppelin-placements", type=str, default=",".join(PLACEMENTS),
+    g.add_argument("--zeppelin-placements", type=str, default=",".join(_PLANNER.placements),
                    help="Comma-separated placements the planner may use, 'local' plus any of intra_node, "
                         "inter_node (ablations: e.g. local,intra_node never spans nodes).")
-    g.add_argument("--zeppelin-slack", type=float, default=0.02,
-                   help="Fraction by which a GPU may exceed its attention target before a split.")
-    g.add_argument("--zeppelin-min-ratio", type=float, default=1.0,
-                   help="Compute/communication ratio a split needs.")
+    g.add_argument("--zeppelin-slack", type=float, default=_PLANNER.slack,
+                   help=f"Fraction by which a GPU may exceed its attention target before a split (default "
+                        f"{_PLANNER.slack:g}).")
+    g.add_argument("--zeppelin-min-ratio", type=float, default=_PLANNER.min_ratio,
+                   help=f"Compute/communication ratio a split needs (default {_PLANNER.min_ratio:g}).")
     g.add_argument("--zeppelin-prefetch", type=int, default=2,
                    help="Micro-steps planned and read ahead in a background thread (0, 1 or 2; default 2).")
     g.add_argument("--zeppelin-metrics", action=argparse.BooleanOptionalAction, default=True,
@@ -143,7 +150,7 @@ def _remap_from_args(args: argparse.Namespace) -> Remap:
         if args.zeppelin_remap is False:
             raise ZeppelinArgsError("--zeppelin-remap-auto and --no-zeppelin-remap contradict each other")
         return "auto"
-    return args.zeppelin_remap
+    return _PLANNER.remap if args.zeppelin_remap is None else args.zeppelin_remap
 
 
 _PLANNER_FLAGS = {"routing": "--zeppelin-routing", "remap": "--zeppelin-remap", "slack": "--zeppelin-slack",
