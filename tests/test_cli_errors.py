@@ -210,3 +210,16 @@ def test_profile_quick_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert seen["opts"].repeats == 5    # explicit flags win
     assert main(["profile", "--device", "cpu", "--out", str(tmp_path / "p.json")]) == 0
     assert (seen["opts"].repeats, seen["opts"].warmup, seen["opts"].blocks) == (10, 3, True)
+
+
+def test_binary_json_and_yaml_inputs_are_named(tmp_path: Path, lengths: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    blob = tmp_path / "blob.json"
+    blob.write_bytes(bytes(range(128, 256)))
+    _fails(capsys, ["plan", "--lengths", str(lengths), "--cluster", "1x4", "--profile", str(blob)],
+           f"--profile {blob}: not a text file (byte 0 is 0x80, not UTF-8)")
+    _fails(capsys, ["plan", "--lengths", str(lengths), "--cluster", str(blob)], f"--cluster {blob}: not a text file")
+    broken = tmp_path / "plan.json"
+    broken.write_text("{")
+    _fails(capsys, ["replay", "--plan", str(broken), "--model", str(TINY), "--device", "cpu"],
+           f"--plan {broken}: plan is not valid JSON")

@@ -79,8 +79,9 @@ def check_output_dir(path: str | Path, flag: str) -> None:
     _probe_dir(ancestor, flag, path)
 
 
-def check_input_file(path: str | Path | None, flag: str) -> None:
-    """``path`` (if given) is an existing, readable file (not a directory)."""
+def check_input_file(path: str | Path | None, flag: str, *, text: bool = True) -> None:
+    """``path`` (if given) is an existing, readable file (not a directory); with ``text``, UTF-8 text
+    (JSON and YAML inputs: a binary file is named here instead of failing inside a parser)."""
     if path is None:
         return
     p = Path(path)
@@ -90,9 +91,15 @@ def check_input_file(path: str | Path | None, flag: str) -> None:
         raise UsageError(f"{flag} {path}: file does not exist")
     try:
         with open(p, "rb") as f:
-            f.read(1)
+            data = f.read() if text else f.read(1)
     except OSError as exc:
         raise UsageError(f"{flag} {path}: cannot be read: {exc.strerror or exc}") from None
+    if text:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"{flag} {path}: not a text file (byte {exc.start} is {data[exc.start]:#04x}, not "
+                             "UTF-8)") from None
 
 
 def check_cluster_spec(spec: str, flag: str = "--cluster") -> None:

@@ -131,7 +131,7 @@ def plot_plan(plan: StepPlan, path: str | Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Everything a user can get wrong is checked before planning.
-    check_input_file(args.lengths, "--lengths")
+    check_input_file(args.lengths, "--lengths", text=False)  # content: lengths_io
     check_cluster_spec(args.cluster)
     check_input_file(args.model, "--model")
     check_input_file(args.profile, "--profile")

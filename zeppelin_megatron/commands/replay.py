@@ -129,14 +129,14 @@ def run(args: argparse.Namespace) -> int:
     from ..measure.replay import measure_ideal, plan_works, replay_plan
     from ..measure.report import format_comparison, format_replay
     from ..measure.timing import kernel_for, parse_dtype, resolve_device
-    from ..planner import StepPlan, load_profile
+    from ..planner import PlanError, StepPlan, load_profile
     from ..planner.setup import build_planning
     from ..planner.predict import predict
 
     from .checks import check_cluster_spec, check_input_file, check_output_file
 
     for flag in ("plan", "lengths", "model", "profile"):
-        check_input_file(getattr(args, flag), f"--{flag}")
+        check_input_file(getattr(args, flag), f"--{flag}", text=flag != "lengths")  # lengths: lengths_io
     if args.cluster is not None:
         check_cluster_spec(args.cluster)
     check_output_file(args.json, "--json")
@@ -151,7 +151,10 @@ def run(args: argparse.Namespace) -> int:
     tp = args.tensor_parallel
     if args.plan is not None:
         path = Path(args.plan)
-        plan = StepPlan.from_json(path.read_text())
+        try:
+            plan = StepPlan.from_json(path.read_text())
+        except PlanError as exc:
+            raise PlanError(f"--plan {path}: {exc}") from None
         setup = build_planning(args.cluster or f"{plan.nodes}x{plan.gpus_per_node * tp}", model, profile,
                                tensor_parallel=tp, tokens_per_gpu=args.tokens_per_gpu)
         cluster, cost = setup.cluster, setup.cost

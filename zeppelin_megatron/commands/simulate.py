@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     from ..sim.runner import Progress, parse_strategies, run_strategies
     from .checks import (check_cluster_spec, check_input_file, check_matplotlib, check_output_file,
                          profile_range_warning)
-    check_input_file(args.lengths, "--lengths")
+    check_input_file(args.lengths, "--lengths", text=False)  # content: lengths_io
     check_cluster_spec(args.cluster)
     check_input_file(args.model, "--model")
     check_input_file(args.profile, "--profile")
