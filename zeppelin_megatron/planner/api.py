@@ -34,12 +34,12 @@ def check_lengths(lengths: Sequence[int], cluster: Cluster) -> list[int]:
     if longest > cap:
         raise PlanError(
             f"sequence {lengths.index(longest)} has {longest} tokens, more than the cluster's total "
-            f"capacity of {cap} ({cluster.world_size} GPUs x {cluster.tokens_per_gpu} tokens per GPU)"
+            f"capacity of {cap} ({cluster.world_size} ranks x {cluster.tokens_per_gpu} tokens per rank)"
         )
     if total > cap:
         raise PlanError(
             f"the batch has {total} tokens, more than the cluster's total capacity of {cap} "
-            f"({cluster.world_size} GPUs x {cluster.tokens_per_gpu} tokens per GPU)"
+            f"({cluster.world_size} ranks x {cluster.tokens_per_gpu} tokens per rank)"
         )
     quota = -(-total // cluster.world_size)
     if quota > cluster.tokens_per_gpu:
