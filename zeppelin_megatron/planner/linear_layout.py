@@ -35,21 +35,19 @@ def balanced_quotas(held: Sequence[int]) -> list[int]:
 
 
 def _take(ranges: list[TokenRange], count: int) -> tuple[list[TokenRange], list[TokenRange]]:
-    """Split a range list after ``count`` tokens: ``(first count tokens, rest)``."""
-    head: list[TokenRange] = []
-    rest: list[TokenRange] = []
+    """Split a range list after ``count`` tokens: ``(first count tokens, rest)``.
+
+    Example: ``[(0, 0, 4), (1, 0, 3)]`` after 5 tokens: ``([(0, 0, 4), (1, 0, 1)], [(1, 1, 3)])``.
+    """
     left = count
-    for seq, s, e in ranges:
+    for k, (seq, s, e) in enumerate(ranges):
         if left >= e - s:
-            head.append((seq, s, e))
             left -= e - s
-        elif left > 0:
-            head.append((seq, s, s + left))
-            rest.append((seq, s + left, e))
-            left = 0
+        elif left > 0:  # the split falls inside this range
+            return ranges[:k] + [(seq, s, s + left)], [(seq, s + left, e)] + ranges[k + 1:]
         else:
-            rest.append((seq, s, e))
-    return head, rest
+            return ranges[:k], ranges[k:]
+    return list(ranges), []
 
 
 def linear_layout(

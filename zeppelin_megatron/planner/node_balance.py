@@ -187,7 +187,7 @@ def rebalance_nodes(ctx: PartitionContext, st: NodeState, rank_in_order: dict[in
     """
     n_nodes = ctx.cluster.nodes
     can_lend = lend and ctx.allow_inter and n_nodes > 1
-    lend_ms: dict[int, tuple[tuple[int, float], ...]] = {}  # per sequence, computed once
+    lend_ms: dict[int, tuple[tuple[int, float], ...]] = {}  # per length, computed once
     moved = False
     for _ in range(sum(len(s) for s in st.seqs) + len(st.inter)):
         view = _round_view(ctx, st, rank_in_order, lend_ms if can_lend else None)
@@ -209,20 +209,23 @@ def _round_view(ctx: PartitionContext, st: NodeState, rank_in_order: dict[int, i
     hi = max(range(n_nodes), key=lambda n: (st.load[n], -n))
     busy = _ring_busy(ctx, st)
     uneven = [sum(max(b) - x for x in b) for b in busy]
-    fill = [sum(w[b] for b in st.seqs[n] if ctx.is_light(b)) for n in range(n_nodes)]
-    heavy = [any(not ctx.is_light(b) for b in st.seqs[n]) for n in range(n_nodes)]
+    fill, heavy, limit = [], [], ctx.limit
+    for n in range(n_nodes):
+        times = [w[b] for b in st.seqs[n]]
+        fill.append(sum(x for x in times if x <= limit))  # light work (is_light)
+        heavy.append(any(x > limit for x in times))
     # How much light work a node may lose and still even out its GPUs (or be no worse).
     spare = [fill[n] - min(uneven[n], fill[n]) + _EPS for n in range(n_nodes)]
     items = []
     for a in st.seqs[hi]:
         s = ctx.lengths[a]
-        if lend_ms is not None and a not in lend_ms:
+        if lend_ms is not None and s not in lend_ms:
             # The ratio falls as the ring grows: if G + 1 ranks cannot hide the transfer, none can.
-            lend_ms[a] = tuple((m, ctx.inter_ms(s, gpn + m)) for m in range(1, gpn + 1)
+            lend_ms[s] = tuple((m, ctx.inter_ms(s, gpn + m)) for m in range(1, gpn + 1)
                                if s >= 2 * (gpn + m) and ctx.inter_ok(s, gpn + m)) \
                 if ctx.inter_ok(s, gpn + 1) else ()
         items.append(Item(st.cost[a], rank_in_order[a], a, s, w[a] if ctx.is_light(a) else 0.0,
-                          lend_ms.get(a, ()) if lend_ms is not None else ()))
+                          lend_ms[s] if lend_ms is not None else ()))
     items.sort()
     hi_rings = []
     for a, ring in st.inter.items():

@@ -226,19 +226,20 @@ def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, ra
     node_seqs: list[list[int]] = [[] for _ in range(n_nodes)]
     inter: dict[int, tuple[int, ...]] = {}
     heap = [(0.0, n) for n in range(n_nodes)]  # (load, node); entries whose load changed are skipped
+    soft_cap, may_span, node_cost = ctx.node_soft_cap, n_nodes > 1 and ctx.allow_inter, ctx.node_cost
     for i in order:
         s = lengths[i]
         while heap[0][0] != node_load[heap[0][1]]:
             heapq.heappop(heap)
         best: int | None = heap[0][1]  # the least loaded node
-        if node_tok[best] + s > ctx.node_soft_cap:
+        if node_tok[best] + s > soft_cap:
             # Keep headroom on each node so the GPU level can still pack whole
             # sequences; use the full capacity only when no node has headroom left.
             fits = ([n for n in range(n_nodes) if node_tok[n] + s <= ctx.node_soft_cap]
                     or [n for n in range(n_nodes) if node_tok[n] + s <= gpn * cap])
             best = min(fits, key=lambda n: (node_load[n], n)) if fits else None
         span = best is None
-        if n_nodes > 1 and ctx.allow_inter and best is not None and w[i] > span_limit:
+        if may_span and best is not None and w[i] > span_limit:
             whole_node = ctx.cost.ring_ms(s, gpn, inter_node=False) if gpn > 1 and s >= 2 * gpn else w[i]
             span = node_load[best] / gpn + whole_node > span_limit and ctx.inter_ok(s, 2 * gpn)
         if span and n_nodes > 1:
@@ -266,7 +267,7 @@ def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, ra
                 f"({gpn} GPUs x {cap} tokens per GPU; free tokens per node: "
                 f"{[gpn * cap - t for t in node_tok]}); raise tokens_per_gpu or add nodes"
             )
-        node_load[best] += ctx.node_cost(i)
+        node_load[best] += node_cost(i)
         node_tok[best] += s
         node_seqs[best].append(i)
         heapq.heappush(heap, (node_load[best], best))

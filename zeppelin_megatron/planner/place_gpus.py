@@ -57,10 +57,12 @@ def place_gpus(ctx: PartitionContext, st: NodeState) -> list[Assignment]:
         best: tuple[float, dict[int, Assignment], list[float], list[int]] | None = None
         for whole_node in (False, True):
             load, tok = gpu_load[base:base + gpn], gpu_tok[base:base + gpn]
-            placed = place_node(ctx, n, st.seqs[n], load, tok, t_lim, whole_node)
+            placed, rings_asked = place_node(ctx, n, st.seqs[n], load, tok, t_lim, whole_node)
             score = max(load) + node_remap(ctx, tok, quota)
             if best is None or score < best[0] - 1e-9:
                 best = (score, placed, load, tok)
+            if not rings_asked:
+                break  # every sequence went whole at once: the whole-node fill would repeat this one
         assert best is not None
         out.update(best[1])
         gpu_load[base:base + gpn], gpu_tok[base:base + gpn] = best[2], best[3]
@@ -68,35 +70,46 @@ def place_gpus(ctx: PartitionContext, st: NodeState) -> list[Assignment]:
 
 
 def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float], tok: list[int],
-               t_lim: float, whole_node: bool) -> dict[int, Assignment]:
+               t_lim: float, whole_node: bool) -> tuple[dict[int, Assignment], bool]:
     """Level 2 for node ``n``: each sequence local to the least loaded GPU, or on the smallest fitting ring.
 
     ``load`` / ``tok``: the node's GPUs' time and tokens by local index (updated in place).
     ``whole_node``: a sequence that must split takes a ring over every GPU of the node (when it
-    hides its transfer there), which keeps ring loads even.
+    hides its transfer there), which keeps ring loads even. Returns the assignments and whether
+    any sequence was offered a ring (:func:`pick_ring`: the only step ``whole_node`` changes).
     """
     out: dict[int, Assignment] = {}
-    cap, gpn, base = ctx.cap, len(load), ctx.cluster.rank_of(n, 0)
+    cap, gpn, base, quota = ctx.cap, len(load), ctx.cluster.rank_of(n, 0), ctx.quota
+    lengths, ws, allow_local = ctx.lengths, ctx.w, ctx.allow_local
+    whole = [Assignment("local", (base + l,)) for l in range(gpn)]  # shared: frozen and equal anyway
+    rings_asked = False
     heap = [(load[l], l) for l in range(gpn)]  # (load, local index), stale entries skipped
     heapq.heapify(heap)
     for i in seqs:
-        s, w = ctx.lengths[i], ctx.w[i]
+        s, w = lengths[i], ws[i]
         while heap[0][0] != load[heap[0][1]]:
             heapq.heappop(heap)
         least = heap[0][1]
         if tok[least] + s > cap:  # the least loaded GPU is full: the least loaded one with room
             room = [l for l in range(gpn) if tok[l] + s <= cap]
             least = min(room, key=lambda l: (load[l], l)) if room else -1
+        if least >= 0 and allow_local and load[least] + w <= t_lim and tok[least] + s <= quota:
+            out[i] = whole[least]  # the common case, spelled out: whole on the least loaded GPU
+            load[least] += w
+            tok[least] += s
+            heapq.heappush(heap, (load[least], least))
+            continue
         choice: list[int] | None
-        if least >= 0 and ctx.allow_local and load[least] + w <= t_lim:
+        if least >= 0 and allow_local and load[least] + w <= t_lim:
             choice = [least]
-            if tok[least] + s > ctx.quota:
+            if tok[least] + s > quota:
                 # Within the time limit, prefer a GPU that stays under the linear layout's quota
                 # (fewer tokens to remap; short sequences carry many tokens per millisecond).
                 fit = [l for l in sorted(range(gpn), key=lambda l: (load[l], l))
                        if tok[l] + s <= cap and load[l] + w <= t_lim and tok[l] + s <= ctx.quota]
                 choice = fit[:1] or choice
         else:
+            rings_asked = True
             by_load = sorted(range(gpn), key=lambda l: (load[l], l))
             choice = pick_ring(ctx, s, by_load, load, tok, t_lim, force=least < 0, whole_node=whole_node)
             if choice is None and least < 0:
@@ -107,7 +120,7 @@ def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float]
             choice = choice or [least]
         if len(choice) == 1:
             l = choice[0]
-            out[i] = Assignment("local", (base + l,))
+            out[i] = whole[l]
             load[l] += w
             tok[l] += s
             heapq.heappush(heap, (load[l], l))
@@ -119,7 +132,7 @@ def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float]
             tok[l] += zigzag_tokens(s, len(ring), p)
             heapq.heappush(heap, (load[l], l))
         out[i] = Assignment("intra_node", tuple(base + l for l in ring))
-    return out
+    return out, rings_asked
 
 
 def pick_ring(ctx: PartitionContext, s: int, by_load: list[int], load: list[float], tok: list[int],
