@@ -87,7 +87,7 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="Attention kernel backend (default: the best usable one).")
     g.add_argument("--zeppelin-check-plan", action=argparse.BooleanOptionalAction, default=True,
                    help="Check in every Zeppelin attention layer that all ranks run the same plan and settings "
-                        "(default: on; one small all-gather per layer). The first layer of every forward checks "
+                        "(default: on; one small all-reduce per layer). The first layer of every forward checks "
                         "either way, so ranks with different settings are caught too.")
     g.add_argument("--zeppelin-timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help="Seconds Zeppelin's collectives and transfers wait for a peer before every waiting rank "

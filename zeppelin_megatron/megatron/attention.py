@@ -17,7 +17,7 @@ group is the data-parallel ranks of this TP rank, so heads never cross TP ranks.
 Packed THD inputs ([T, H, D], when Megatron is handed ``packed_seq_params``) are
 accepted too and return [T, H * D] as Megatron expects.
 
-The start-of-call check (one small ``all_gather``, see
+The start-of-call check (one small ``all_reduce``, see
 :mod:`zeppelin_megatron.runtime.agreement`: plan, softmax scale, heads, head dim,
 dtype, routing, check setting, kernel) runs in the **first** Zeppelin attention
 layer of every forward whatever the setting, so that every rank runs it on the same

@@ -5,7 +5,10 @@ with the same plan and settings; a difference would otherwise give wrong results
 on every rank (a different ``softmax_scale``), a C++ abort (a different head count,
 head dim or dtype changes the byte count of every transfer), or a hang (a
 different routing sends to other peers). :func:`check_agreement` catches all of
-them with **one collective**: an ``all_gather`` of a small int64 vector per rank,
+them with **one collective** when all is well: an ``all_reduce(MAX)`` of
+``[v, -v]`` for a small int64 vector ``v`` per rank (all ranks agree on a field
+exactly when its maximum equals its minimum; a tree all-reduce of 24 int64, so
+the cost does not grow with the number of ranks as an all-gather's would):
 
     field          encoding (int64)                       example
     plan           60-bit hash of plan.digest()           0x3f2a...
@@ -20,8 +23,10 @@ them with **one collective**: an ``all_gather`` of a small int64 vector per rank
     grad           1 when autograd will run a backward    1
     input_problem  1 when this rank's inputs are invalid  0
 
-and every rank compares all rows, so all raise together, each naming the field
-and which ranks hold which value, e.g. ``softmax_scale differs: ranks 0, 2, 3
+Every rank sees the same maxima and minima, so when a field differs (or a rank
+flags an input problem) all ranks enter a second collective, an ``all_gather``
+of the vectors (the error path only), compare all rows and raise together, each
+naming the field and which ranks hold which value, e.g. ``softmax_scale differs: ranks 0, 2, 3
 have 0.353553391, rank 1 (node 0, local 1) has 0.5``. A plan mismatch raises
 :class:`~.errors.PlanMismatchError` (it explains any other difference), then an
 invalid input :class:`~.errors.RuntimeInputError` (its own message on its rank,
@@ -173,8 +178,9 @@ def check_agreement(terms: CallTerms, group: ZeppelinGroup, device: torch.device
                     problem: str | Exception | None = None, *, what: str = "the start-of-call agreement check") -> None:
     """Raise on every rank unless all ranks of ``group`` hold the same ``terms`` and valid inputs.
 
-    One ``all_gather`` of ``len(CallTerms fields)`` int64 per rank (on ``device``
-    for NCCL, the CPU for gloo). ``problem``: this rank's input error, a message
+    One ``all_reduce(MAX)`` of ``2 x len(CallTerms fields)`` int64 (on ``device`` for
+    NCCL, the CPU for gloo); when it shows a difference, an ``all_gather`` of every
+    rank's vector to name the ranks (the same decision on every rank). ``problem``: this rank's input error, a message
     (raised as :class:`RuntimeInputError`) or an exception (raised as is); raised
     here, after the collective, so the other ranks raise too instead of waiting.
     """
@@ -186,10 +192,19 @@ def check_agreement(terms: CallTerms, group: ZeppelinGroup, device: torch.device
             raise own
         return
     dev = device if group.backend == "nccl" else torch.device("cpu")
-    mine = torch.tensor(terms.vector(), dtype=torch.int64, device=dev)
+    vec = terms.vector()
+    both = torch.tensor(vec + [-x for x in vec], dtype=torch.int64, device=dev)
+    step = f"{what} (plan hash {terms.plan:#x})"
+    collective(lambda: dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group.pg, async_op=True), group,
+               what=step, blocking=True)
+    extremes = both.cpu().tolist()
+    n = len(vec)
+    if all(extremes[i] == -extremes[n + i] for i in range(n)) and extremes[_NAMES.index("input_problem")] == 0:
+        return  # every field has one value on all ranks, and no rank flagged its inputs
+    mine = torch.tensor(vec, dtype=torch.int64, device=dev)
     gathered = [torch.empty_like(mine) for _ in range(group.size)]
     collective(lambda: dist.all_gather(gathered, mine, group=group.pg, async_op=True), group,
-               what=f"{what} (plan hash {terms.plan:#x})", blocking=True)
+               what=step + " naming the ranks that differ", blocking=True)
     table = torch.stack(gathered).cpu().tolist()  # process-group order
     rows = {group.zeppelin_rank(g): row for g, row in enumerate(table)}
     plan_i, prob_i = _NAMES.index("plan"), _NAMES.index("input_problem")

@@ -2,7 +2,7 @@
 
 Per call (one attention layer, one step)::
 
-    check inputs and agreement across ranks (one small all_gather: plan, scale, heads,
+    check inputs and agreement across ranks (one small all_reduce: plan, scale, heads,
                                             head dim, dtype, routing, check setting, kernel)
     [q | k | v] --remap--> attention layout (one all_to_all_single)
     engine: inter-node rings, intra-node rings, local sequences
@@ -92,8 +92,9 @@ def zeppelin_attention(
     best available. ``routing``: False sends every ring hop directly, ignoring
     the plan's routes.
 
-    ``check_plan``: run the start-of-call check on this call (one ``all_gather``
-    of a 12-entry int64 vector, read on the host): every rank must hold the same
+    ``check_plan``: run the start-of-call check on this call (one ``all_reduce``
+    of 24 int64, read on the host; an ``all_gather`` more only when something
+    differs, to name the ranks): every rank must hold the same
     plan hash, softmax scale, Hq, Hkv, D, dtype, routing, ``check_setting``,
     resolved kernel, device type and autograd state, and valid inputs; otherwise
     every rank raises (:class:`~.errors.PlanMismatchError`,
