@@ -11,7 +11,7 @@ import pytest
 from zeppelin_megatron.planner import Cluster, CostModel, load_model
 from zeppelin_megatron.sim.network import Flow, FluidNetwork
 from zeppelin_megatron.sim.planbuild import build_plan
-from zeppelin_megatron.sim.program import Hop, LayerProgram, Op, Transfer
+from zeppelin_megatron.sim.program import Leg, LayerProgram, Op, Traffic
 from zeppelin_megatron.sim.simulator import link_capacities, simulate, simulate_program
 
 
@@ -79,7 +79,7 @@ def test_nic_shared_by_two_gpus_gives_each_half() -> None:
     cl = _cluster(2, 2, 1, (0, 0))
     cost = _cost(cl)
     nbytes = 1e9
-    t = Transfer(("x",), "ring", [[Hop(0, 2, nbytes, "nic")], [Hop(1, 3, nbytes, "nic")]])
+    t = Traffic(("x",), "ring", [[Leg(0, 2, nbytes, "nic")], [Leg(1, 3, nbytes, "nic")]])
     ops = [[Op("post", key=("x",)), Op("wait", key=("x",), kind="ring")] for _ in range(4)]
     res = simulate_program(LayerProgram(ops, {("x",): t}), cost)
     _, nic = link_capacities(cost)
@@ -87,7 +87,7 @@ def test_nic_shared_by_two_gpus_gives_each_half() -> None:
     expected = 10e-3 + 2 * nbytes / nic  # latency, then half of the NIC each
     assert res.layer_ms == pytest.approx(expected)
     # And alone: half the time.
-    t1 = Transfer(("x",), "ring", [[Hop(0, 2, nbytes, "nic")]])
+    t1 = Traffic(("x",), "ring", [[Leg(0, 2, nbytes, "nic")]])
     res1 = simulate_program(LayerProgram(ops, {("x",): t1}), cost)
     assert res1.layer_ms == pytest.approx(10e-3 + nbytes / nic)
     assert res.nic_util[(0, 0)] == pytest.approx(2 * nbytes / nic / expected)
@@ -99,7 +99,7 @@ def test_full_overlap_and_no_overlap() -> None:
     nvl, _ = link_capacities(cost)
     nbytes = 10.0 * nvl  # 10 ms on NVLink (+ 5 us latency)
     comm = 5e-3 + 10.0
-    t = {("x",): Transfer(("x",), "ring", [[Hop(0, 1, nbytes, "nvl")]])}
+    t = {("x",): Traffic(("x",), "ring", [[Leg(0, 1, nbytes, "nvl")]])}
     overlap = [[Op("post", key=("x",)), Op("compute", 25.0, "attention"), Op("wait", key=("x",), kind="ring")]
                for _ in range(2)]
     res = simulate_program(LayerProgram(overlap, t), cost)
@@ -158,7 +158,7 @@ def test_fill_engine_runs_local_work_during_ring_waits() -> None:
     cost = _cost(cl)
     nvl, _ = link_capacities(cost)
     comm = 5e-3 + 10.0
-    t = {("x",): Transfer(("x",), "ring", [[Hop(0, 1, 10.0 * nvl, "nvl")]])}
+    t = {("x",): Traffic(("x",), "ring", [[Leg(0, 1, 10.0 * nvl, "nvl")]])}
     ops = [[Op("post", key=("x",)), Op("compute", 1.0, "attention"), Op("wait", key=("x",), kind="ring"),
             Op("local", kind="local")] for _ in range(2)]
     queue = [[3.0, 2.0], []]

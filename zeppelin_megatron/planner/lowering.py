@@ -23,7 +23,7 @@ accumulator is home): post K/V ``j``, the step's call, wait accumulator
 ``j-1``, post accumulator ``j`` (it first adds the step's dK/dV block), the
 slot's call, wait K/V ``j``; after the last step wait accumulator ``g-1``.
 
-Remap (:class:`Remap`): ``to_attention`` before attention, ``to_linear`` after: one
+Remap (:class:`RemapExchange`): ``to_attention`` before attention, ``to_linear`` after: one
 ``all_to_all``, or with ``remap_proxies`` the three phases of :mod:`~.remap_routing`.
 
 Rows. A member at ring position ``i`` keeps the ring's tokens *seq-major*
@@ -57,95 +57,15 @@ from typing import Literal, Union
 
 from .plan import StepPlan
 from .remap_routing import proxy_parts
-from .routing import Route, route_parts
+from .routing import route_parts
+from .transfers import ACC_TAG, KV_TAG, ROUNDS, Hop, Message, Transfer, TransferId, message_hops
 from .zigzag import next_position, ring_source, zigzag_ranges
 
-__all__ = ["Message", "Hop", "TransferId", "Transfer", "RingCall", "LocalCall", "Post", "Wait", "Op", "RingPart",
-           "LocalChunk", "Remap", "RankProgram", "StepProgram", "lower", "lower_rank", "message_hops", "ROUNDS",
-           "KV_TAG", "ACC_TAG"]
-
-ROUNDS = 3
-"""A routed part visits at most 4 ranks: dispatch (round 0), NIC (round 1), combine (round 2)."""
-KV_TAG = 0
-ACC_TAG = 1 << 20
-"""Tag bases of K/V and dK/dV-accumulator transfers; a hop's tag is the base plus its index in its round."""
+__all__ = ["Message", "Hop", "TransferId", "Transfer", "RingCall", "LocalCall", "Post", "Wait", "RankOp", "RingPart",
+           "LocalChunk", "RemapExchange", "RankProgram", "StepProgram", "lower", "lower_rank", "lower_remaps",
+           "message_hops", "ROUNDS", "KV_TAG", "ACC_TAG"]
 
 TokenRange = tuple[int, int, int]  # (plan sequence index, start, end)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Message:
-    """What ring position ``src``'s rank sends to the next one in a step: ``tokens`` rows of its
-    held K/V (or accumulator), over ``route`` (None: direct)."""
-
-    src: int
-    dst: int
-    tokens: int
-    route: Route | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Hop:
-    """Elements ``[offset, offset + count)`` of message ``msg`` moving ``sender -> receiver`` in ``round``;
-    ``part``: its proxy part (relays key buffers by ``(msg, part)``); ``tag``: the same on both ends."""
-
-    round: int
-    sender: int
-    receiver: int
-    msg: int
-    part: int
-    offset: int
-    count: int
-    tag: int
-
-
-def message_hops(messages: tuple[Message, ...], counts: tuple[int, ...], gpus_per_node: int,
-                 tag_base: int = 0) -> tuple[Hop, ...]:
-    """Cut message ``i`` (``counts[i]`` elements) into hops: one round-0 hop when direct (no route,
-    or one node), else one hop per round along each part's path (:func:`~.routing.route_parts`).
-    Example: 2 x 4 GPUs, ``1 -> 6``, 10 elements, proxies ``(1, 0, 3)``: [0, 4) ``1 -> 6``;
-    [4, 7) ``1 -> 0``, ``0 -> 4``, ``4 -> 6``; [7, 10) ``1 -> 3``, ``3 -> 7``, ``7 -> 6`` (rounds 0, 1, 2)."""
-    raw: list[list[tuple[int, int, int, int, int, int]]] = [[] for _ in range(ROUNDS)]
-    for i, (m, n) in enumerate(zip(messages, counts)):
-        if m.src == m.dst:
-            raise ValueError(f"message {i} sends from rank {m.src} to itself")
-        if m.route is None or m.src // gpus_per_node == m.dst // gpus_per_node:
-            if n:
-                raw[0].append((m.src, m.dst, i, 0, 0, n))
-            continue
-        for rp in route_parts(m.route, n, gpus_per_node):
-            for r, (a, b) in enumerate(zip(rp.path, rp.path[1:])):
-                raw[r].append((a, b, i, rp.part, rp.offset, rp.count))
-    return tuple(Hop(round=r, sender=s, receiver=d, msg=i, part=p, offset=o, count=c, tag=tag_base + t)
-                 for r in range(ROUNDS) for t, (s, d, i, p, o, c) in enumerate(raw[r]))
-
-
-@dataclass(frozen=True, order=True)
-class TransferId:
-    """Ring ``ring`` (index into :attr:`StepPlan.rings`), ``step``, ``kind``: ``kv`` or ``acc``."""
-
-    ring: int
-    step: int
-    kind: Literal["kv", "acc"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Transfer:
-    """One ring step's exchange: position ``p`` sends what it holds to ``p + 1`` (message ``p``);
-    :meth:`hops`: the wire hops for ``unit`` elements per token; ``participants``: members and relays."""
-
-    id: TransferId
-    messages: tuple[Message, ...]
-    gpus_per_node: int
-    participants: tuple[int, ...]
-
-    @property
-    def tag_base(self) -> int:
-        return KV_TAG if self.id.kind == "kv" else ACC_TAG
-
-    def hops(self, unit: int) -> tuple[Hop, ...]:
-        counts = tuple(m.tokens * unit for m in self.messages)
-        return message_hops(self.messages, counts, self.gpus_per_node, self.tag_base)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,7 +158,7 @@ class Wait:
     transfer: TransferId
 
 
-Op = Union[RingCall, LocalCall, Post, Wait]
+RankOp = Union[RingCall, LocalCall, Post, Wait]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,9 +175,7 @@ class RingPart:
     layout: tuple[TokenRange, ...] = field(repr=False, compare=False)
     """The rank's attention layout (``plan.attention_layout[rank]``)."""
 
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
+    size = property(lambda self: len(self.ranks), doc="ring size ``g``")
 
     @cached_property
     def _chunks(self) -> list[list[tuple[tuple[int, int], tuple[int, int]]]]:
@@ -301,7 +219,7 @@ class RingPart:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Remap:
+class RemapExchange:
     """The layout exchange ``direction`` (``to_attention`` before attention, ``to_linear`` after):
     direct (``proxies`` empty: one ``all_to_all``) or the three routed phases over ``proxies``."""
 
@@ -335,8 +253,8 @@ class RankProgram:
     rank: int
     rings: tuple[RingPart, ...]
     local_chunks: tuple[LocalChunk, ...]
-    forward: tuple[Op, ...]
-    backward: tuple[Op, ...]
+    forward: tuple[RankOp, ...]
+    backward: tuple[RankOp, ...]
     transfers: dict[TransferId, Transfer] = field(hash=False, compare=False)
     tokens: int
 
@@ -352,7 +270,7 @@ class StepProgram:
 
     ranks: tuple[RankProgram, ...]
     transfers: dict[TransferId, Transfer]
-    remaps: tuple[Remap, Remap] | None
+    remaps: tuple[RemapExchange, RemapExchange] | None
     routing: bool
 
 
@@ -400,16 +318,15 @@ def _transfers(plan: StepPlan, k: int, routing: bool) -> tuple[list[Transfer], l
     lengths = [plan.sequences[s].length for s in ring.seqs]
     held = [sum(sum(e - s for s, e in zigzag_ranges(n, g, p)) for n in lengths) for p in range(g)]
     who = _participants(plan, k, routing)
-    kv: list[Transfer] = []
-    acc: list[Transfer] = []
-    for kind, steps, out in (("kv", g - 1, kv), ("acc", g, acc)):
-        for j in range(steps):
-            msgs = []
-            for p, src in enumerate(ring.ranks):
-                dst = ring.ranks[next_position(p, g)]
-                msgs.append(Message(src=src, dst=dst, tokens=held[ring_source(p, j, g)], route=routes.get((src, dst))))
-            out.append(Transfer(id=TransferId(k, j, kind), messages=tuple(msgs),  # type: ignore[arg-type]
-                                gpus_per_node=gpn, participants=who))
+    steps = []  # messages of step j; the K/V and accumulator transfers of a step carry the same sizes
+    for j in range(g):
+        steps.append(tuple(Message(src=src, dst=ring.ranks[next_position(p, g)], tokens=held[ring_source(p, j, g)],
+                                   route=routes.get((src, ring.ranks[next_position(p, g)])))
+                           for p, src in enumerate(ring.ranks)))
+    kv = [Transfer(id=TransferId(k, j, "kv"), messages=steps[j], gpus_per_node=gpn, participants=who)
+          for j in range(g - 1)]
+    acc = [Transfer(id=TransferId(k, j, "acc"), messages=steps[j], gpus_per_node=gpn, participants=who)
+           for j in range(g)]
     return kv, acc
 
 
@@ -425,29 +342,49 @@ def _ring_calls(part: RingPart) -> list[RingCall]:
     return calls
 
 
-def _rank_program(plan: StepPlan, rank: int, routing: bool, ring_transfers: dict[int, tuple[list[Transfer], list[
-        Transfer]]], who: dict[int, tuple[int, ...]]) -> RankProgram:
-    """Rank ``rank``'s program; ``ring_transfers`` / ``who``: per ring, its transfers / participants (memo)."""
+@dataclass
+class _Shared:
+    """What every rank's lowering reads, built once per plan: per rank its rings (member or relay, queue
+    order), local sequences and slots; per ring its transfers (on first use)."""
+
+    rings_of: dict[int, list[int]]
+    own: dict[int, list[int]]
+    slots: dict[int, list[tuple[int, int, tuple[int, ...]]]]
+    transfers: dict[int, tuple[list[Transfer], list[Transfer]]]
+
+
+def _shared(plan: StepPlan, routing: bool) -> _Shared:
+    sh = _Shared(rings_of={}, own={}, slots={}, transfers={})
+    for k in range(len(plan.rings)):
+        for r in _participants(plan, k, routing):
+            sh.rings_of.setdefault(r, []).append(k)
+    for i, seq in enumerate(plan.sequences):
+        if seq.placement == "local":
+            sh.own.setdefault(seq.ranks[0], []).append(i)
+    for x in plan.local_slots:
+        sh.slots.setdefault(x.rank, []).append((x.ring, x.step, x.seqs))
+    return sh
+
+
+def _rank_program(plan: StepPlan, rank: int, routing: bool, sh: _Shared) -> RankProgram:
+    """Rank ``rank``'s program (module docstring)."""
     layout = plan.attention_layout[rank]
-    mine = sorted((x.ring, x.step, x.seqs) for x in plan.local_slots if x.rank == rank)
-    own = [s for s, seq in enumerate(plan.sequences) if seq.placement == "local" and seq.ranks[0] == rank]
+    mine = sorted(sh.slots.get(rank, ()))
+    own = sh.own.get(rank, [])
     slotted = {i for _, _, seqs in mine for i in seqs}
     groups = [seqs for _, _, seqs in mine] + [tuple(i for i in own if i not in slotted)]
     chunks = tuple(LocalChunk(seqs=tuple(idx), lens=tuple(plan.sequences[i].length for i in idx), layout=layout)
                    for idx in groups if idx)
     slot_of = {(k, j): c for c, (k, j, _) in enumerate(mine)}
     rings: list[RingPart] = []
-    fwd: list[Op] = []
-    bwd: list[Op] = []
+    fwd: list[RankOp] = []
+    bwd: list[RankOp] = []
     transfers: dict[TransferId, Transfer] = {}
-    for k, ring in enumerate(plan.rings):
-        if rank not in ring.ranks and routing and k not in who:
-            who[k] = _participants(plan, k, routing)
-        if rank not in ring.ranks and (not routing or rank not in who[k]):
-            continue
-        if k not in ring_transfers:
-            ring_transfers[k] = _transfers(plan, k, routing)
-        kv, acc = ring_transfers[k]
+    for k in sh.rings_of.get(rank, ()):
+        ring = plan.rings[k]
+        if k not in sh.transfers:
+            sh.transfers[k] = _transfers(plan, k, routing)
+        kv, acc = sh.transfers[k]
         g = len(ring.ranks)
         pos = ring.ranks.index(rank) if rank in ring.ranks else None
         part = RingPart(ring=k, ranks=ring.ranks, placement=ring.placement, seqs=ring.seqs,
@@ -456,10 +393,10 @@ def _rank_program(plan: StepPlan, rank: int, routing: bool, ring_transfers: dict
         transfers.update({t.id: t for t in kv + acc})
         calls: list[RingCall | None] = list(_ring_calls(part)) if pos is not None else [None] * g
         for j, call in enumerate(calls):
-            slot: list[Op] = [LocalCall(chunk=slot_of[(k, j)], ring=k, step=j)] if (k, j) in slot_of else []
-            post_kv: list[Op] = [Post(kv[j].id)] if j < g - 1 else []
-            wait_kv: list[Op] = [Wait(kv[j].id)] if j < g - 1 else []
-            me: list[Op] = [call] if call is not None else []
+            slot: list[RankOp] = [LocalCall(chunk=slot_of[(k, j)], ring=k, step=j)] if (k, j) in slot_of else []
+            post_kv: list[RankOp] = [Post(kv[j].id)] if j < g - 1 else []
+            wait_kv: list[RankOp] = [Wait(kv[j].id)] if j < g - 1 else []
+            me: list[RankOp] = [call] if call is not None else []
             fwd += post_kv + me + slot + wait_kv
             bwd += post_kv + me + ([Wait(acc[j - 1].id)] if j else []) + [Post(acc[j].id)] + slot + wait_kv
         bwd.append(Wait(acc[g - 1].id))
@@ -470,7 +407,8 @@ def _rank_program(plan: StepPlan, rank: int, routing: bool, ring_transfers: dict
                        transfers=transfers, tokens=plan.tokens(rank, "attention"))
 
 
-def _remaps(plan: StepPlan) -> tuple[Remap, Remap] | None:
+def lower_remaps(plan: StepPlan) -> tuple[RemapExchange, RemapExchange] | None:
+    """The plan's two :class:`RemapExchange` s (None when the layouts move no row)."""
     moved: dict[tuple[int, int], int] = {}
     for seg in plan.remap.segments:
         if seg.lin_rank != seg.att_rank:
@@ -480,21 +418,20 @@ def _remaps(plan: StepPlan) -> tuple[Remap, Remap] | None:
         return None
     fwd = tuple((a, b, n) for (a, b), n in sorted(moved.items()))
     back = tuple(sorted((b, a, n) for a, b, n in fwd))
-    return (Remap(direction="to_attention", proxies=plan.remap_proxies, pair_rows=fwd),
-            Remap(direction="to_linear", proxies=plan.remap_proxies, pair_rows=back))
+    return (RemapExchange(direction="to_attention", proxies=plan.remap_proxies, pair_rows=fwd),
+            RemapExchange(direction="to_linear", proxies=plan.remap_proxies, pair_rows=back))
 
 
 def lower(plan: StepPlan, *, routing: bool = True) -> StepProgram:
     """Every rank's program for ``plan`` (``routing=False``: every hop direct, the plan's routes ignored)."""
-    rt: dict[int, tuple[list[Transfer], list[Transfer]]] = {}
-    who: dict[int, tuple[int, ...]] = {}
-    ranks = tuple(_rank_program(plan, r, routing, rt, who) for r in range(plan.world_size))
-    transfers = {t.id: t for k in sorted(rt) for t in rt[k][0] + rt[k][1]}
-    return StepProgram(ranks=ranks, transfers=transfers, remaps=_remaps(plan), routing=routing)
+    sh = _shared(plan, routing)
+    ranks = tuple(_rank_program(plan, r, routing, sh) for r in range(plan.world_size))
+    transfers = {t.id: t for k in sorted(sh.transfers) for t in sh.transfers[k][0] + sh.transfers[k][1]}
+    return StepProgram(ranks=ranks, transfers=transfers, remaps=lower_remaps(plan), routing=routing)
 
 
 def lower_rank(plan: StepPlan, rank: int, *, routing: bool = True) -> RankProgram:
     """Rank ``rank``'s program alone (what :func:`lower` gives it); builds only its rings' transfers."""
     if not 0 <= rank < plan.world_size:
         raise ValueError(f"rank {rank} is outside the plan's [0, {plan.world_size})")
-    return _rank_program(plan, rank, routing, {}, {})
+    return _rank_program(plan, rank, routing, _shared(plan, routing))

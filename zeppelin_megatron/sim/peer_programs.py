@@ -1,7 +1,7 @@
 """Simulated layer programs of the peer baselines: Megatron HCP, TE CP a2a+p2p, DistCA.
 
 The peers do not run Zeppelin's engine order, so each builds its own per-rank
-op list (:class:`~.program.Op`) and transfers (:class:`~.program.Transfer`) for
+op list (:class:`~.program.Op`) and transfers (:class:`~.program.Traffic`) for
 one layer, forward + backward merged as the cost model times them (like every
 other strategy). :func:`~.program.build_layer_program` hands a plan to
 :func:`build_peer_program` when its ``attention_comm`` is one of
@@ -32,7 +32,7 @@ from typing import Any
 
 from ..planner.cost_model import CostModel
 from ..planner.plan import StepPlan
-from .program import Hop, LayerProgram, Op, Transfer
+from .program import Leg, LayerProgram, Op, Traffic
 
 __all__ = ["PEER_COMMS", "PeerPlan", "ProgramBuilder", "as_peer_plan", "build_peer_program", "HBM_DATASHEET_GBPS",
            "hbm_GBps"]
@@ -71,7 +71,7 @@ class ProgramBuilder:
         self.cost = cost
         self.world = cost.cluster.world_size
         self.ops: list[list[Op]] = [[] for _ in range(self.world)]
-        self.transfers: dict[tuple, Transfer] = {}
+        self.transfers: dict[tuple, Traffic] = {}
 
     # -- ops ---------------------------------------------------------------
     def compute(self, r: int, ms: float, kind: str, label: str) -> None:
@@ -88,13 +88,13 @@ class ProgramBuilder:
         self.ops[r].append(Op("wait", key=key, kind=kind, label=label))
 
     # -- transfers -----------------------------------------------------------
-    def hop(self, src: int, dst: int, nbytes: float) -> Hop:
+    def hop(self, src: int, dst: int, nbytes: float) -> Leg:
         cl = self.cost.cluster
-        return Hop(src, dst, float(nbytes), "nvl" if cl.node_of(src) == cl.node_of(dst) else "nic")
+        return Leg(src, dst, float(nbytes), "nvl" if cl.node_of(src) == cl.node_of(dst) else "nic")
 
     def pairs(self, key: tuple, pair_bytes: dict[tuple[int, int], float], category: str = "group") -> tuple:
         """Register a transfer of one direct hop per pair with bytes (self-pairs and zeros skipped)."""
-        t = Transfer(key, category)
+        t = Traffic(key, category)
         for (a, b), n in sorted(pair_bytes.items()):
             if a != b and n > 0:
                 t.chains.append([self.hop(a, b, n)])
@@ -109,7 +109,7 @@ class ProgramBuilder:
         g = len(ranks)
         keys = []
         for j in range(g - 1):
-            t = Transfer(key + (j,), "ring")
+            t = Traffic(key + (j,), "ring")
             for p, src in enumerate(ranks):
                 t.chains.append([self.hop(src, ranks[(p + 1) % g], step_bytes)])
             self.transfers[t.key] = t
@@ -124,8 +124,8 @@ class ProgramBuilder:
 
     def barrier(self, key: tuple, label: str) -> None:
         """Every rank waits until all have arrived: 1-byte gather to rank 0, then its release."""
-        gather = Transfer(key + ("gather",), "group")
-        release = Transfer(key + ("release",), "group")
+        gather = Traffic(key + ("gather",), "group")
+        release = Traffic(key + ("release",), "group")
         for r in range(1, self.world):
             gather.chains.append([self.hop(r, 0, 1.0)])
             release.chains.append([self.hop(0, r, 1.0)])

@@ -27,7 +27,7 @@ from typing import Any
 from ..planner.cost_model import CostModel
 from ..planner.plan import StepPlan
 from .network import EPS_MS, Flow, FluidNetwork
-from .program import Hop, LayerProgram, build_layer_program
+from .program import Leg, LayerProgram, build_layer_program
 
 __all__ = ["Event", "SimResult", "simulate", "simulate_program", "link_capacities"]
 
@@ -105,7 +105,7 @@ def _resources(cost: CostModel) -> dict[tuple, float]:
     return caps
 
 
-def _flow(cost: CostModel, hop: Hop, tag: object) -> Flow:
+def _flow(cost: CostModel, hop: Leg, tag: object) -> Flow:
     cl = cost.cluster
     if hop.link == "nvl":
         return Flow(hop.nbytes, (("nvl_out", hop.src), ("nvl_in", hop.dst)), cl.nvlink_latency_us * 1e-3, tag)
@@ -146,7 +146,7 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, engine: str = "r
     queue = [list(q) for q in program.local_queue] or [[] for _ in program.ops]
     world = len(program.ops)
     net = FluidNetwork(_resources(cost))
-    # Hop bookkeeping: hop id -> (transfer key, chain index, hop index).
+    # Leg bookkeeping: hop id -> (transfer key, chain index, hop index).
     need: dict[tuple, int] = {}          # (key, c, h) -> ends not yet posted
     pending: dict[tuple, dict[int, int]] = {}   # key -> rank -> hops of rank not done
     by_rank: dict[tuple, dict[int, list[tuple[int, int]]]] = {}  # key -> rank -> [(c, h)]
