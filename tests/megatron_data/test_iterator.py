@@ -27,7 +27,7 @@ SMALL = ModelShape(layers=2, hidden=256, q_heads=4, kv_heads=4, ffn=512)
 def make_planner(tokens_per_gpu: int) -> Callable[[Sequence[int]], StepPlan]:
     cluster = Cluster(nodes=2, gpus_per_node=2, nics_per_node=2, gpu_nic=(0, 1), nvlink_GBps=450.0,
                       nic_Gbps=400.0, tokens_per_gpu=tokens_per_gpu)
-    return partial(plan_step, cluster=cluster, cost_model=CostModel(model=SMALL, cluster=cluster))
+    return partial(plan_step, cost_model=CostModel(model=SMALL, cluster=cluster))
 
 
 @pytest.fixture(scope="module")
