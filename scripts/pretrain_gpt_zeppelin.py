@@ -7,17 +7,22 @@ Usage (one process per GPU, e.g. under torchrun; see scripts/single_node.sh):
         --zeppelin --zeppelin-cluster 4x8@configs/clusters/h100.yaml <Megatron flags>
 
 ``--megatron-lm PATH`` (or the ``MEGATRON_LM`` environment variable) names a
-Megatron-LM checkout (tag core_v0.16.1, see patches/README.md); it is put first
-on ``sys.path`` so ``pretrain_gpt``, ``model_provider`` and ``megatron.training``
-come from it. The script then:
+Megatron-LM checkout: core_v0.16.x, core_v0.17.x, core_v0.18.x, core_v0.19.x
+or main (see patches/README.md). It is put first on ``sys.path`` so
+``pretrain_gpt``, ``model_provider`` and ``megatron.training`` come from it.
+The script imports that ``pretrain_gpt`` and hands it to
+``zeppelin_megatron.megatron.pretrain.run_pretrain_gpt``, which
 
 1. checks the command line (``check_startup``): a configuration Zeppelin cannot
    serve stops here with exit code 2, before torch.distributed starts;
-2. imports ``pretrain_gpt`` and calls its ``pretrain`` with Zeppelin's datasets
-   provider, ``partial(model_provider, zeppelin_gpt_builder)``, Zeppelin's
-   forward step and our ``extra_args_provider`` (ModelOpt's too when installed),
-   keeping pretrain_gpt's ``args_defaults``, in-process restart wrapper and
-   embedding-rank function.
+2. calls the checkout's ``pretrain`` the way that version expects (arguments
+   parsed inside it up to core_v0.17; parsed first and passed in a config
+   container from core_v0.18; from core_v0.19 the container's GPTModelConfig
+   carries Zeppelin's layer spec) with Zeppelin's datasets provider, model
+   builder / layer spec and forward step, keeping pretrain_gpt's in-process
+   restart wrapper, embedding-rank function and ModelOpt flags.
+
+A patched ``pretrain_gpt.py`` (patches/pretrain_gpt.patch) runs the same function.
 """
 
 from __future__ import annotations
@@ -28,10 +33,7 @@ _PROGRAM_START_TIME = time.time()
 
 import os  # noqa: E402
 import sys  # noqa: E402
-from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
-
-ARGS_DEFAULTS = {"tokenizer_type": "GPT2BPETokenizer"}  # as pretrain_gpt.py at core_v0.16.1
 
 
 def split_megatron_lm(argv: list[str], env_value: str | None) -> tuple[str, list[str]]:
@@ -53,7 +55,7 @@ def split_megatron_lm(argv: list[str], env_value: str | None) -> tuple[str, list
         i += 1
     if not path:
         raise SystemExit("pretrain_gpt_zeppelin.py: give --megatron-lm PATH or set MEGATRON_LM to a Megatron-LM "
-                         "checkout (tag core_v0.16.1)")
+                         "checkout (core_v0.16 - core_v0.19 or main)")
     if not (Path(path) / "pretrain_gpt.py").is_file():
         raise SystemExit(f"pretrain_gpt_zeppelin.py: {path} has no pretrain_gpt.py; is it a Megatron-LM checkout?")
     return str(Path(path).resolve()), out
@@ -69,25 +71,10 @@ def main(argv: list[str]) -> None:
                          "(or run Megatron-LM's pretrain_gpt.py)")
 
     import pretrain_gpt  # Megatron-LM's module: torch, megatron.training, model_provider, gpt_builder
-    from megatron.core.enums import ModelType
 
-    from zeppelin_megatron.megatron import pretrain as zeppelin
+    from zeppelin_megatron.megatron.pretrain import run_pretrain_gpt
 
-    modelopt = pretrain_gpt.add_modelopt_args if pretrain_gpt.has_nvidia_modelopt else None
-    sys.argv = zeppelin.check_startup(argv, other_args_provider=modelopt)  # exits 2 on an unservable config
-
-    pretrain_gpt.set_startup_timestamps(program_start=_PROGRAM_START_TIME, main_entry=time.time())
-    pretrain, store = pretrain_gpt.inprocess_restart.maybe_wrap_for_inprocess_restart(pretrain_gpt.pretrain)
-    pretrain(
-        zeppelin.train_valid_test_datasets_provider,
-        partial(pretrain_gpt.model_provider, zeppelin.zeppelin_gpt_builder),
-        ModelType.encoder_or_decoder,
-        zeppelin.forward_step,
-        args_defaults=ARGS_DEFAULTS,
-        extra_args_provider=zeppelin.extra_args_provider(modelopt),
-        store=store,
-        get_embedding_ranks=pretrain_gpt.get_embedding_ranks,
-    )
+    run_pretrain_gpt(pretrain_gpt, argv, program_start=_PROGRAM_START_TIME)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,15 @@
-"""Runs in a subprocess with a Megatron-LM checkout on sys.path (after the installed megatron-core).
+"""Runs in a subprocess with a Megatron-LM checkout first on sys.path, as the launcher puts it.
 
 Prints one JSON object (``RESULT {...}``).
 
-Usage: python checkout_worker.py MEGATRON_LM REPO. Checks our flags and start-up
-checks against the checkout's real parser and ``validate_args`` (CPU flags from
-docs: NullTokenizer, local transformer impl, no fusions).
+Usage: python checkout_worker.py MEGATRON_LM REPO [--mcore-main-compat] [EXTRA_PATH ...].
+Checks our flags and start-up checks against the checkout's real parser and
+``validate_args`` (CPU flags: NullTokenizer, local transformer impl, no fusions),
+and, where the checkout builds models from a ``GPTModelConfig`` (core_v0.19 on),
+that the config Zeppelin hands to ``pretrain()`` carries its layer spec and hook.
+``megatron`` is a namespace package: without a ``megatron/core`` in the checkout
+(the test snapshots) megatron.core comes from the installed megatron-core.
+EXTRA_PATH folders are appended to sys.path (stand-ins for files a snapshot lacks).
 """
 
 from __future__ import annotations
@@ -40,17 +45,19 @@ def typical_argv(repo: str, **extra: str) -> list[str]:
 
 
 def main() -> None:
-    megatron_lm, repo = sys.argv[1], sys.argv[2]
-    # Appended: `megatron` is a namespace package, so megatron.core comes from the installed
-    # megatron-core and only megatron.training (absent from the wheel) from the checkout.
+    megatron_lm, repo, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+    compat = "--mcore-main-compat" in rest
+    # First, as the launcher does (megatron-core >= 0.19 ships part of megatron/training too).
     sys.path.insert(0, repo)
-    sys.path.append(megatron_lm)
+    sys.path.insert(1, megatron_lm)
+    sys.path.extend(a for a in rest if a != "--mcore-main-compat")
     os.environ.update(WORLD_SIZE="32", LOCAL_WORLD_SIZE="8", RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
-    try:
-        import megatron.training.arguments as megatron_arguments
-    except ImportError as exc:  # e.g. triton missing: megatron.training imports it on any machine
-        print(f"SKIP megatron.training from {megatron_lm} does not import here: {exc!r}")
-        return
+    if compat:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import mcore_main_compat
+
+        mcore_main_compat.install()
+    import megatron.training.arguments as megatron_arguments
     from megatron.training.arguments import parse_args, validate_args
 
     # CPU accommodation (this worker only): validate_args asks the GPU's architecture when TP > 1.
@@ -58,13 +65,21 @@ def main() -> None:
 
     from zeppelin_megatron.megatron.arguments import ZeppelinArgsError
     from zeppelin_megatron.megatron.planning import model_shape_from_args
-    from zeppelin_megatron.megatron.pretrain import check_startup, extra_args_provider, setup_from_args
+    from zeppelin_megatron.megatron.pretrain import (
+        check_startup,
+        extra_args_provider,
+        pretrain_convention,
+        setup_from_args,
+        use_zeppelin_model,
+        zeppelin_spec_from_args,
+    )
 
     import megatron.core
     import megatron.training
 
     out: dict = {"core_file": megatron.core.__file__ or str(list(megatron.core.__path__)),
-                 "training_file": megatron.training.__file__}
+                 "training_file": megatron.training.__file__,
+                 "convention": pretrain_convention(megatron.training.pretrain)}
     env = dict(os.environ)
     argv = check_startup(typical_argv(repo), env=env, exit_on_error=False)
     out["prepared_tail"] = argv[-3:]
@@ -85,6 +100,9 @@ def main() -> None:
         "kv_heads": setup.model.kv_heads, "ffn": setup.model.ffn,
         "raw_shape_equals_validated": raw_shape == model_shape_from_args(args),
     }
+    spec = zeppelin_spec_from_args(args)
+    out["spec_core_attention"] = spec.submodules.self_attention.submodules.core_attention.__name__
+    out["model_config"] = model_config_check(args, use_zeppelin_model) if out["convention"] == "model-config" else None
     sys.argv = argv + ["--no-zeppelin-routing", "--no-zeppelin-remap"]
     args2 = parse_args(extra_args_provider=extra_args_provider(), ignore_unknown_args=False)
     out["negation_parses"] = [args2.zeppelin_routing, args2.zeppelin_remap]
@@ -92,6 +110,7 @@ def main() -> None:
     errors = {
         "pp": ({"--pipeline-model-parallel-size": "2"}, {}),
         "cp": ({"--context-parallel-size": "2"}, {}),
+        "hybrid_cp": ({"--hybrid-context-parallel": None}, {}),
         "cluster": ({}, {"WORLD_SIZE": "16"}),
         "profile": ({"--zeppelin-profile": "/nonexistent/profile.json"}, {}),
         "eval": ({"--eval-iters": "5"}, {}),
@@ -107,6 +126,21 @@ def main() -> None:
             out["errors"][name] = str(exc)
     out["recipe"] = recipe_check(repo, env, check_startup, parse_args, extra_args_provider, validate_args)
     print("RESULT " + json.dumps(out))
+
+
+def model_config_check(args, use_zeppelin_model) -> dict:
+    """What the launcher hands pretrain() on the model-config path (core_v0.19 on): Megatron's own
+    GPTModelConfig from these args, with Zeppelin's layer spec and pre-wrap hook, inside the container."""
+    from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args
+
+    def name(fn) -> str:
+        return f"{fn.__module__}.{fn.__qualname__}"
+
+    model_cfg = use_zeppelin_model(gpt_config_from_args(args))
+    container = pretrain_cfg_container_from_args(args, model_cfg)
+    return {"layer_spec": name(model_cfg.transformer_layer_spec),
+            "pre_wrap_hooks": [name(h) for h in model_cfg.pre_wrap_hooks],
+            "container_model_is_it": container.model is model_cfg}
 
 
 def recipe_check(repo, env, check_startup, parse_args, extra_args_provider, validate_args) -> dict:

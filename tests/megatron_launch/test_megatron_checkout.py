@@ -1,9 +1,22 @@
-"""Against a Megatron-LM checkout (tag core_v0.16.1): the patch applies, our flags parse and validate.
+"""Against Megatron-LM checkouts: the patch applies, our flags parse and validate, and the launcher and
+the patched ``pretrain_gpt.py`` get as far as Megatron's own "Megatron requires CUDA." assertion.
 
-The checkout is found through ZEPPELIN_MEGATRON_LM (default /work/ext/Megatron-LM);
-without it these tests skip (CI cannot fetch Megatron-LM). The parsing checks run
-in a subprocess so the checkout's ``megatron`` package never mixes with the
-installed megatron-core wheel in this process.
+Checkouts: ``$ZEPPELIN_MEGATRON_LM`` when it is set (one checkout of any supported version); else the
+snapshots in ``tests/fixtures/megatron-lm/`` (``pretrain_gpt.py`` and ``megatron/training`` of
+core_v0.16.1, core_v0.19.0 and main d98e8a6, unmodified; ``../shared/megatron-lm/<name>`` stands in
+for a folder missing there). A snapshot runs with the installed megatron-core of its line:
+
+* ``core_v0.16.1`` with megatron-core 0.16.x (Python 3.10-3.11: CI stage 1);
+* ``core_v0.19.0`` and ``main-d98e8a6`` with 0.19.x (Python >= 3.12: CI stage 2); no released
+  megatron-core matches main, so main runs on 0.19.x with ``mcore_main_compat`` (six inert
+  stand-ins for names only main's core has).
+
+A snapshot whose megatron-core line is not installed skips with that reason; a missing snapshot skips
+with a message; a missing Python package fails (``.[test]`` installs what ``megatron.training``
+imports). Everything Megatron runs in a subprocess, so a checkout's ``megatron`` package never mixes
+with the installed one in this process. The snapshots lack Megatron-LM's top-level
+``gpt_builders.py`` / ``model_provider.py`` (and core_v0.16.1 its ``megatron/rl``):
+``tests/fixtures/megatron-lm/stubs`` stands in for them; none is called before the CUDA assertion.
 """
 
 from __future__ import annotations
@@ -14,67 +27,227 @@ import py_compile
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 from .helpers import REPO
 
-TAG = "core_v0.16.1"
 HERE = Path(__file__).resolve().parent
+FIXTURES = REPO / "tests" / "fixtures" / "megatron-lm"
+SHARED = REPO.parent / "shared" / "megatron-lm"
+STUBS = FIXTURES / "stubs"
+PATCH = REPO / "patches" / "pretrain_gpt.patch"
+
+# snapshot -> (megatron-core line it runs with, pretrain() convention it has, needs mcore_main_compat)
+SNAPSHOTS = {
+    "core_v0.16.1": ("0.16", "args", False),
+    "core_v0.19.0": ("0.19", "model-config", False),
+    "main-d98e8a6": ("0.19", "model-config", True),
+}
+CUDA_ASSERTION = "AssertionError: Megatron requires CUDA."
 
 
-@pytest.fixture(scope="module")
-def megatron_lm() -> Path:
-    path = Path(os.environ.get("ZEPPELIN_MEGATRON_LM", "/work/ext/Megatron-LM"))
-    if not (path / "pretrain_gpt.py").is_file():
-        pytest.skip(f"no Megatron-LM checkout at {path} (set ZEPPELIN_MEGATRON_LM to one at tag {TAG})")
-    return path
+@dataclass(frozen=True)
+class Checkout:
+    name: str
+    path: Path
+    convention: str | None  # expected pretrain() convention (None: not known for a user's checkout)
+    compat: bool  # run with mcore_main_compat
+    extras: tuple[str, ...]  # on PYTHONPATH after the checkout (stand-ins for files a snapshot lacks)
 
 
-def _tag_file(megatron_lm: Path, name: str) -> str:
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed")
-    r = subprocess.run(["git", "-C", str(megatron_lm), "show", f"{TAG}:{name}"], capture_output=True, text=True)
-    if r.returncode:
-        pytest.skip(f"{megatron_lm} has no tag {TAG}: {r.stderr.strip()}")
-    return r.stdout
+def _installed_core_line() -> str:
+    try:
+        version = metadata.version("megatron-core")
+    except metadata.PackageNotFoundError:
+        pytest.fail("megatron-core is not installed (pip install -e '.[test]')")
+    return ".".join(version.split(".")[:2])
 
 
-def test_patch_applies_to_tag(megatron_lm: Path, tmp_path: Path) -> None:
-    patch = REPO / "patches" / "pretrain_gpt.patch"
-    assert TAG in (REPO / "patches" / "README.md").read_text()
-    original = _tag_file(megatron_lm, "pretrain_gpt.py")
-    (tmp_path / "pretrain_gpt.py").write_text(original)
-    check = subprocess.run(["git", "apply", "--check", str(patch)], cwd=tmp_path, capture_output=True, text=True)
-    assert check.returncode == 0, check.stderr
-    subprocess.run(["git", "apply", str(patch)], cwd=tmp_path, check=True)
+def _checkout(name: str) -> Checkout:
+    if name == "ZEPPELIN_MEGATRON_LM":
+        path = Path(os.environ["ZEPPELIN_MEGATRON_LM"]).resolve()
+        if not (path / "pretrain_gpt.py").is_file():
+            pytest.skip(f"ZEPPELIN_MEGATRON_LM={path} has no pretrain_gpt.py")
+        extras = () if (path / "model_provider.py").is_file() else (str(STUBS),)
+        return Checkout(name, path, None, False, extras)
+    line, convention, compat = SNAPSHOTS[name]
+    path = next((p for p in (FIXTURES / name, SHARED / name) if (p / "pretrain_gpt.py").is_file()), None)
+    if path is None:
+        pytest.skip(f"Megatron-LM snapshot {name} is missing (looked in {FIXTURES} and {SHARED})")
+    installed = _installed_core_line()
+    if installed != line:
+        pytest.skip(f"snapshot {name} runs with megatron-core {line}.x; this environment has {installed}.x "
+                    f"(CI runs it in the stage with Python {'3.11' if line == '0.16' else '3.12'})")
+    return Checkout(name, path.resolve(), convention, compat, (str(STUBS),))
+
+
+def _params() -> list[str]:
+    return ["ZEPPELIN_MEGATRON_LM"] if os.environ.get("ZEPPELIN_MEGATRON_LM") else list(SNAPSHOTS)
+
+
+@pytest.fixture(scope="module", params=_params())
+def checkout(request: pytest.FixtureRequest) -> Checkout:
+    return _checkout(request.param)
+
+
+# -- the patch ----------------------------------------------------------------------------------
+
+
+def _pristine_pretrain_gpt(checkout: Checkout) -> str:
+    text = (checkout.path / "pretrain_gpt.py").read_text()
+    if "zeppelin_megatron" in text:  # a user's checkout that is already patched
+        tmp_undo = subprocess.run(["git", "-C", str(checkout.path), "show", "HEAD:pretrain_gpt.py"],
+                                  capture_output=True, text=True)
+        if tmp_undo.returncode:
+            pytest.skip(f"{checkout.path}/pretrain_gpt.py is already patched and not in git")
+        text = tmp_undo.stdout
+    return text
+
+
+def _apply(patch: Path, cwd: Path, *, check: bool = False) -> subprocess.CompletedProcess:
+    if shutil.which("git"):
+        cmd = ["git", "apply", *(["--check"] if check else []), str(patch)]
+    elif shutil.which("patch"):
+        cmd = ["patch", "-p1", "--forward", *(["--dry-run"] if check else []), "-i", str(patch)]
+    else:
+        pytest.skip("neither git nor patch is installed")
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+
+
+def _patched_script(checkout: Checkout, tmp_path: Path) -> Path:
+    script = tmp_path / "pretrain_gpt.py"
+    script.write_text(_pristine_pretrain_gpt(checkout))
+    r = _apply(PATCH, tmp_path)
+    assert r.returncode == 0, r.stderr + r.stdout
+    return script
+
+
+def test_patch_applies(checkout: Checkout, tmp_path: Path) -> None:
+    assert checkout.name == "ZEPPELIN_MEGATRON_LM" or checkout.name in (REPO / "patches" / "README.md").read_text()
+    (tmp_path / "pretrain_gpt.py").write_text(_pristine_pretrain_gpt(checkout))
+    check = _apply(PATCH, tmp_path, check=True)
+    assert check.returncode == 0, check.stderr + check.stdout
+    assert _apply(PATCH, tmp_path).returncode == 0
     patched = (tmp_path / "pretrain_gpt.py").read_text()
     py_compile.compile(str(tmp_path / "pretrain_gpt.py"), doraise=True)
-    assert "zeppelin.check_startup(sys.argv" in patched and "partial(model_provider, model_builder)" in patched
-    added = [ln for ln in patch.read_text().splitlines() if ln.startswith("+") and not ln.startswith("+++")]
-    assert len(added) < 25  # small
+    assert "run_pretrain_gpt(sys.modules[__name__], sys.argv" in patched
+    added = [ln for ln in PATCH.read_text().splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    assert len(added) < 12  # small
     # Applying twice fails cleanly (already applied), so users notice a double apply.
-    again = subprocess.run(["git", "apply", "--check", str(patch)], cwd=tmp_path, capture_output=True, text=True)
-    assert again.returncode != 0
+    assert _apply(PATCH, tmp_path, check=True).returncode != 0
+
+
+# -- start-up: the launcher and the patched script stop at Megatron's CUDA assertion ----------------
+
+CPU_FLAGS = ["--zeppelin", "--zeppelin-cluster", f"1x8@{REPO}/configs/clusters/h100.yaml",
+             "--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
+             "--group-query-attention", "--num-query-groups", "2", "--swiglu", "--normalization", "RMSNorm",
+             "--position-embedding-type", "rope", "--seq-length", "1024", "--max-position-embeddings", "1024",
+             "--micro-batch-size", "1", "--global-batch-size", "16", "--train-iters", "10", "--lr", "1e-4",
+             "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000", "--data-path", "/data/corpus_text_document",
+             "--eval-iters", "0", "--transformer-impl", "local", "--no-rope-fusion", "--no-persist-layer-norm",
+             "--no-gradient-accumulation-fusion"]
+"""A servable single-node run for 8 ranks, with the flags a machine without Transformer Engine needs."""
+
+WRONG_CLUSTER = ["--zeppelin-cluster", f"2x8@{REPO}/configs/clusters/h100.yaml"]
+WRONG_CLUSTER_MESSAGE = "describes 2 x 8 = 16 GPUs but the job has world size 8"
+
+
+def _run(checkout: Checkout, argv: list[str], pythonpath: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, WORLD_SIZE="8", LOCAL_WORLD_SIZE="8", RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), *pythonpath, *checkout.extras,
+                                           os.environ.get("PYTHONPATH", "")]))
+    env.pop("ZEPPELIN_MEGATRON_LM", None)
+    cmd = [sys.executable]
+    if checkout.compat:
+        cmd += [str(HERE / "run_script.py"), "--mcore-main-compat"]
+    return subprocess.run([*cmd, *argv], capture_output=True, text=True, timeout=600, env=env)
+
+
+def _launcher(checkout: Checkout, flags: list[str]) -> subprocess.CompletedProcess:
+    return _run(checkout, [str(REPO / "scripts" / "pretrain_gpt_zeppelin.py"), "--megatron-lm", str(checkout.path),
+                           *flags], [])
+
+
+def _patched(checkout: Checkout, tmp_path: Path, flags: list[str]) -> subprocess.CompletedProcess:
+    return _run(checkout, [str(_patched_script(checkout, tmp_path)), *flags], [str(checkout.path)])
+
+
+def _assert_stopped_at_cuda_assertion(r: subprocess.CompletedProcess, checkout: Checkout) -> None:
+    tail = f"rc {r.returncode}\n--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-6000:]}"
+    assert "zeppelin: cannot run" not in r.stderr and "zeppelin: --" not in r.stderr, tail
+    assert r.returncode == 1, tail
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == CUDA_ASSERTION, tail  # the run ended on Megatron's own assertion ...
+    assert "in initialize_megatron" in r.stderr and "run_pretrain_gpt" in r.stderr, tail  # ... in pretrain()
+    convention = checkout.convention or ""
+    assert f"zeppelin: Megatron-LM pretrain() convention: {convention}" in r.stdout, tail
+
+
+def test_launcher_reaches_megatron_cuda_assertion(checkout: Checkout) -> None:
+    _assert_stopped_at_cuda_assertion(_launcher(checkout, CPU_FLAGS), checkout)
+
+
+def test_patched_pretrain_gpt_reaches_megatron_cuda_assertion(checkout: Checkout, tmp_path: Path) -> None:
+    _assert_stopped_at_cuda_assertion(_patched(checkout, tmp_path, CPU_FLAGS), checkout)
+
+
+def test_launcher_wrong_zeppelin_flag_exits_2(checkout: Checkout) -> None:
+    r = _launcher(checkout, [*CPU_FLAGS, *WRONG_CLUSTER])
+    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
+    assert WRONG_CLUSTER_MESSAGE in r.stderr
+    assert "initialized" not in r.stdout.lower() and CUDA_ASSERTION not in r.stderr  # stopped before Megatron
+
+
+def test_patched_pretrain_gpt_wrong_zeppelin_flag_exits_2(checkout: Checkout, tmp_path: Path) -> None:
+    r = _patched(checkout, tmp_path, [*CPU_FLAGS, *WRONG_CLUSTER])
+    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
+    assert WRONG_CLUSTER_MESSAGE in r.stderr
+    assert CUDA_ASSERTION not in r.stderr
+
+
+def test_launcher_unservable_megatron_flags_exit_2(checkout: Checkout) -> None:
+    r = _launcher(checkout, [*CPU_FLAGS, "--pipeline-model-parallel-size", "2", "--context-parallel-size", "2"])
+    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
+    assert "--pipeline-model-parallel-size 2: Zeppelin does not support pipeline parallelism" in r.stderr
+    assert "--context-parallel-size 2: Zeppelin replaces context parallelism" in r.stderr
+    assert CUDA_ASSERTION not in r.stderr
+
+
+def test_patched_pretrain_gpt_without_zeppelin_is_megatrons(checkout: Checkout, tmp_path: Path) -> None:
+    # Without --zeppelin the patched file runs Megatron's own path (here: to the same CUDA assertion).
+    flags = [a for a in CPU_FLAGS if a != "--zeppelin"]
+    flags = flags[:flags.index("--zeppelin-cluster")] + flags[flags.index("--zeppelin-cluster") + 2:]
+    r = _patched(checkout, tmp_path, flags)
+    assert r.stderr.strip().splitlines()[-1] == CUDA_ASSERTION, r.stderr[-3000:]
+    assert "run_pretrain_gpt" not in r.stderr and "zeppelin" not in r.stdout
+
+
+# -- Megatron's parser and validate_args, in-process in a worker -----------------------------------
 
 
 @pytest.fixture(scope="module")
-def worker_result(megatron_lm: Path) -> dict:
-    r = subprocess.run([sys.executable, str(HERE / "checkout_worker.py"), str(megatron_lm), str(REPO)],
-                       capture_output=True, text=True, timeout=600)
+def worker_result(checkout: Checkout) -> dict:
+    cmd = [sys.executable, str(HERE / "checkout_worker.py"), str(checkout.path), str(REPO),
+           *(["--mcore-main-compat"] if checkout.compat else []), *checkout.extras]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     for line in r.stdout.splitlines():
-        if line.startswith("SKIP "):
-            pytest.skip(line[5:])
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     raise AssertionError(f"worker failed (rc {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
 
 
-def test_flags_parse_and_validate_with_megatron(worker_result: dict, megatron_lm: Path) -> None:
-    # megatron.core is the installed wheel's; megatron.training the checkout's
-    assert str(megatron_lm) not in worker_result["core_file"]
-    assert worker_result["training_file"].startswith(str(megatron_lm))
+def test_flags_parse_and_validate_with_megatron(worker_result: dict, checkout: Checkout) -> None:
+    # megatron.training is the checkout's; megatron.core the installed wheel's unless the checkout has one
+    assert worker_result["training_file"].startswith(str(checkout.path))
+    own_core = (checkout.path / "megatron" / "core" / "__init__.py").is_file()
+    assert worker_result["core_file"].startswith(str(checkout.path)) == own_core
+    if checkout.convention:
+        assert worker_result["convention"] == checkout.convention
     assert worker_result["prepared_tail"] == ["--calculate-per-token-loss", "--dataloader-type", "external"]
     m = worker_result["megatron"]
     assert (m["world_size"], m["data_parallel_size"]) == (32, 16)
@@ -84,13 +257,24 @@ def test_flags_parse_and_validate_with_megatron(worker_result: dict, megatron_lm
     assert (s["ranks_per_node"], s["num_micro_batches"], s["pad_to_multiple"], s["kv_heads"]) == (4, 4, 2, 4)
     assert s["ffn"] == m["ffn_hidden_size"] and s["raw_shape_equals_validated"]
     assert worker_result["negation_parses"] == [False, False]
+    assert worker_result["spec_core_attention"] == "ZeppelinCoreAttention"
+
+
+def test_model_config_carries_zeppelin_spec(worker_result: dict) -> None:
+    mc = worker_result["model_config"]
+    if mc is None:
+        pytest.skip("this Megatron-LM builds the model through model_provider (no GPTModelConfig)")
+    assert mc["layer_spec"] == "zeppelin_megatron.megatron.pretrain.zeppelin_layer_spec"
+    assert mc["pre_wrap_hooks"][-1] == "zeppelin_megatron.megatron.pretrain.prepare_model_chunks"
+    assert mc["container_model_is_it"] is True
 
 
 @pytest.mark.parametrize(
     "name, match",
     [
         ("pp", "--pipeline-model-parallel-size 2"),
-        ("cp", "--context-parallel-size 2"),
+        ("cp", "--context-parallel-size 2: Zeppelin replaces context parallelism"),
+        ("hybrid_cp", "--hybrid-context-parallel"),
         ("cluster", "32 GPUs but the job has world size 16"),
         ("profile", "does not exist"),
         ("eval", "--valid-data-path"),
@@ -102,42 +286,6 @@ def test_unservable_configs_rejected_by_startup_check(worker_result: dict, name:
     msg = worker_result["errors"][name]
     assert msg is not None, f"{name}: accepted"
     assert match in msg
-
-
-UNSERVABLE = ["--zeppelin", "--zeppelin-cluster", f"1x8@{REPO}/configs/clusters/h100.yaml",
-              "--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "1024",
-              "--max-position-embeddings", "1024", "--micro-batch-size", "1", "--global-batch-size", "8",
-              "--train-iters", "1", "--lr", "1e-4", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
-              "--data-path", "/nonexistent/prefix", "--eval-iters", "0", "--pipeline-model-parallel-size", "2"]
-
-
-def _run_until_startup_error(argv: list[str], pythonpath: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, WORLD_SIZE="8", LOCAL_WORLD_SIZE="8", RANK="0",
-               PYTHONPATH=os.pathsep.join([*pythonpath, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
-    if "No module named 'triton'" in r.stderr:
-        pytest.skip("megatron.training needs triton, not installed here")
-    return r
-
-
-def test_patched_pretrain_gpt_runs_zeppelin_checks(megatron_lm: Path, tmp_path: Path) -> None:
-    # The patched pretrain_gpt.py (in a scratch dir; gpt_builders etc. from the checkout) takes the
-    # Zeppelin path on --zeppelin and stops at the start-up check.
-    (tmp_path / "pretrain_gpt.py").write_text(_tag_file(megatron_lm, "pretrain_gpt.py"))
-    subprocess.run(["git", "apply", str(REPO / "patches" / "pretrain_gpt.patch")], cwd=tmp_path, check=True)
-    r = _run_until_startup_error([sys.executable, str(tmp_path / "pretrain_gpt.py"), *UNSERVABLE],
-                                 [str(REPO), str(megatron_lm)])
-    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
-    assert "--pipeline-model-parallel-size 2: Zeppelin does not support pipeline parallelism" in r.stderr
-
-
-def test_launcher_exits_before_distributed_init(megatron_lm: Path) -> None:
-    argv = [sys.executable, str(REPO / "scripts" / "pretrain_gpt_zeppelin.py"), "--megatron-lm", str(megatron_lm),
-            *UNSERVABLE]
-    r = _run_until_startup_error(argv, [str(REPO)])
-    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
-    assert "--pipeline-model-parallel-size 2: Zeppelin does not support pipeline parallelism" in r.stderr
-    assert "initialized" not in r.stdout.lower()  # stopped before torch.distributed
 
 
 def test_recipes_pass_megatron_and_zeppelin_checks(worker_result: dict) -> None:

@@ -1,13 +1,30 @@
-"""Zeppelin's parts for Megatron-LM's ``pretrain()``: start-up check, model builder, data, forward step.
+"""Zeppelin's parts for Megatron-LM's ``pretrain()``: start-up check, layer spec, model builder, data, forward step.
 
 Used by ``scripts/pretrain_gpt_zeppelin.py`` and by a ``pretrain_gpt.py``
-patched with ``patches/pretrain_gpt.patch``; both do::
+patched with ``patches/pretrain_gpt.patch``; both call
+:func:`run_pretrain_gpt` with Megatron-LM's ``pretrain_gpt`` module, which
+drives the ``pretrain()`` of that checkout in the calling convention it has
+(:func:`pretrain_convention`):
 
-    sys.argv = check_startup(sys.argv)   # before torch.distributed: exits on a config Zeppelin cannot serve
-    pretrain(train_valid_test_datasets_provider,
-             partial(model_provider, zeppelin_gpt_builder),   # Megatron-LM's model_provider
-             ModelType.encoder_or_decoder, forward_step,
-             extra_args_provider=extra_args_provider(...), ...)
+* ``"args"`` (core_v0.16.x, core_v0.17.x): Megatron parses inside ``pretrain``::
+
+      pretrain(train_valid_test_datasets_provider, partial(model_provider, zeppelin_gpt_builder),
+               ModelType.encoder_or_decoder, forward_step,
+               args_defaults=..., extra_args_provider=extra_args_provider(...), ...)
+
+* ``"container"`` (core_v0.18.x): arguments are parsed first
+  (``parse_and_validate_args`` with our ``extra_args_provider``), then
+  ``pretrain(pretrain_cfg_container_from_args(args), provider,
+  partial(model_provider, zeppelin_gpt_builder), ModelType..., forward_step, ...)``;
+* ``"model-config"`` (core_v0.19.x, main): the container carries a
+  ``GPTModelConfig`` (``gpt_config_from_args``) and Megatron's
+  ``GPTModelBuilder`` builds the model; ``model_provider`` is not used. The
+  Zeppelin spec reaches the model through that config
+  (:func:`use_zeppelin_model`): ``model_cfg.transformer_layer_spec`` is
+  :func:`zeppelin_layer_spec` (the builder calls it with the config and
+  ``vp_stage``), and :func:`prepare_model_chunks` is appended to
+  ``model_cfg.pre_wrap_hooks`` (the builder runs it on the bare model chunks
+  before the Float16/DDP wrappers) to install the RoPE hook.
 
 Start-up, in order (all before the first training step):
 
@@ -16,10 +33,13 @@ Start-up, in order (all before the first training step):
    absent, parses the command line with Megatron's parser plus ours, and runs
    every Zeppelin check (flags, parallelism, data paths, cluster vs. world
    size, profile, capacity). On error it prints what is wrong and exits 2.
-2. Megatron's ``initialize_megatron`` (parse, ``validate_args``, distributed init).
-3. :func:`zeppelin_gpt_builder`, Megatron's first call into our code: runs the
-   checks again on Megatron's validated arguments, creates the Zeppelin process
-   group (collective), then builds the GPT with Zeppelin's layer spec.
+2. Megatron's argument parsing and ``validate_args`` (inside ``pretrain`` or
+   before it), then ``initialize_megatron`` (distributed init).
+3. Megatron's first call into our code when it builds the model
+   (:func:`zeppelin_gpt_builder`, or :func:`zeppelin_layer_spec` on the
+   model-config path): runs the checks again on Megatron's validated
+   arguments, creates the Zeppelin process group (collective), then the GPT
+   is built with Zeppelin's layer spec.
 4. :func:`train_valid_test_datasets_provider`: one :class:`ZeppelinDataIterator`
    per split (``--dataloader-type external`` hands it to the training loop),
    resuming at ``consumed_train_samples``.
@@ -32,10 +52,13 @@ when the functions run.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
+import time
 from dataclasses import dataclass
 from functools import partial
+from types import ModuleType
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -51,10 +74,16 @@ from .planning import ZeppelinSetup, build_setup, model_shape_from_args
 
 __all__ = [
     "REQUIRED_FLAGS",
+    "ARGS_DEFAULTS",
     "prepare_argv",
     "setup_from_args",
     "check_startup",
     "extra_args_provider",
+    "pretrain_convention",
+    "run_pretrain_gpt",
+    "zeppelin_layer_spec",
+    "prepare_model_chunks",
+    "use_zeppelin_model",
     "zeppelin_gpt_builder",
     "build_zeppelin_gpt",
     "train_valid_test_datasets_provider",
@@ -64,6 +93,9 @@ __all__ = [
 
 REQUIRED_FLAGS: tuple[tuple[str, ...], ...] = (("--calculate-per-token-loss",), ("--dataloader-type", "external"))
 """Megatron flags every Zeppelin run needs; :func:`prepare_argv` adds those that are absent."""
+
+ARGS_DEFAULTS: dict[str, Any] = {"tokenizer_type": "GPT2BPETokenizer"}
+"""``args_defaults`` of Megatron-LM's ``pretrain_gpt.py`` (the same from core_v0.16 to main)."""
 
 
 def prepare_argv(argv: Sequence[str]) -> list[str]:
@@ -169,6 +201,90 @@ def extra_args_provider(
     return provider
 
 
+# -- driving Megatron-LM's pretrain() -------------------------------------------------------
+
+
+def pretrain_convention(pretrain: Callable[..., Any]) -> str:
+    """How a Megatron-LM ``pretrain`` is called: ``"args"``, ``"container"`` or ``"model-config"``.
+
+    * ``"args"`` (core_v0.16, core_v0.17): ``pretrain(datasets_provider, model_provider,
+      model_type, forward_step, extra_args_provider=..., args_defaults=...)``, parsing inside;
+    * ``"container"`` (core_v0.18): ``pretrain(cfg_container, datasets_provider,
+      model_provider, model_type, forward_step, ...)``, arguments parsed before;
+    * ``"model-config"`` (core_v0.19, main): ``pretrain(cfg_container, datasets_provider,
+      model_type, forward_step, ..., model_provider=None)``; the container's model config
+      builds the model.
+    """
+    params = list(inspect.signature(pretrain).parameters)
+    if "extra_args_provider" in params:
+        return "args"
+    if len(params) > 2 and params[2] == "model_provider":
+        return "container"
+    if "model_type" in params:
+        return "model-config"
+    raise ZeppelinArgsError(f"unknown Megatron-LM pretrain() signature {params}; Zeppelin supports "
+                            "core_v0.16 - core_v0.19 and main (see patches/README.md)")
+
+
+def run_pretrain_gpt(pretrain_gpt: ModuleType, argv: Sequence[str] | None = None, *,
+                     program_start: float | None = None) -> None:
+    """Run Megatron-LM's ``pretrain()`` with Zeppelin's parts, as ``pretrain_gpt.py`` would.
+
+    ``pretrain_gpt``: Megatron-LM's ``pretrain_gpt`` module (imported by the
+    launcher, or ``sys.modules['__main__']`` in a patched ``pretrain_gpt.py``):
+    its ``pretrain``, ``model_provider``, ``get_embedding_ranks``,
+    in-process restart wrapper and ModelOpt hooks are used as that version
+    uses them. ``argv`` defaults to ``sys.argv``; it is checked
+    (:func:`check_startup`, exit 2 on an unservable configuration) and
+    ``sys.argv`` set to the checked argv before Megatron parses it.
+    """
+    from megatron.core.enums import ModelType
+
+    main_entry = time.time()
+    m = pretrain_gpt
+    modelopt = m.add_modelopt_args if getattr(m, "has_nvidia_modelopt", False) else None
+    sys.argv = check_startup(list(sys.argv if argv is None else argv), other_args_provider=modelopt)
+
+    timestamps = getattr(m, "set_startup_timestamps", None)
+    if timestamps is not None:
+        timestamps(program_start=program_start if program_start is not None
+                   else getattr(m, "_PROGRAM_START_TIME", main_entry), main_entry=main_entry)
+    pretrain = m.pretrain
+    convention = pretrain_convention(pretrain)
+    if os.environ.get("RANK", "0") in ("0", ""):
+        print(f"zeppelin: Megatron-LM pretrain() convention: {convention} ({m.__file__})", flush=True)
+    store = None
+    restart = getattr(m, "inprocess_restart", None)
+    if restart is not None:
+        pretrain, store = restart.maybe_wrap_for_inprocess_restart(pretrain)
+    common: dict[str, Any] = {"store": store}
+    if hasattr(m, "get_embedding_ranks"):
+        common["get_embedding_ranks"] = m.get_embedding_ranks
+    provider = train_valid_test_datasets_provider
+    if convention == "args":
+        pretrain(provider, partial(m.model_provider, zeppelin_gpt_builder), ModelType.encoder_or_decoder,
+                 forward_step, args_defaults=dict(ARGS_DEFAULTS), extra_args_provider=extra_args_provider(modelopt),
+                 **common)
+        return
+    from megatron.training import argument_utils
+    from megatron.training.arguments import parse_and_validate_args
+
+    args = parse_and_validate_args(extra_args_provider=extra_args_provider(modelopt), args_defaults=dict(ARGS_DEFAULTS))
+    if convention == "container":
+        cfg = argument_utils.pretrain_cfg_container_from_args(args)
+        pretrain(cfg, provider, partial(m.model_provider, zeppelin_gpt_builder), ModelType.encoder_or_decoder,
+                 forward_step, **common)
+        return
+    if modelopt is not None and hasattr(m, "maybe_enable_modelopt"):
+        m.maybe_enable_modelopt(args)
+    if modelopt is not None and getattr(args, "modelopt_enabled", False):
+        model_cfg = argument_utils.gpt_config_from_args(args, model_config_cls=m.ModelOptModelConfig)
+    else:
+        model_cfg = argument_utils.gpt_config_from_args(args)
+    cfg = argument_utils.pretrain_cfg_container_from_args(args, use_zeppelin_model(model_cfg))
+    pretrain(cfg, provider, ModelType.encoder_or_decoder, forward_step, **common)
+
+
 # -- run state: built once, on Megatron's first call into our code -----------------------------
 
 
@@ -194,7 +310,7 @@ def _run() -> _Run:
     args = get_args()
     setup = setup_from_args(args, world_size=args.world_size,
                             local_world_size=_env_int(os.environ, "LOCAL_WORLD_SIZE"))
-    group = zeppelin_group_from_megatron(setup.parallel.gpus_per_node)
+    group = zeppelin_group_from_megatron(setup.parallel.gpus_per_node, setup.config.timeout)  # --zeppelin-timeout
     if (group.size, group.gpus_per_node) != (setup.cluster.world_size, setup.cluster.gpus_per_node):
         raise ZeppelinArgsError(
             f"the Zeppelin process group has {group.size} ranks, {group.gpus_per_node} per node, but the "
@@ -215,31 +331,38 @@ def _run() -> _Run:
 # -- model ----------------------------------------------------------------------------------
 
 
+def zeppelin_spec_from_args(args: argparse.Namespace) -> Any:
+    """Megatron's GPT layer spec for ``args`` (local or Transformer Engine modules by
+    ``--transformer-impl``; ``--normalization``, ``--qk-layernorm``, ``--qk-l2-norm``) with
+    Zeppelin's core attention."""
+    from .spec import get_gpt_layer_zeppelin_spec
+
+    impl = args.transformer_impl
+    if impl not in ("local", "transformer_engine"):
+        raise ZeppelinArgsError(f"--transformer-impl {impl}: Zeppelin supports local and transformer_engine")
+    kwargs: dict[str, Any] = {"qk_layernorm": args.qk_layernorm, "qk_l2_norm": getattr(args, "qk_l2_norm", False)}
+    if impl == "local":
+        kwargs["normalization"] = args.normalization
+    return get_gpt_layer_zeppelin_spec(use_te=impl == "transformer_engine", **kwargs)
+
+
 def build_zeppelin_gpt(args: argparse.Namespace, pre_process: bool = True, post_process: bool = True,
                        vp_stage: int | None = None, config: Any = None, pg_collection: Any = None) -> Any:
     """A megatron-core ``GPTModel`` from Megatron's ``args`` with Zeppelin's layer spec, prepared.
 
-    The dense path of Megatron-LM's ``gpt_builder`` (core_v0.16.1) with the
-    layer spec from :func:`~zeppelin_megatron.megatron.spec.get_gpt_layer_zeppelin_spec`
-    (local or Transformer Engine modules by ``--transformer-impl``); the
-    features that path has and Zeppelin rejects (MoE, MLA, MTP, legacy models,
-    heterogeneous layers) were refused at start-up.
+    The dense path of Megatron-LM's ``gpt_builder`` (core_v0.16.1 - core_v0.18)
+    with the layer spec of :func:`zeppelin_spec_from_args`; the features that
+    path has and Zeppelin rejects (MoE, MLA, MTP, legacy models, heterogeneous
+    layers) were refused at start-up.
     """
     from megatron.core.models.gpt import GPTModel
     from megatron.training.arguments import core_transformer_config_from_args
 
-    from .spec import get_gpt_layer_zeppelin_spec
     from .step import prepare_model
 
     if config is None:
         config = core_transformer_config_from_args(args)
-    impl = args.transformer_impl
-    if impl not in ("local", "transformer_engine"):
-        raise ZeppelinArgsError(f"--transformer-impl {impl}: Zeppelin supports local and transformer_engine")
-    kwargs: dict[str, Any] = {"qk_layernorm": args.qk_layernorm, "qk_l2_norm": args.qk_l2_norm}
-    if impl == "local":
-        kwargs["normalization"] = args.normalization
-    spec = get_gpt_layer_zeppelin_spec(use_te=impl == "transformer_engine", **kwargs)
+    spec = zeppelin_spec_from_args(args)
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
@@ -273,6 +396,48 @@ def zeppelin_gpt_builder(args: argparse.Namespace, pre_process: bool = True, pos
     _run()
     print_rank_0("building GPT model with Zeppelin attention ...")
     return build_zeppelin_gpt(args, pre_process, post_process, vp_stage, config=config, pg_collection=pg_collection)
+
+
+def zeppelin_layer_spec(model_config: Any = None, vp_stage: int | None = None) -> Any:
+    """``GPTModelConfig.transformer_layer_spec`` for the model-config path (core_v0.19 on).
+
+    Megatron's ``GPTModelBuilder.build_model`` calls it (every rank, once per
+    model chunk) after ``initialize_megatron``: it runs the start-up checks on
+    Megatron's validated args, creates the Zeppelin group (collective; first
+    call only) and returns the Zeppelin layer spec for those args. The builder
+    then builds the GPTModel itself (vocabulary padding, MTP, RoPE options stay
+    Megatron's).
+    """
+    from megatron.training import get_args, print_rank_0
+
+    _run()
+    print_rank_0("building GPT model with Zeppelin attention (Megatron's GPTModelBuilder) ...")
+    return zeppelin_spec_from_args(get_args())
+
+
+def prepare_model_chunks(models: Any) -> Any:
+    """Pre-wrap hook (``ModelConfig.pre_wrap_hooks``): :func:`~.step.prepare_model` on the bare
+    model chunks (RoPE hook, attention modules recorded); returns them unchanged."""
+    from .step import prepare_model
+
+    prepare_model(models)
+    return models
+
+
+def use_zeppelin_model(model_config: Any) -> Any:
+    """Make a Megatron ``GPTModelConfig`` build Zeppelin's model; returns it.
+
+    Sets ``transformer_layer_spec`` to :func:`zeppelin_layer_spec` and appends
+    :func:`prepare_model_chunks` to ``pre_wrap_hooks`` (once).
+    """
+    if not hasattr(model_config, "transformer_layer_spec") or not hasattr(model_config, "pre_wrap_hooks"):
+        raise ZeppelinArgsError(
+            f"{type(model_config).__name__} has no transformer_layer_spec / pre_wrap_hooks: this Megatron-LM's "
+            "model config is not the GPTModelConfig Zeppelin knows (core_v0.19 - main)")
+    model_config.transformer_layer_spec = zeppelin_layer_spec
+    if prepare_model_chunks not in model_config.pre_wrap_hooks:
+        model_config.pre_wrap_hooks.append(prepare_model_chunks)
+    return model_config
 
 
 # -- data -----------------------------------------------------------------------------------
