@@ -194,6 +194,28 @@ def run_timeouts(rank: int, world: int, timeout_s: float) -> None:
                limit)
     dist.barrier()
 
-    # 4. nothing is wrong: a fresh group with the timeout computes the right answer
+    # 4. the failing rank passes the check and the remap, then raises before its ring transfers:
+    #    on 2 ranks (every ring spans both) the other one times out in a ring step naming it
+    if world == 2:
+        group = zeppelin_group_over([everyone], gpn, timeout_s)
+        assert any(len(r.ranks) == 2 for r in plan.rings), "the plan needs a ring over both ranks"
+        real_engine = attention_mod.EngineFunction
+        if rank == bad:
+            class Failing:
+                @staticmethod
+                def apply(*args: Any) -> Any:
+                    raise RuntimeError("injected failure before the rings")
+            attention_mod.EngineFunction = Failing  # type: ignore[assignment,misc]
+            try:
+                _raises(RuntimeError, ["injected failure"], lambda: zeppelin_attention(q, k, v, plan, group))
+            finally:
+                attention_mod.EngineFunction = real_engine  # type: ignore[misc]
+        else:
+            msg = _raises(ZeppelinTimeoutError, hints + [f"waiting for {group.describe_ranks([bad])}"],
+                          lambda: zeppelin_attention(q, k, v, plan, group))
+            assert " ring " in msg and " step " in msg and f"rank {bad})" in msg, msg
+        dist.barrier()
+
+    # 5. nothing is wrong: a fresh group with the timeout computes the right answer
     group = zeppelin_group_over([everyone], gpn, timeout_s)
     runtime_workers.check_attention(group, plan, dtype=torch.float64, routing=True, hq=HQ, hkv=HKV, d=D)
