@@ -245,9 +245,9 @@ def check_trace(group: ZeppelinGroup, plan: StepPlan, *, routing: bool, hq: int 
 
     real_post = router_mod.post
 
-    def recording_post(ops, grp):  # type: ignore[no-untyped-def]
+    def recording_post(ops, grp, *rest):  # type: ignore[no-untyped-def]
         log.extend(("p2p", op.peer, op.send, op.tag, op.tensor.numel()) for op in ops)
-        return real_post(ops, grp)
+        return real_post(ops, grp, *rest)
 
     router_mod.post = recording_post
     try:

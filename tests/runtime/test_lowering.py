@@ -48,7 +48,8 @@ def test_docstring_example() -> None:
         ("early", 1, ((0, 2, 4), (0, 4, 6)), ((0, 0, 2),))]
     late, early = r0.forward[4], r1.forward[3]
     assert isinstance(late, RingCall) and isinstance(early, RingCall)
-    assert (late.lens_q, late.lens_k, late.q_rows, late.kv_rows, late.causal) == ((2,), (4,), (2, 3), (0, 1, 2, 3), False)
+    assert (late.lens_q, late.lens_k, late.q_rows, late.kv_rows) == ((2,), (4,), (2, 3), (0, 1, 2, 3))
+    assert not late.causal
     assert (early.lens_q, early.lens_k, early.q_rows, early.kv_rows) == ((4,), (2,), (0, 1, 2, 3), (0, 1))
     assert r0.rings[0].rows == (0, 1, 2, 3) and r0.local_chunks[0].rows == (4, 5, 6) and r0.local_chunks[0].lens == (3,)
     kv = prog.transfers[TransferId(0, 0, "kv")]

@@ -159,7 +159,8 @@ class AttentionEngine:
         payloads = {}
         if payload is not None:
             payloads = {i: payload.reshape(-1) for i, (src, _) in enumerate(w.ends) if src == self.group.rank}
-        return self.router.start(w.rounds, w.ends, w.sizes, payloads, dtype=dtype, device=self.device)
+        what = f"ring {tid.ring} step {tid.step} {'K/V' if tid.kind == 'kv' else 'dK/dV'}"
+        return self.router.start(w.rounds, w.ends, w.sizes, payloads, dtype=dtype, device=self.device, what=what)
 
     def _received(self, tid: TransferId, got: dict[int, torch.Tensor]) -> torch.Tensor | None:
         """The one message of a ring transfer this member receives, as [n, 2*Hkv, D]; None for relays."""

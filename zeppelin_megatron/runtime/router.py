@@ -56,9 +56,11 @@ class InFlight:
         dtype: torch.dtype,
         device: torch.device,
         stream: CommStream,
+        what: str = "",
     ) -> None:
         me = group.rank
         self._group, self._stream, self._rounds, self._payloads = group, stream, rounds, payloads
+        self._what = what
         self._dst = [d for _, d in ends]
         self._outputs: dict[int, torch.Tensor] = {}
         for i, ((src, dst), n) in enumerate(zip(ends, sizes)):
@@ -95,7 +97,8 @@ class InFlight:
             self._posted.wait()
             self._posted = None
         if self._next < ROUNDS:
-            self._posted = post(self._ops(self._next), self._group)
+            what = f"{self._what} round {self._next}" if self._what else ""
+            self._posted = post(self._ops(self._next), self._group, what)
             self._next += 1
 
     def start(self) -> "InFlight":
@@ -130,7 +133,9 @@ class Router:
         *,
         dtype: torch.dtype,
         device: torch.device,
+        what: str = "",
     ) -> InFlight:
-        """Post this rank's hops ``rounds`` of messages ``ends`` (``(src, dst)``) of ``sizes`` elements."""
+        """Post this rank's hops ``rounds`` of messages ``ends`` (``(src, dst)``) of ``sizes`` elements;
+        ``what`` names the step in a timeout error (e.g. ``"ring 2 step 1 K/V"``)."""
         return InFlight(rounds, ends, sizes, self.group, payloads, dtype=dtype, device=device,
-                        stream=self.stream).start()
+                        stream=self.stream, what=what).start()
