@@ -18,6 +18,7 @@ from zeppelin_megatron.runtime import (
     BackendUnavailableError,
     PlanMismatchError,
     RuntimeInputError,
+    ZeppelinCommError,
     ZeppelinGroup,
     ZeppelinTimeoutError,
     zeppelin_attention,
@@ -219,3 +220,22 @@ def run_timeouts(rank: int, world: int, timeout_s: float) -> None:
     # 5. nothing is wrong: a fresh group with the timeout computes the right answer
     group = zeppelin_group_over([everyone], gpn, timeout_s)
     runtime_workers.check_attention(group, plan, dtype=torch.float64, routing=True, hq=HQ, hkv=HKV, d=D)
+
+
+def run_dead_peer(rank: int, world: int) -> None:
+    """Rank ``world - 1`` exits after a good call; the others raise ZeppelinCommError at once, naming it."""
+    import os
+
+    everyone = tuple(range(world))
+    group = zeppelin_group_over([everyone], world, 60.0)
+    plan = random_plan(3, 1, world, n_inter_rings=0)
+    q, k, v = _inputs(plan, rank)
+    zeppelin_attention(q, k, v, plan, group)
+    dist.barrier()
+    if rank == world - 1:
+        os._exit(0)  # the process is gone: its sockets close
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    _raises(ZeppelinCommError, ["start-of-call agreement check", "Connection closed by peer"],
+            lambda: zeppelin_attention(q, k, v, plan, group))
+    assert time.monotonic() - t0 < 30, "a closed connection must fail fast, not after the 60 s timeout"

@@ -42,6 +42,11 @@ def test_failed_rank_that_stays_alive_world_3() -> None:
     spawn(3, agreement_workers.run_timeouts, 3.0)
 
 
+def test_peer_that_exits_world_2() -> None:
+    """A peer process that is gone: ZeppelinCommError at once (closed connection), not the timeout."""
+    spawn(2, agreement_workers.run_dead_peer)
+
+
 @pytest.mark.parametrize("setting", [True, False])
 def test_megatron_layers_check_on_a_shared_schedule(setting: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """First Zeppelin layer: always checks; the others: only with the setting on; the setting is sent along."""
