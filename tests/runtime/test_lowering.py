@@ -168,3 +168,16 @@ def test_lower_rank_rejects_a_rank_outside_the_plan() -> None:
     plan = random_plan(3, 1, 2)
     with pytest.raises(ValueError, match=r"rank 2 is outside the plan's \[0, 2\)"):
         lower_rank(plan, 2)
+
+
+def test_lowering_is_pure_and_deterministic() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, zeppelin_megatron.planner.lowering as m; "
+            "assert not any(n == 'torch' or n.startswith('torch.') for n in sys.modules), 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    plan = random_plan(5, 2, 4)
+    a, b = lower(plan), lower(plan)
+    assert a.ranks == b.ranks and a.transfers == b.transfers and a.remaps == b.remaps
+    assert [op for op in a.ranks[3].forward] == [op for op in b.ranks[3].forward]

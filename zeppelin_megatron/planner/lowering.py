@@ -79,14 +79,11 @@ class RingCall:
     """
 
     part: "RingPart" = field(repr=False, compare=False)
+    ring: int
     step: int
     position: int
     source: int
     kind: Literal["diag", "early", "late"]
-
-    @property
-    def ring(self) -> int:
-        return self.part.ring
 
     @property
     def causal(self) -> bool:
@@ -338,7 +335,8 @@ def _ring_calls(part: RingPart) -> list[RingCall]:
     for j in range(g):
         src = ring_source(i, j, g)
         kind = "diag" if src == i else ("early" if src < i else "late")
-        calls.append(RingCall(part=part, step=j, position=i, source=src, kind=kind))  # type: ignore[arg-type]
+        calls.append(RingCall(part=part, ring=part.ring, step=j, position=i, source=src,
+                              kind=kind))  # type: ignore[arg-type]
     return calls
 
 
