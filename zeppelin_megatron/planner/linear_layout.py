@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .cluster import Cluster
+from .gc_pause import gc_paused
 
 __all__ = ["balanced_quotas", "linear_layout"]
 
@@ -54,6 +55,13 @@ def linear_layout(
     attention: Sequence[Sequence[TokenRange]], cluster: Cluster
 ) -> tuple[tuple[TokenRange, ...], ...]:
     """Token-balanced layout derived from ``attention`` (see module docstring)."""
+    with gc_paused():
+        return _linear_layout(attention, cluster)
+
+
+def _linear_layout(
+    attention: Sequence[Sequence[TokenRange]], cluster: Cluster
+) -> tuple[tuple[TokenRange, ...], ...]:
     n = len(attention)
     held = [sum(e - s for _, s, e in rs) for rs in attention]
     quotas = balanced_quotas(held)

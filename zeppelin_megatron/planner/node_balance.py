@@ -178,7 +178,7 @@ class RoundView:
 Candidate = tuple[MoveKey, Move]
 
 
-def rebalance_nodes(ctx: PartitionContext, st: NodeState, rank_in_order: dict[int, int], *,
+def rebalance_nodes(ctx: PartitionContext, st: NodeState, rank_in_order: Sequence[int], *,
                     lend: bool = True) -> bool:
     """Apply improving moves to ``st`` (see the module docstring); True if any was made.
 
@@ -203,7 +203,7 @@ def rebalance_nodes(ctx: PartitionContext, st: NodeState, rank_in_order: dict[in
     return moved
 
 
-def _round_view(ctx: PartitionContext, st: NodeState, rank_in_order: dict[int, int],
+def _round_view(ctx: PartitionContext, st: NodeState, rank_in_order: Sequence[int],
                 lend_ms: dict[int, tuple[tuple[int, float], ...]] | None) -> RoundView:
     n_nodes, gpn, w = ctx.cluster.nodes, ctx.gpn, ctx.w
     hi = max(range(n_nodes), key=lambda n: (st.load[n], -n))
@@ -236,7 +236,7 @@ def _round_view(ctx: PartitionContext, st: NodeState, rank_in_order: dict[int, i
 
 
 def _candidates(ctx: PartitionContext, st: NodeState, view: RoundView,
-                rank_in_order: dict[int, int]) -> Iterator[Candidate]:
+                rank_in_order: Sequence[int]) -> Iterator[Candidate]:
     """Every move of this round, receiving nodes from the least loaded up (until none is lower)."""
     for lo in sorted(range(ctx.cluster.nodes), key=lambda n: (st.load[n], n)):
         gap = st.load[view.hi] - st.load[lo]
@@ -276,7 +276,7 @@ def single_trades(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int
 
 
 def batch_trade(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float,
-                rank_in_order: dict[int, int]) -> Iterator[Candidate]:
+                rank_in_order: Sequence[int]) -> Iterator[Candidate]:
     """Several light sequences of ``hi`` at once, largest first, up to ``gap / 2`` (saves rounds).
 
     Example: gap 10, costs 1, 2, 3, 6: 3 and 2 go (5 <= 5), 1 does not (6 > 5).
@@ -298,7 +298,7 @@ def batch_trade(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, 
 
 
 def swaps(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float, item: Item,
-          lo_items: list[int], rank_in_order: dict[int, int]) -> Iterator[Candidate]:
+          lo_items: list[int], rank_in_order: Sequence[int]) -> Iterator[Candidate]:
     """``item`` (cost ``c >= gap``) for one sequence ``b`` of ``lo`` with ``0 < c - cost(b) < gap``."""
     hi, tok, load = view.hi, st.tokens, st.load
     for b in lo_items:
@@ -360,7 +360,7 @@ def lends(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, item: 
 
 
 def ring_moves(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float,
-               rank_in_order: dict[int, int]) -> Iterator[Candidate]:
+               rank_in_order: Sequence[int]) -> Iterator[Candidate]:
     """:class:`Shift` and :class:`Widen` of each ring over whole nodes through ``hi`` and not ``lo``."""
     hi, gpn, load, tok = view.hi, ctx.gpn, st.load, st.tokens
     for a, nodes in view.hi_rings:
@@ -413,7 +413,7 @@ def _whole_nodes(ctx: PartitionContext, nodes: Sequence[int]) -> tuple[int, ...]
     return tuple(ctx.cluster.rank_of(n, l) for n in sorted(nodes) for l in range(ctx.gpn))
 
 
-def _apply(ctx: PartitionContext, st: NodeState, move: Move, rank_in_order: dict[int, int]) -> None:
+def _apply(ctx: PartitionContext, st: NodeState, move: Move, rank_in_order: Sequence[int]) -> None:
     if isinstance(move, Trade):
         hi, lo = move.hi, move.lo
         for i, src, dst in [(a, hi, lo) for a in move.out] + [(b, lo, hi) for b in move.back]:

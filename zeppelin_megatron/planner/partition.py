@@ -70,6 +70,7 @@ from typing import Sequence
 
 from .capacity_fill import capacity_fill
 from .cost_model import CostModel
+from .gc_pause import gc_paused
 from .node_balance import NodeState, rebalance_nodes
 from .options import PlannerOptions
 from .partition_context import Assignment, PartitionContext
@@ -105,10 +106,18 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions) 
     by tokens alone (:func:`~.capacity_fill.capacity_fill`), which fits by
     construction or names the sequence it cannot place.
     """
+    with gc_paused():  # a million sequences allocate millions of objects (gc_pause.py)
+        return _partition(lengths, cost, options)
+
+
+def _partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions) -> list[Assignment]:
     check_ring_fit(lengths, cost.cluster.world_size, cost.cluster.tokens_per_gpu)
     ctx = PartitionContext(lengths, cost, options)
-    order = sorted(range(len(lengths)), key=lambda i: (-ctx.w[i], -lengths[i], i))
-    rank_in_order = {i: k for k, i in enumerate(order)}
+    # costliest first (ties: longer, then lower index)
+    order = [i for _, _, i in sorted(zip([-x for x in ctx.w], [-s for s in lengths], range(len(lengths))))]
+    rank_in_order = [0] * len(lengths)  # sequence -> its place in the order
+    for k, i in enumerate(order):
+        rank_in_order[i] = k
     # best: ((misses balance_target, chained rings, score), assignments, balanced within slack); lower key wins
     best: tuple[tuple[bool, bool, float], list[Assignment], bool] | None = None
     seen: set[tuple] = set()  # level-1 outcomes already placed (thresholds often agree)
@@ -192,7 +201,7 @@ def _chained(assignments: list[Assignment]) -> bool:
 
 
 def _correct(ctx: PartitionContext, st: NodeState, assignments: list[Assignment], att: list[float],
-             rank_in_order: dict[int, int], *, lend: bool = True) -> bool:
+             rank_in_order: Sequence[int], *, lend: bool = True) -> bool:
     """Level 1 again on level 2's outcome; True if it moved anything.
 
     Each node's load becomes ``G`` times its busiest GPU's attention time in
@@ -212,7 +221,7 @@ def _correct(ctx: PartitionContext, st: NodeState, assignments: list[Assignment]
     return rebalance_nodes(ctx, st, rank_in_order, lend=lend)
 
 
-def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, rank_in_order: dict[int, int], *,
+def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, rank_in_order: Sequence[int], *,
                   lend: bool = True) -> NodeState:
     """Level 1: node of each sequence, or the node-spanning ring of an inter-node one.
 
@@ -227,11 +236,20 @@ def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, ra
     inter: dict[int, tuple[int, ...]] = {}
     heap = [(0.0, n) for n in range(n_nodes)]  # (load, node); entries whose load changed are skipped
     soft_cap, may_span, node_cost = ctx.node_soft_cap, n_nodes > 1 and ctx.allow_inter, ctx.node_cost
+    cost: dict[int, float] = {}  # GPU-time each node-local sequence adds to its node
     for i in order:
         s = lengths[i]
         while heap[0][0] != node_load[heap[0][1]]:
             heapq.heappop(heap)
         best: int | None = heap[0][1]  # the least loaded node
+        if node_tok[best] + s <= soft_cap and not (may_span and w[i] > span_limit):
+            c = node_cost(i)  # the common case, spelled out: the least loaded node takes it
+            cost[i] = c
+            node_load[best] += c
+            node_tok[best] += s
+            node_seqs[best].append(i)
+            heapq.heapreplace(heap, (node_load[best], best))
+            continue
         if node_tok[best] + s > soft_cap:
             # Keep headroom on each node so the GPU level can still pack whole
             # sequences; use the full capacity only when no node has headroom left.
@@ -267,12 +285,12 @@ def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, ra
                 f"({gpn} GPUs x {cap} tokens per GPU; free tokens per node: "
                 f"{[gpn * cap - t for t in node_tok]}); raise tokens_per_gpu or add nodes"
             )
-        node_load[best] += node_cost(i)
+        cost[i] = c = node_cost(i)
+        node_load[best] += c
         node_tok[best] += s
         node_seqs[best].append(i)
         heapq.heappush(heap, (node_load[best], best))
-    st = NodeState(seqs=node_seqs, inter=inter, load=node_load, tokens=node_tok,
-                   cost={i: ctx.node_cost(i) for seqs in node_seqs for i in seqs})
+    st = NodeState(seqs=node_seqs, inter=inter, load=node_load, tokens=node_tok, cost=cost)
     rebalance_nodes(ctx, st, rank_in_order, lend=lend)
     return st
 

@@ -33,7 +33,7 @@ NODE_HEADROOM = 0.05
 """Fraction of a node's token capacity level 1 leaves free while it can (fragmentation)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Assignment:
     """Where one sequence goes: ``placement`` (``local`` | ``intra_node`` | ``inter_node``) and its
     ranks (one for ``local``; ring order, position ``p`` at ``ranks[p]``, for split ones)."""

@@ -97,7 +97,10 @@ def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float]
             out[i] = whole[least]  # the common case, spelled out: whole on the least loaded GPU
             load[least] += w
             tok[least] += s
-            heapq.heappush(heap, (load[least], least))
+            if heap[0][1] == least:
+                heapq.heapreplace(heap, (load[least], least))
+            else:
+                heapq.heappush(heap, (load[least], least))
             continue
         choice: list[int] | None
         if least >= 0 and allow_local and load[least] + w <= t_lim:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from .gc_pause import gc_paused
 from .plan_parts import PlanError, TokenRange
 from .zigzag import chunk_bounds, next_position
 
@@ -22,6 +23,12 @@ __all__ = ["validate_plan", "check_local_slots", "check_routing"]
 
 
 def validate_plan(plan: "StepPlan") -> None:
+    """Check ``plan`` (module docstring); raises :class:`PlanError` naming the first problem."""
+    with gc_paused():
+        _validate_plan(plan)
+
+
+def _validate_plan(plan: "StepPlan") -> None:
     world = plan.nodes * plan.gpus_per_node
     if not plan.sequences:
         raise PlanError("the plan has no sequences (an empty batch)")

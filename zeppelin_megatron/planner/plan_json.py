@@ -13,6 +13,7 @@ import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from .gc_pause import gc_paused
 from .plan_parts import PLACEMENTS, PLAN_SCHEMA, LocalSlot, PlanError, Prediction, SequencePlan, TokenRange
 from .routing import Route, plan_routing
 from .zigzag import ring_chunk_pair_tokens
@@ -70,6 +71,11 @@ def plan_to_json(plan: "StepPlan") -> str:
     on rank 0 of 1x1 starts ``{"schema":"zeppelin-plan/1","nodes":1,"gpus_per_node":1,
     "sequences":[{"length":5,"placement":"local","ranks":[0]}],"attention_layout":[[[0,0,5]]]``.
     """
+    with gc_paused():
+        return _plan_to_json(plan)
+
+
+def _plan_to_json(plan: "StepPlan") -> str:
     def layout(lay: Any) -> str:
         return "[" + ",".join("[" + ",".join(f"[{q},{a},{b}]" for q, a, b in rs) + "]" for rs in lay) + "]"
 

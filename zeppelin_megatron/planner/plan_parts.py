@@ -24,14 +24,14 @@ class PlanError(ValueError):
     """A plan (or a request to make one) that is invalid."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SequencePlan:
     length: int
     placement: Placement
     ranks: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Ring:
     """Split sequences that share one rank tuple; executed as one ring."""
 
@@ -40,7 +40,7 @@ class Ring:
     seqs: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LocalSlot:
     """Local sequences ``seqs`` of ``rank`` run as one causal call inside ring ``ring``
     (an index into :attr:`StepPlan.rings`), after the rank's step-``step`` kernel and

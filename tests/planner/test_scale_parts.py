@@ -1,0 +1,61 @@
+"""Pieces of the large-batch speed-ups that must not change results (issue 14 item 4)."""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import pytest
+
+from zeppelin_megatron.planner import CostModel, PlannerOptions, StepPlan, load_cluster, load_model, plan_step
+from zeppelin_megatron.planner.gc_pause import gc_paused
+from zeppelin_megatron.planner.linear_layout import _take
+from zeppelin_megatron.planner.workloads import long_tailed_batch
+
+
+def test_gc_paused_restores_the_collector() -> None:
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause still holds
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), gc_paused():
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # left as it was
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize(("spec", "tokens", "seed", "remap"), [
+    ("1x1", 7, 0, True), ("2x4", 300_000, 1, True), ("4x8", 1 << 20, 3, "auto"), ("2x8", 1 << 19, 3, False),
+])
+def test_to_json_is_json_dumps_byte_for_byte(spec: str, tokens: int, seed: int, remap: object) -> None:
+    cost = CostModel(model=load_model(None), cluster=load_cluster(spec))
+    plan = plan_step(long_tailed_batch(tokens, seed), cost, PlannerOptions(remap=remap))  # type: ignore[arg-type]
+    text = plan.to_json()
+    assert text == json.dumps(plan.to_dict(), separators=(",", ":"))
+    assert StepPlan.from_json(text).to_json() == text
+    assert json.loads(plan.to_json(indent=1)) == plan.to_dict()
+
+
+def test_take_splits_after_count() -> None:
+    ranges = [(0, 0, 4), (1, 0, 3), (2, 5, 6)]
+    assert _take(list(ranges), 0) == ([], ranges)
+    assert _take(list(ranges), 4) == ([(0, 0, 4)], [(1, 0, 3), (2, 5, 6)])
+    assert _take(list(ranges), 5) == ([(0, 0, 4), (1, 0, 1)], [(1, 1, 3), (2, 5, 6)])
+    assert _take(list(ranges), 8) == (ranges, [])
+
+
+def test_many_equal_sequences_plan_evenly() -> None:
+    # 20k length-1 sequences on 4x8: every GPU gets T/P tokens (the heap and fast paths of level 1 and 2).
+    cost = CostModel(model=load_model(None), cluster=load_cluster("4x8"))
+    plan = plan_step([1] * 20_000, cost)
+    held = [plan.tokens(r, "attention") for r in range(32)]
+    assert sum(held) == 20_000 and max(held) - min(held) <= 1
