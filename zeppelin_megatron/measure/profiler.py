@@ -13,7 +13,10 @@ on CPU):
 * ``linear.rows``: the layer's four GEMMs (:mod:`.linear`) for ``t`` tokens,
   for each ``t`` in ``linear_tokens``;
 * ``call_overhead_ms``: one 16-token causal call, timed by wall clock with a
-  device synchronisation (host-side launch cost included).
+  device synchronisation (host-side launch cost included);
+* ``hbm``: device-memory bandwidth from one large device-to-device copy
+  (``hbm_bytes``: 1 GiB on a GPU, 64 MiB on CPU), ``2 * bytes / time`` (read +
+  write, the convention of the bundled H100 figure), labelled ``measured``.
 
 Links are measured separately (:mod:`.links`, only under ``torchrun``) and
 passed in; without them the profile has no ``links`` section and the planner
@@ -37,7 +40,7 @@ from .linear import LinearWork, linear_flops
 from .links import LinkResult
 from .timing import kernel_for, time_ms
 
-__all__ = ["ProfileOptions", "measure_profile", "GPU_LENGTHS", "GPU_LINEAR_TOKENS", "GPU_TOKENS_PER_CALL"]
+__all__ = ["ProfileOptions", "measure_profile", "measure_hbm_GBps", "GPU_LENGTHS", "GPU_LINEAR_TOKENS", "GPU_TOKENS_PER_CALL"]
 
 GPU_LENGTHS: tuple[int, ...] = tuple(2 ** k for k in range(7, 18))  # 128 .. 131072, as the bundled profile
 GPU_LINEAR_TOKENS: tuple[int, ...] = (1024, 4096, 16384, 65536)
@@ -61,6 +64,8 @@ class ProfileOptions:
     repeats: int = 10
     blocks: bool = True
     seed: int = 0
+    hbm_bytes: int | None = None
+    """Bytes of the timed copy for ``hbm`` (None: 1 GiB on CUDA, 64 MiB elsewhere)."""
 
     def __post_init__(self) -> None:
         for name in ("lengths", "linear_tokens"):
@@ -76,6 +81,9 @@ class ProfileOptions:
                     raise ValueError(f"{name} must be strictly increasing, got {a} then {b}")
         if self.blocks and min(self.lengths) < 2:
             raise ValueError(f"ring blocks need lengths >= 2 (s x s/2 blocks), got {min(self.lengths)}")
+        if self.hbm_bytes is not None and (isinstance(self.hbm_bytes, bool) or not isinstance(self.hbm_bytes, int)
+                                           or self.hbm_bytes < 1024):
+            raise ValueError(f"hbm_bytes must be an integer >= 1024, got {self.hbm_bytes!r}")
         if self.tokens_per_call < 1:
             raise ValueError(f"tokens_per_call must be >= 1, got {self.tokens_per_call}")
         if self.warmup < 0 or self.repeats < 1:
@@ -151,6 +159,9 @@ def measure_profile(
     overhead = time_ms(tiny.run, device=dev, warmup=opts.warmup, repeats=opts.repeats, wall=True).median
     say(f"call overhead ({OVERHEAD_TOKENS}-token causal call, wall clock): {overhead:.4f} ms")
 
+    hbm_GBps, hbm_bytes = measure_hbm_GBps(opts)
+    say(f"HBM bandwidth ({hbm_bytes / 2**20:.0f} MiB device-to-device copy, read + write): {hbm_GBps:.1f} GB/s")
+
     timing = "CUDA events" if dev.type == "cuda" else "time.perf_counter"
     notes = [
         f"Measured by `zeppelin profile` on {_device_name(dev)} ({dev}), dtype {opts.dtype_name}, "
@@ -170,6 +181,8 @@ def measure_profile(
         "linear": {"hidden": m.hidden, "ffn": m.ffn, "q_heads": hq, "kv_heads": hkv, "head_dim": d,
                    "rows": lin_rows},
         "call_overhead_ms": _sig(overhead),
+        "hbm": {"GBps": _sig(hbm_GBps), "source": "measured",
+                "note": f"one {hbm_bytes} B device-to-device copy, bytes read + written per second"},
         "software": {"torch": torch.__version__, "python": platform.python_version(),
                      "cuda": torch.version.cuda, "platform": sys.platform},
         "measurement": {"backend": kernel.name, "warmup": opts.warmup, "repeats": opts.repeats,
@@ -191,3 +204,15 @@ def measure_profile(
     doc["source"] = " ".join(notes)
     parse_profile(doc, source="measured profile")  # the planner must accept what we write
     return doc
+
+
+def measure_hbm_GBps(opts: ProfileOptions) -> tuple[float, int]:
+    """``(GB/s, bytes copied)``: median time of ``dst.copy_(src)`` over ``opts.hbm_bytes`` bytes,
+    counted as ``2 * bytes`` (read + write) per second. Example: 1 GiB copied in 0.727 ms -> 2954 GB/s."""
+    dev = opts.device
+    n = opts.hbm_bytes if opts.hbm_bytes is not None else (2**30 if dev.type == "cuda" else 64 * 2**20)
+    src = torch.ones(n, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), device=dev, warmup=max(opts.warmup, 1), repeats=opts.repeats).median
+    del src, dst
+    return 2 * n / (ms * 1e-3) / 1e9, n

@@ -14,12 +14,20 @@ A profile holds measurements of one GPU type, all forward+backward, one layer::
       "linear": {"hidden": 4096, "ffn": 11008, "q_heads": 32, "kv_heads": 8,
                  "head_dim": 128, "rows": [{"tokens": 1024, "fwd_bwd_ms": 2.18}, ...]},
       "call_overhead_ms": 1.09,                                        # optional
+      "hbm": {"GBps": 2951.7, "source": "measured"},                   # optional
       "links": {"nvlink_GBps": 370.0, "nic_GBps": 48.0}                # optional
     }
 
 ``attention.rows`` time a varlen call over ``num_seqs`` sequences of ``seqlen``
 tokens each; ``causal`` rows are required, non-causal ones optional.
 ``ring_blocks`` time non-causal rectangular blocks (as ring steps make them).
+``hbm.GBps`` is device-memory bandwidth counted as bytes read + bytes written per
+second by a large device-to-device copy; ``hbm.source`` says ``measured`` or
+``datasheet``. A profile without ``hbm`` gets its device's datasheet figure
+(:data:`HBM_DATASHEET_GBPS`, matched by a substring of ``device``, labelled
+``datasheet``); for a device not in that table loading fails with a
+:class:`ProfileError` naming the device and the key to add. The simulator prices
+the engine's merges and gathers from it (``docs/simulator.md``, "Charges").
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ __all__ = [
     "load_profile",
     "default_profile",
     "PROFILE_SCHEMA",
+    "HBM_DATASHEET_GBPS",
+    "hbm_datasheet_GBps",
 ]
 
 PROFILE_SCHEMA = "zeppelin-profile/1"
@@ -46,6 +56,30 @@ PROFILE_SCHEMA = "zeppelin-profile/1"
 
 class ProfileError(ValueError):
     """A cost profile that is malformed."""
+
+
+HBM_DATASHEET_GBPS: dict[str, float] = {
+    "H100 80GB HBM3": 3350.0,   # H100 SXM5 HBM3 datasheet: 3.35 TB/s
+    "H100 SXM": 3350.0,
+    "H100 PCIe": 2000.0,        # H100 PCIe HBM2e: 2.0 TB/s
+    "H100 NVL": 3900.0,         # H100 NVL HBM3: 3.9 TB/s
+    "H200": 4800.0,             # H200 HBM3e: 4.8 TB/s
+    "A100-SXM4-80GB": 2039.0,   # A100 80GB SXM HBM2e: 2.039 TB/s
+    "A100-SXM4-40GB": 1555.0,   # A100 40GB HBM2: 1.555 TB/s
+}
+"""Datasheet device-memory bandwidth (GB/s) by a substring of the profile's ``device``
+(first match in this order). Not measured: used only when a profile has no ``hbm``."""
+
+
+def hbm_datasheet_GBps(device: str) -> float | None:
+    """Datasheet HBM bandwidth of ``device`` (GB/s), or None when no entry matches.
+
+    Example: ``hbm_datasheet_GBps("NVIDIA H100 80GB HBM3") == 3350.0``.
+    """
+    for key, value in HBM_DATASHEET_GBPS.items():
+        if key.lower() in device.lower():
+            return value
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +127,10 @@ class CostProfile:
     call_overhead_ms: float
     nvlink_GBps: float | None = None
     nic_GBps: float | None = None
+    hbm_GBps: float = 3350.0
+    """Device-memory bandwidth, bytes read + written per second (GB/s)."""
+    hbm_source: str = "datasheet"
+    """``measured`` or ``datasheet`` (where :attr:`hbm_GBps` comes from)."""
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -114,6 +152,7 @@ class CostProfile:
                 "rows": [vars(r) for r in self.linear],
             },
             "call_overhead_ms": self.call_overhead_ms,
+            "hbm": {"GBps": self.hbm_GBps, "source": self.hbm_source},
         }
         if self.blocks:
             doc["ring_blocks"] = {
@@ -213,9 +252,11 @@ def parse_profile(doc: Any, *, source: str = "<profile>") -> CostProfile:
         raise ProfileError(f"{source}.links: expected an object")
     nvlink = _get(links, "nvlink_GBps", float, f"{source}.links") if "nvlink_GBps" in links else None
     nic = _get(links, "nic_GBps", float, f"{source}.links") if "nic_GBps" in links else None
+    device = str(doc.get("device", ""))
+    hbm, hbm_source = _hbm(doc, device, source)
 
     return CostProfile(
-        device=str(doc.get("device", "")),
+        device=device,
         dtype=dtype,
         dtype_bytes=_DTYPE_BYTES[dtype],
         source=str(doc.get("source", source)),
@@ -234,7 +275,27 @@ def parse_profile(doc: Any, *, source: str = "<profile>") -> CostProfile:
         call_overhead_ms=float(overhead),
         nvlink_GBps=nvlink,
         nic_GBps=nic,
+        hbm_GBps=hbm,
+        hbm_source=hbm_source,
     )
+
+
+def _hbm(doc: dict[str, Any], device: str, source: str) -> tuple[float, str]:
+    """``(GB/s, "measured" | "datasheet")`` from the ``hbm`` section, else the device's datasheet figure."""
+    if "hbm" not in doc:
+        value = hbm_datasheet_GBps(device)
+        if value is None:
+            raise ProfileError(
+                f"{source}: no 'hbm' section and no datasheet HBM bandwidth for device {device!r} (known: "
+                f"{', '.join(HBM_DATASHEET_GBPS)}); add \"hbm\": {{\"GBps\": <bytes read + written per second / 1e9>, "
+                f"\"source\": \"measured\"}} (`zeppelin profile` measures it)")
+        return value, "datasheet"
+    sec = _get(doc, "hbm", dict, source)
+    value = _get(sec, "GBps", float, f"{source}.hbm")
+    label = _get(sec, "source", str, f"{source}.hbm")
+    if label not in ("measured", "datasheet"):
+        raise ProfileError(f"{source}.hbm.source: {label!r} is not 'measured' or 'datasheet'")
+    return value, label
 
 
 def _check_increasing(values: list[int], what: str) -> None:
