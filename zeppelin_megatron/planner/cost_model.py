@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .cluster import Cluster
 from .model import ModelShape, linear_params
@@ -80,6 +81,11 @@ class CostModel:
     cluster: Cluster
     profile: CostProfile = field(default_factory=default_profile)
     tensor_parallel: int = 1
+    if TYPE_CHECKING:  # set in __post_init__ (not dataclass fields: no init, repr or comparison)
+        _rate_causal: LogInterp = field(init=False)
+        _rate_block: LogInterp = field(init=False)
+        _lin_ms_per_token: LogInterp = field(init=False)
+        _cache: dict[tuple, Any] = field(init=False)
 
     def __post_init__(self) -> None:
         for name, kind, hint in (("model", ModelShape, "load_model('configs/models/llama_7b.yaml')"),
@@ -112,7 +118,7 @@ class CostModel:
             ys = [self._flops(r.seqlen, r.seqlen, False, p.attn_q_heads, p.attn_head_dim) * r.num_seqs
                   / r.fwd_bwd_ms for r in full]
         else:  # only causal rows: a causal s x s call does s*s/2 area
-            xs = [r.seqlen * r.seqlen / 2 for r in causal]
+            xs = [r.seqlen * r.seqlen / 2 for r in causal]  # type: ignore[misc]  # areas: ints elsewhere
             ys = rate_c
         # Several rows may share an area (q x k and k x q): average them.
         by_area: dict[float, list[float]] = {}

@@ -80,7 +80,7 @@ def _hops(plan: StepPlan, ring_ranks: Sequence[int], nbytes: float,
     cl = cost.cluster
     g = len(ring_ranks)
     routes = plan.routes_for(ring_ranks)
-    out = []
+    out: list[tuple[tuple[int, ...], float]] = []
     for p, src in enumerate(ring_ranks):
         dst = ring_ranks[next_position(p, g)]
         if cl.node_of(src) == cl.node_of(dst):

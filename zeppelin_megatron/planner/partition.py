@@ -127,12 +127,12 @@ def _partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions)
                 st = _assign_nodes(ctx, order, ctx.limit * factor, rank_in_order, lend=lend)
             except PlanError:  # this candidate runs out of tokens somewhere: the others may not
                 continue
-            key = (tuple(st.inter.items()), tuple(map(tuple, st.seqs)))
-            if key in seen:
+            outcome = (tuple(st.inter.items()), tuple(map(tuple, st.seqs)))
+            if outcome in seen:
                 if not st.lends:
                     break
                 continue
-            seen.add(key)
+            seen.add(outcome)
             for rnd in range(CORRECTION_ROUNDS + 1):
                 try:
                     assignments = place_gpus(ctx, st)
@@ -241,16 +241,17 @@ def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, ra
         s = lengths[i]
         while heap[0][0] != node_load[heap[0][1]]:
             heapq.heappop(heap)
-        best: int | None = heap[0][1]  # the least loaded node
-        if node_tok[best] + s <= soft_cap and not (may_span and w[i] > span_limit):
+        top = heap[0][1]  # the least loaded node
+        if node_tok[top] + s <= soft_cap and not (may_span and w[i] > span_limit):
             c = node_cost(i)  # the common case, spelled out: the least loaded node takes it
             cost[i] = c
-            node_load[best] += c
-            node_tok[best] += s
-            node_seqs[best].append(i)
-            heapq.heapreplace(heap, (node_load[best], best))
+            node_load[top] += c
+            node_tok[top] += s
+            node_seqs[top].append(i)
+            heapq.heapreplace(heap, (node_load[top], top))
             continue
-        if node_tok[best] + s > soft_cap:
+        best: int | None = top
+        if node_tok[top] + s > soft_cap:
             # Keep headroom on each node so the GPU level can still pack whole
             # sequences; use the full capacity only when no node has headroom left.
             fits = ([n for n in range(n_nodes) if node_tok[n] + s <= ctx.node_soft_cap]

@@ -68,7 +68,8 @@ def _validate_plan(plan: "StepPlan") -> None:
     # Attention layout must follow each sequence's placement.
     for i, s in enumerate(plan.sequences):
         one = att[i]
-        if type(one) is tuple:  # held as one span (rank, start, end)
+        held: dict[int, list[tuple[int, int]]]
+        if isinstance(one, tuple):  # held as one span (rank, start, end)
             if s.placement == "local" and one == (s.ranks[0], 0, s.length):
                 continue
             held = {one[0]: [(one[1], one[2])]}

@@ -110,7 +110,7 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
 
 def remap_time(
     plan: StepPlan, cost: CostModel, proxies: Sequence[int]
-) -> tuple[float, list[float], list[float]]:
+) -> tuple[float, list[int], list[int]]:
     """The remap's per-layer time with ``proxies`` (``()``: direct), and each rank's NVLink and network
     bytes (module docstring). A plan without a remap (linear layout = attention layout) costs 0."""
     cl = cost.cluster

@@ -166,14 +166,14 @@ def routed_exchange(remap: RemapPlan, direction: Direction, gpus_per_node: int,
                 else:
                     outgoing[r].setdefault(nxt, []).append(x)
                     by_dst.setdefault(nxt, []).append((int(offs[i]), x[3]))
-            send_counts = [0] * world
+            sending = [0] * world
             send_o, send_n = [], []
             for d in sorted(by_dst):
                 for o, n in by_dst[d]:
-                    send_counts[d] += n
+                    sending[d] += n
                     send_o.append(o)
                     send_n.append(n)
-            plans.append((tuple(send_counts), _ranges(send_o, send_n), _ranges(keep_o, keep_n)))
+            plans.append((tuple(sending), _ranges(send_o, send_n), _ranges(keep_o, keep_n)))
         for r in range(world):
             recv_counts = [0] * world
             arrived: list[_Piece] = []
