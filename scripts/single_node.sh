@@ -6,12 +6,12 @@
 #
 # RECIPE (default configs/recipes/llama7b_4x8_h100.sh) supplies the flags; it is sourced with
 # NNODES=1 and GPUS_PER_NODE (default: GPUs nvidia-smi lists). Flags given here are appended
-# (the last occurrence of a flag wins in argparse). MEGATRON_LM names a Megatron-LM checkout at
-# tag core_v0.16.1 (see patches/README.md).
+# (the last occurrence of a flag wins in argparse). MEGATRON_LM names a Megatron-LM checkout,
+# core_v0.16 - core_v0.19 or main (see patches/README.md).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-: "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout at tag core_v0.16.1}"
+: "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (core_v0.16 - core_v0.19 or main)}"
 RECIPE="${RECIPE:-$REPO/configs/recipes/llama7b_4x8_h100.sh}"
 if [[ -z "${GPUS_PER_NODE:-}" ]]; then
     GPUS_PER_NODE="$(nvidia-smi --list-gpus | wc -l)"

@@ -36,3 +36,45 @@ def test_unwrap_megatron_wrappers() -> None:
 
     assert _unwrap(Wrapper(Wrapper(inner))) is inner
     assert _unwrap(inner) is inner
+
+
+def test_pretrain_convention_by_signature() -> None:
+    import pytest
+
+    from zeppelin_megatron.megatron.arguments import ZeppelinArgsError
+    from zeppelin_megatron.megatron.pretrain import pretrain_convention
+
+    # signatures as in Megatron-LM's megatron/training/training.py
+    def v016(train_valid_test_dataset_provider, model_provider, model_type, forward_step_func,
+             process_non_loss_data_func=None, extra_args_provider=None, args_defaults={}, get_embedding_ranks=None,
+             store=None): ...
+
+    def v018(cfg_container, train_valid_test_dataset_provider, model_provider, model_type, forward_step_func,
+             process_non_loss_data_func=None, get_embedding_ranks=None, store=None): ...
+
+    def v019(cfg_container, train_valid_test_dataset_provider, model_type, forward_step_func, model_provider=None,
+             process_non_loss_data_func=None, get_embedding_ranks=None, store=None): ...
+
+    def unknown(config, datasets): ...
+
+    assert [pretrain_convention(f) for f in (v016, v018, v019)] == ["args", "container", "model-config"]
+    with pytest.raises(ZeppelinArgsError, match="unknown Megatron-LM pretrain"):
+        pretrain_convention(unknown)
+
+
+def test_use_zeppelin_model_sets_spec_and_hook_once() -> None:
+    import pytest
+
+    from zeppelin_megatron.megatron.arguments import ZeppelinArgsError
+    from zeppelin_megatron.megatron.pretrain import prepare_model_chunks, use_zeppelin_model, zeppelin_layer_spec
+
+    class GPTModelConfig:  # the two fields Megatron's GPTModelBuilder reads (core_v0.19 on)
+        def __init__(self) -> None:
+            self.transformer_layer_spec = None
+            self.pre_wrap_hooks = [print]
+
+    cfg = use_zeppelin_model(use_zeppelin_model(GPTModelConfig()))
+    assert cfg.transformer_layer_spec is zeppelin_layer_spec
+    assert cfg.pre_wrap_hooks == [print, prepare_model_chunks]
+    with pytest.raises(ZeppelinArgsError, match="transformer_layer_spec"):
+        use_zeppelin_model(object())

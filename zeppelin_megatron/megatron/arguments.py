@@ -296,7 +296,9 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
         problems.append(f"--context-parallel-size {cp}: Zeppelin replaces context parallelism (it splits "
                         "long sequences itself over its ranks); use 1")
     if _flag(args, "hybrid_context_parallel", False):
-        problems.append("--hybrid-context-parallel cannot be combined with --zeppelin")
+        problems.append("--hybrid-context-parallel: Megatron's dynamic context parallelism splits sequences "
+                        "itself, which Zeppelin replaces; drop it (to compare the two on the same data and "
+                        "recipe, run each separately: docs/user-guide.md section 3)")
     ep = _flag(args, "expert_model_parallel_size", 1) or 1
     if _flag(args, "num_experts") or ep > 1:
         problems.append("MoE (--num-experts / --expert-model-parallel-size) is not supported with --zeppelin yet")
