@@ -59,3 +59,35 @@ def test_many_equal_sequences_plan_evenly() -> None:
     plan = plan_step([1] * 20_000, cost)
     held = [plan.tokens(r, "attention") for r in range(32)]
     assert sum(held) == 20_000 and max(held) - min(held) <= 1
+
+
+def test_place_gpus_counts_rank_tokens() -> None:
+    from zeppelin_megatron.planner.partition import PartitionContext, _assign_nodes
+    from zeppelin_megatron.planner.place_gpus import place_gpus
+    from zeppelin_megatron.planner.score import rank_tokens
+
+    for spec, seed in (("2x4", 0), ("4x8", 1)):
+        cost = CostModel(model=load_model(None), cluster=load_cluster(spec))
+        lengths = long_tailed_batch(cost.cluster.world_size * 30_000, seed)
+        ctx = PartitionContext(lengths, cost, PlannerOptions())
+        order = sorted(range(len(lengths)), key=lambda i: (-ctx.w[i], -lengths[i], i))
+        rank_in_order = [0] * len(lengths)
+        for k, i in enumerate(order):
+            rank_in_order[i] = k
+        st = _assign_nodes(ctx, order, ctx.limit, rank_in_order)
+        assignments, tokens = place_gpus(ctx, st)
+        assert tokens == rank_tokens(ctx, assignments)
+        assert any(a.placement != "local" for a in assignments)
+
+
+def test_placement_order_is_the_sort_by_cost() -> None:
+    import random
+
+    from zeppelin_megatron.planner.partition import placement_order
+
+    cost = CostModel(model=load_model(None), cluster=load_cluster("2x4"))
+    rng = random.Random(0)
+    lengths = [rng.choice([1, 7, 300, 4096, 5000, 70_000]) for _ in range(500)] + long_tailed_batch(200_000, 2)
+    w = [cost.local_ms(s) for s in lengths]
+    assert placement_order(lengths, w) == sorted(range(len(lengths)), key=lambda i: (-w[i], -lengths[i], i))
+    assert placement_order([5, 9, 5], [1.0, 2.0, 1.0]) == [1, 0, 2]

@@ -76,7 +76,7 @@ from .options import PlannerOptions
 from .partition_context import Assignment, PartitionContext
 from .place_gpus import place_gpus
 from .plan_parts import PlanError
-from .score import attention_times, rank_tokens, remap_time
+from .score import attention_times, remap_time
 from .zigzag import ring_max_tokens, ring_node_tokens
 
 __all__ = ["Assignment", "PartitionContext", "partition", "attention_times", "remap_time"]  # re-exported
@@ -113,8 +113,7 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions) 
 def _partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions) -> list[Assignment]:
     check_ring_fit(lengths, cost.cluster.world_size, cost.cluster.tokens_per_gpu)
     ctx = PartitionContext(lengths, cost, options)
-    # costliest first (ties: longer, then lower index)
-    order = [i for _, _, i in sorted(zip([-x for x in ctx.w], [-s for s in lengths], range(len(lengths))))]
+    order = placement_order(lengths, ctx.w)
     rank_in_order = [0] * len(lengths)  # sequence -> its place in the order
     for k, i in enumerate(order):
         rank_in_order[i] = k
@@ -135,14 +134,14 @@ def _partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions)
             seen.add(outcome)
             for rnd in range(CORRECTION_ROUNDS + 1):
                 try:
-                    assignments = place_gpus(ctx, st)
+                    assignments, tokens = place_gpus(ctx, st)
                 except PlanError:
                     break
                 att = attention_times(ctx, assignments)
                 peak, mean = max(att), sum(att) / len(att)
                 within = peak <= mean * (1.0 + options.slack)
                 key = (peak > mean * options.balance_target, _chained(assignments),
-                       peak + remap_time(ctx, rank_tokens(ctx, assignments)))
+                       peak + remap_time(ctx, tokens))
                 if best is None or key[:2] < best[0][:2] or (key[:2] == best[0][:2] and key[2] < best[0][2] - 1e-9):
                     best = (key, assignments, within)
                 if within or rnd == CORRECTION_ROUNDS or not _correct(ctx, st, assignments, att, rank_in_order,
@@ -155,6 +154,22 @@ def _partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions)
     if best is None:  # no balanced candidate fits the token capacity: pack by tokens alone
         return capacity_fill(ctx)
     return best[1]
+
+
+def placement_order(lengths: Sequence[int], w: Sequence[float]) -> list[int]:
+    """Sequences costliest first (``w``, the time whole), ties: longer, then lower index.
+
+    ``w`` depends on the length alone, so the distinct lengths are sorted and each one's
+    sequences follow in index order. Example: lengths ``[5, 9, 5]`` -> ``[1, 0, 2]``.
+    """
+    by_length: dict[int, list[int]] = {}
+    for i, s in enumerate(lengths):
+        by_length.setdefault(s, []).append(i)
+    first = {s: idx[0] for s, idx in by_length.items()}
+    out: list[int] = []
+    for s in sorted(by_length, key=lambda s: (-w[first[s]], -s)):
+        out.extend(by_length[s])
+    return out
 
 
 def check_ring_fit(lengths: Sequence[int], world: int, cap: int) -> None:

@@ -28,8 +28,11 @@ from .zigzag import ring_max_tokens, zigzag_tokens
 __all__ = ["place_gpus", "place_node", "pick_ring"]
 
 
-def place_gpus(ctx: PartitionContext, st: NodeState) -> list[Assignment]:
-    """Level 2 for every node, after the node-spanning rings; returns every sequence's assignment.
+def place_gpus(ctx: PartitionContext, st: NodeState) -> tuple[list[Assignment], list[int]]:
+    """Level 2 for every node, after the node-spanning rings.
+
+    Returns every sequence's assignment and each rank's attention tokens (exact zigzag counts;
+    equal to :func:`~.score.rank_tokens` of the assignments, counted on the way).
 
     Raises:
         PlanError: a node-spanning ring or a node's sequences do not fit ``tokens_per_gpu``.
@@ -66,7 +69,7 @@ def place_gpus(ctx: PartitionContext, st: NodeState) -> list[Assignment]:
         assert best is not None
         out.update(best[1])
         gpu_load[base:base + gpn], gpu_tok[base:base + gpn] = best[2], best[3]
-    return [out[i] for i in range(len(lengths))]
+    return [out[i] for i in range(len(lengths))], gpu_tok
 
 
 def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float], tok: list[int],
