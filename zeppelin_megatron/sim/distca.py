@@ -44,8 +44,9 @@ while linear of 1 | in of 1 while attention of 0 | out of 0 while attention of 1
 out of 1 while post-attention linear of 0 | post-attention linear of 1. Attention
 of a nano-batch on a rank is one fused varlen call (at least the per-call
 overhead); the send/receive buffers are packed and unpacked by copy kernels
-(``2 x bytes / HBM bandwidth`` each). All-to-all hops are direct: NVLink in a
-node, the sender's NIC to the receiver's NIC across nodes (NVSHMEM, no PXN).
+(``2 x bytes / HBM bandwidth`` each). All-to-alls run as the simulator's other
+all-to-alls do (PXN-style, rail-aligned NIC hops, :func:`_pxn_pairs`); NVSHMEM's
+direct puts would load the sender's own NIC instead (this reading favours DistCA).
 
 Example: 2 ranks, one nano-batch of one 8-token document: budget 4 tokens; rank 0
 holds head ``[0, 2)`` and tail ``[6, 8)`` (FLOPs 3 + 15 = 18), rank 1 holds
@@ -62,7 +63,7 @@ from ..planner.cost_model import CostModel
 from ..planner.plan import PlanError, SequencePlan, StepPlan
 from .peer_programs import PeerPlan, ProgramBuilder, as_peer_plan, hbm_GBps
 from .planbuild import placement_of
-from .program import LayerProgram
+from .program import LayerProgram, Traffic
 
 __all__ = ["Item", "DistcaSchedule", "NanoBatch", "TOLERANCES", "DEFAULT_BUFFER_BYTES", "split_nano_batches",
            "linear_items", "balance_items", "nano_batch", "distca_schedule", "distca_plan", "distca_program"]
@@ -356,6 +357,32 @@ def distca_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *,
     return best[1]
 
 
+def _pxn_pairs(b: ProgramBuilder, key: tuple, pair_bytes: dict[tuple[int, int], float]) -> tuple:
+    """An all-to-all as the simulator's other all-to-alls run (PXN-style, rail-aligned): bytes for a GPU
+    of another node go over NVLink to the sender node's GPU on the destination's rail, then in one NIC
+    hop per (that GPU, destination), summed over the node's senders; same-node pairs: one NVLink hop.
+    The NVLink gather is not serialised before the NIC hop (in DistCA's favour, as is the spreading of
+    a hot sender's bytes over its node's NICs: NVSHMEM's direct puts would all leave through the
+    sender's own NIC); keeps the flows rail-separated (a 128-GPU all-to-all simulates in seconds)."""
+    cl = b.cost.cluster
+    agg: dict[tuple[int, int], float] = {}
+    for (a, d), v in pair_bytes.items():
+        if a == d or v <= 0:
+            continue
+        if cl.node_of(a) == cl.node_of(d):
+            agg[(a, d)] = agg.get((a, d), 0.0) + v
+            continue
+        c = cl.rank_of(cl.node_of(a), cl.local_of(d))
+        if c != a:
+            agg[(a, c)] = agg.get((a, c), 0.0) + v
+        agg[(c, d)] = agg.get((c, d), 0.0) + v
+    t = Traffic(key, "group")
+    for (x, y), v in sorted(agg.items()):
+        t.chains.append([b.hop(x, y, v)])
+    b.transfers[key] = t
+    return key
+
+
 def distca_program(plan: PeerPlan, cost: CostModel) -> LayerProgram:
     """One layer of DistCA's ping-pong (module docstring, "Execution")."""
     sched: DistcaSchedule = plan.peer
@@ -365,8 +392,8 @@ def distca_program(plan: PeerPlan, cost: CostModel) -> LayerProgram:
     n0, n1 = sched.nanos
     keys = {}
     for k, nb in enumerate(sched.nanos):
-        keys[(k, "in")] = b.pairs(("distca", k, "in"), nb.pair_bytes)
-        keys[(k, "out")] = b.pairs(("distca", k, "out"), {(y, x): v for (x, y), v in nb.pair_bytes.items()})
+        keys[(k, "in")] = _pxn_pairs(b, ("distca", k, "in"), nb.pair_bytes)
+        keys[(k, "out")] = _pxn_pairs(b, ("distca", k, "out"), {(y, x): v for (x, y), v in nb.pair_bytes.items()})
 
     def lin(r: int, nb: NanoBatch) -> float:
         return cost.linear_ms(sum(e - s for _, s, e in nb.linear[r])) / 2
