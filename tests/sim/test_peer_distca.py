@@ -75,7 +75,7 @@ def test_ping_pong_layer_by_hand(spec: str) -> None:
     s: DistcaSchedule = plan.peer
     n0, n1 = s.nanos
     o = cost.call_overhead_ms
-    copy = 2.0 / (3350.0 * 1e6)
+    copy = 2.0 / (cost.profile.hbm_GBps * 1e6)  # the profile's HBM bandwidth (read + write bytes per second)
     lin = [[cost.linear_ms(sum(e - b for _, b, e in nb.linear[r])) / 2 for r in range(2)] for nb in s.nanos]
 
     def comm(nb) -> float:  # both directions at once on separate NVLink ports; 0: no transfer

@@ -72,7 +72,7 @@ def test_two_sequence_batch_each_whole_on_its_gpu() -> None:
     cost = _cost("1x2")
     plan, S = hcp_plan([8192, 8192], cost.cluster, cost, max_seqlen_per_rank=8192)
     assert S == 8192 and plan.peer.groups == (((0, (0,)), (1, (1,))),)
-    res = simulate(plan, cost, attention_comm="hcp")
+    res = simulate(plan, cost, attention_comm="hcp", charges="none")
     layer = cost.linear_ms(8192) + max(cost.causal_ms(8192), cost.call_overhead_ms)
     assert res.layer_ms == pytest.approx(layer, rel=1e-9)
     assert res.step_ms == pytest.approx(cost.model.layers * layer, rel=1e-9)
@@ -87,7 +87,7 @@ def test_cross_node_group_is_a_ring_over_the_nic() -> None:
     o = cost.call_overhead_ms
     comm = cost.nic_ms(3 * cost.ring_step_bytes(16384, 2))
     layer = cost.linear_ms(8192) + max(max(diag, o), comm) + max(off, o)
-    assert simulate(plan, cost, attention_comm="hcp").layer_ms == pytest.approx(layer, rel=1e-9)
+    assert simulate(plan, cost, attention_comm="hcp", charges="none").layer_ms == pytest.approx(layer, rel=1e-9)
 
 
 def test_groups_run_one_after_another_with_a_barrier() -> None:
@@ -96,7 +96,7 @@ def test_groups_run_one_after_another_with_a_barrier() -> None:
     lens = [4000, 1000, 900]
     assert hcp_groups(lens, 2048, 2) == [[[0], [0]], [[1], [2]]]
     plan, _ = hcp_plan(lens, cost.cluster, cost, max_seqlen_per_rank=2048)
-    res = simulate(plan, cost, attention_comm="hcp")
+    res = simulate(plan, cost, attention_comm="hcp", charges="none")
     o = cost.call_overhead_ms
     diag, off = cost.ring_compute_profile(4000, 2)
     comm = cost.nvlink_ms(3 * cost.ring_step_bytes(4000, 2))

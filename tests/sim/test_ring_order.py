@@ -24,13 +24,13 @@ def test_chain_of_rings_runs_its_ends_together(monkeypatch: pytest.MonkeyPatch) 
     groups = [(0, 1), (1, 2), (2, 3)]
     plan = build_plan([s, s, s], groups, cost.cluster, cost)
     assert [r.ranks for r in plan.rings] == [(0, 1), (2, 3), (1, 2)]
-    new = simulate(plan, cost)
+    new = simulate(plan, cost, charges="none")
 
     import zeppelin_megatron.planner.plan as plan_module
     monkeypatch.setattr(plan_module, "ring_order", lambda rings, lengths: tuple(sorted(rings, key=lambda r: r.ranks)))
     old_plan = build_plan([s, s, s], groups, cost.cluster, cost)
     assert [r.ranks for r in old_plan.rings] == groups
-    old = simulate(old_plan, cost)
+    old = simulate(old_plan, cost, charges="none")
 
     o = cost.call_overhead_ms
     diag, off = cost.ring_compute_profile(s, 2)

@@ -123,7 +123,7 @@ def test_one_ring_matches_hand_computation() -> None:
     cl = _cluster(1, 2, 2, (0, 1))
     cost = _cost(cl, layers=3)
     plan = build_plan([16384], [(0, 1)], cl, cost)
-    res = simulate(plan, cost)
+    res = simulate(plan, cost, charges="none")
     o = cost.call_overhead_ms
     diag, off = cost.ring_compute_profile(16384, 2)
     nvl, _ = link_capacities(cost)
@@ -194,11 +194,11 @@ def test_routed_ring_hop_splits_over_proxies() -> None:
     diag, off = cost.ring_compute_profile(s, 2)
     lin = cost.linear_ms(s // 2)
     assert comm > 10 * max(diag, o)
-    res = simulate(plan, cost)
+    res = simulate(plan, cost, charges="none")
     assert res.layer_ms == pytest.approx(lin + max(max(diag, o), comm) + max(off, o))
     # Relays (ranks 1 and 3) post, wait and compute nothing.
     assert res.compute_ms[1] == 0.0 and res.compute_ms[3] == 0.0
-    unrouted = simulate(plan, cost, routing=False)
+    unrouted = simulate(plan, cost, routing=False, charges="none")
     assert unrouted.layer_ms == pytest.approx(lin + max(max(diag, o), 10e-3 + nbytes / nic) + max(off, o))
 
 
@@ -213,7 +213,7 @@ def test_agrees_with_the_planner_prediction_where_its_assumptions_hold() -> None
     plan = build_plan(lengths, [(0, 1, 2, 3)] * 3, cl, cost)
     for s in lengths:
         assert cost.comm_ratio(s, 4, inter_node=False) > 1
-    assert simulate(plan, cost).step_ms == pytest.approx(predict(plan, cost).step_ms, rel=1e-6)
+    assert simulate(plan, cost, charges="none").step_ms == pytest.approx(predict(plan, cost).step_ms, rel=1e-6)
 
 
 def test_runtime_engine_runs_a_local_chunk_inside_each_ring_step() -> None:
@@ -234,16 +234,17 @@ def test_runtime_engine_runs_a_local_chunk_inside_each_ring_step() -> None:
     nvl, _ = link_capacities(cost)
     comm = 5e-3 + 3 * cost.ring_step_bytes(16384, 2) / nvl
     lin = cost.linear_ms(8192 + 3000)
-    prog = build_layer_program(plan, cost)
+    prog = build_layer_program(plan, cost, charges="none")
     for r in range(2):
         attn = [(op.what, op.kind) for op in prog.ops[r] if op.kind != "linear"]
         assert attn == [("post", ""), ("compute", "attention"), ("compute", "local"), ("wait", "ring"),
                         ("compute", "attention")], attn
-    assert simulate(plan, cost).layer_ms == pytest.approx(lin + max(max(diag, o) + loc, comm) + max(off, o))
-    old = build_layer_program(plan, cost, interleave_local=False)  # what the fill engine draws from
+    assert simulate(plan, cost, charges="none").layer_ms == pytest.approx(
+        lin + max(max(diag, o) + loc, comm) + max(off, o))
+    old = build_layer_program(plan, cost, interleave_local=False, charges="none")  # what the fill engine draws from
     assert [op.what for op in old.ops[0] if op.kind != "linear"] == ["post", "compute", "wait", "compute", "local"]
     assert old.local_queue == [[cost.local_ms(3000)], [cost.local_ms(3000)]]
-    assert simulate(plan, cost, engine="fill").layer_ms == pytest.approx(
+    assert simulate(plan, cost, engine="fill", charges="none").layer_ms == pytest.approx(
         lin + max(max(diag, o) + max(cost.local_ms(3000), o), comm) + max(off, o))
 
 
@@ -263,7 +264,7 @@ def test_runtime_engine_runs_the_plans_local_slots() -> None:
     gap = gaps[(2, 1, 0)]
     assert cost.local_ms(4000) < gap < cost.local_ms(40000)
     assert plan.local_slots == (LocalSlot(2, 1, 0, (2, 3)),)
-    prog = build_layer_program(plan, cost)
+    prog = build_layer_program(plan, cost, charges="none")
     ops = [op for op in prog.ops[2] if op.kind not in ("linear", "remap") and op.what != "post"]
     a, loc, w = ("compute", "attention"), ("compute", "local"), ("wait", "ring")
     assert [(op.what, op.kind) for op in ops] == [a, loc, w, a, w, a]
@@ -271,7 +272,8 @@ def test_runtime_engine_runs_the_plans_local_slots() -> None:
     assert [(op.what, op.kind) for op in prog.ops[3] if op.kind not in ("linear", "remap")] == [loc]
     assert all(q == [] for q in prog.local_queue)  # nothing left for an end-of-attention queue
     # without slots rank 2 idles, then runs both sequences after the rings: a longer layer
-    no_slot = build_layer_program(replace(plan, local_slots=()), cost)
+    no_slot = build_layer_program(replace(plan, local_slots=()), cost, charges="none")
     assert [(op.what, op.kind) for op in no_slot.ops[2] if op.kind not in ("linear", "remap")
             and op.what != "post"] == [a, w, a, w, a, loc]
-    assert simulate(plan, cost).layer_ms < simulate(replace(plan, local_slots=()), cost).layer_ms
+    assert (simulate(plan, cost, charges="none").layer_ms
+            < simulate(replace(plan, local_slots=()), cost, charges="none").layer_ms)

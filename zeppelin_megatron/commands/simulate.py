@@ -197,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
         if first is None:
             raise ValueError("--timeline needs a planned strategy, not only lower-bound")
         sp = plan_with(first, batches[0], cluster, cost, **options.get(first, {}))
-        res = simulate(sp.plan, cost, attention_comm=sp.attention_comm, engine=args.engine)
+        from ..sim.charges import charges_for
+        res = simulate(sp.plan, cost, attention_comm=sp.attention_comm, engine=args.engine, charges=charges_for(first))
         _timeline(res, args.timeline, f"{first}, step 0, one layer ({res.layer_ms:.1f} ms): {title}")
         print(f"wrote {args.timeline}")
     return 0

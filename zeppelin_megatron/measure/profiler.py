@@ -40,7 +40,8 @@ from .linear import LinearWork, linear_flops
 from .links import LinkResult
 from .timing import kernel_for, time_ms
 
-__all__ = ["ProfileOptions", "measure_profile", "measure_hbm_GBps", "GPU_LENGTHS", "GPU_LINEAR_TOKENS", "GPU_TOKENS_PER_CALL"]
+__all__ = ["ProfileOptions", "measure_profile", "measure_hbm_GBps",
+           "GPU_LENGTHS", "GPU_LINEAR_TOKENS", "GPU_TOKENS_PER_CALL"]
 
 GPU_LENGTHS: tuple[int, ...] = tuple(2 ** k for k in range(7, 18))  # 128 .. 131072, as the bundled profile
 GPU_LINEAR_TOKENS: tuple[int, ...] = (1024, 4096, 16384, 65536)
@@ -214,5 +215,4 @@ def measure_hbm_GBps(opts: ProfileOptions) -> tuple[float, int]:
     src = torch.ones(n, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src), device=dev, warmup=max(opts.warmup, 1), repeats=opts.repeats).median
-    del src, dst
     return 2 * n / (ms * 1e-3) / 1e9, n

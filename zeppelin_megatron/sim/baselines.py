@@ -162,7 +162,7 @@ def wlb_llm_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *, c
         from .simulator import simulate
 
         def score(plan: StepPlan) -> float:
-            return simulate(plan, cost, keep_events=False).step_ms
+            return simulate(plan, cost, keep_events=False, charges="te").step_ms  # WLB-LLM runs TE CP's ring
     candidates = [cp_size] if cp_size is not None else cp_candidates(lengths, cluster)
     best: tuple[float, int, StepPlan] | None = None
     for cp in candidates:

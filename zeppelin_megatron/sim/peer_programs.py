@@ -32,6 +32,7 @@ from typing import Any
 
 from ..planner.cost_model import CostModel
 from ..planner.plan import StepPlan
+from .charges import hbm_ms, shape_of, te_step_bytes
 from .program import Leg, LayerProgram, Op, Traffic
 
 __all__ = ["PEER_COMMS", "PeerPlan", "ProgramBuilder", "as_peer_plan", "build_peer_program", "HBM_DATASHEET_GBPS",
@@ -114,11 +115,22 @@ class ProgramBuilder:
                 t.chains.append([self.hop(src, ranks[(p + 1) % g], step_bytes)])
             self.transfers[t.key] = t
             keys.append(t.key)
+        # TE CP's corrections and accumulations after every step but the diagonal (sim/charges.py, "te"):
+        # a member holds step_bytes / (3 kv bytes per token) tokens' worth of rows (all heads); at a step
+        # whose source precedes it every row attends to the source's early half, else its late half
+        # attends to all of the source's rows.
+        sh = shape_of(self.cost)
+        rows = step_bytes / (3 * self.cost.kv_bytes_per_token)
         for r in (members if members is not None else ranks):
+            p = ranks.index(r)
             for j in range(g):
                 if j < g - 1:
                     self.post(r, keys[j])
                 self.compute(r, diag_ms if j == 0 else off_ms, "attention", f"{label} step {j}")
+                if j > 0:
+                    q_rows, kv_rows = (rows, rows / 2) if (p - j) % g < p else (rows / 2, rows)
+                    self.compute(r, hbm_ms(self.cost, te_step_bytes(sh, q_rows, kv_rows)), "copy",
+                                 f"{label} step {j} output correction")
                 if j < g - 1:
                     self.wait(r, keys[j], "ring", f"{label} step {j}")
 

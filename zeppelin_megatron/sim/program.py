@@ -63,6 +63,10 @@ from ..planner.lowering import (
 )
 from ..planner.plan import Ring, StepPlan
 from ..planner.zigzag import zigzag_tokens
+from .charges import (
+    CHARGES, Shape, hbm_ms, shape_of, te_step_bytes, zeppelin_call_bytes, zeppelin_local_bytes, zeppelin_remap_bytes,
+    zeppelin_ring_bytes,
+)
 
 __all__ = ["Leg", "Traffic", "Op", "LayerProgram", "build_layer_program"]
 
@@ -172,12 +176,27 @@ def _ring_transfer(lowered: Transfer, key: tuple, nbytes: float, cost: CostModel
     return t
 
 
-def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, interleave_local: bool) -> list[Op]:
+def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, interleave_local: bool,
+              charges: str = "zeppelin") -> list[Op]:
     """One rank's lowered forward program as simulator ops: every ring step's kernel is timed as the
-    cost model's diagonal (step 0) or largest off-diagonal block (forward + backward), a slot's local
+    cost model's diagonal (step 0) or the call's own blocks (one ``lens_q x lens_k`` block per
+    sequence, :meth:`~CostModel.block_fitted_ms`: tall ``early`` and wide ``late`` blocks fitted to the
+    measured blocks of their orientation) (forward + backward), a slot's local
     call as its sequences' ``local_ms``, each at least the call overhead; posts and waits name the
-    ring-step transfers. Local calls go to the queue instead when ``interleave_local`` is off."""
+    ring-step transfers. Local calls go to the queue instead when ``interleave_local`` is off.
+    After each call a ``copy`` op charges its merges and row copies (:mod:`.charges`, model ``charges``);
+    a ring's gathers and result copies are charged at its first call."""
     o = cost.call_overhead_ms
+    sh = shape_of(cost)
+    started: set[int] = set()
+    shapes: dict[tuple[int, int], float] = {}
+
+    def fitted(q: int, k: int) -> float:  # the call's block of one sequence, fitted by orientation
+        hit = shapes.get((q, k))
+        if hit is None:
+            hit = shapes[(q, k)] = cost.block_fitted_ms(q, k)
+        return hit
+
     ops: list[Op] = []
     label: dict[int, str] = {}
     block: dict[int, tuple[float, float]] = {}  # ring -> (diagonal, off-diagonal) step ms
@@ -190,8 +209,17 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
     for op in rank.forward:
         if isinstance(op, RingCall):
             diag, off = block[op.ring]
-            ops.append(Op("compute", max(diag if op.step == 0 else off, o), "attention",
-                          label=f"{label[op.ring]} step {op.step}"))
+            if op.step == 0:
+                ms = diag
+            elif charges == "none":  # the simulator before the fit: the largest off-diagonal block, area-averaged
+                ms = off
+            else:
+                ms = sum(fitted(q, k) for q, k in zip(op.lens_q, op.lens_k))
+            ops.append(Op("compute", max(ms, o), "attention", label=f"{label[op.ring]} step {op.step}"))
+            copy = _call_copy_bytes(sh, op, charges, started)
+            if copy > 0:
+                ops.append(Op("compute", hbm_ms(cost, copy), "copy",
+                              label=f"{label[op.ring]} step {op.step} merges and row copies"))
         elif isinstance(op, LocalCall):
             if not interleave_local:
                 continue
@@ -201,6 +229,9 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
                 ops.append(Op("compute", ms, "local", label="local sequences after the rings"))
             else:
                 ops.append(Op("compute", ms, "local", label=f"local slot (in {label[op.ring]} step {op.step})"))
+            if charges == "zeppelin":
+                ops.append(Op("compute", hbm_ms(cost, zeppelin_local_bytes(sh, sum(lens))), "copy",
+                              label="local call row copies"))
         elif isinstance(op, Post):
             ops.append(Op("post", key=keys[op.transfer]))
         else:
@@ -208,6 +239,26 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
             t = op.transfer
             ops.append(Op("wait", key=keys[t], kind="ring", label=f"{label[t.ring]} step {t.step}"))
     return ops
+
+
+def _call_copy_bytes(sh: Shape, op: RingCall, charges: str, started: set[int]) -> float:
+    """Bytes a ring call moves through device memory besides its kernel under charge model ``charges``;
+    ``started``: rings whose first call this rank has seen (updated; its first call adds the ring's
+    gathers, its first ``late`` call the backward row gathers, marked by ``-1 - ring``)."""
+    if charges == "none":
+        return 0.0
+    if charges == "te":
+        if op.kind == "diag":
+            return 0.0
+        return te_step_bytes(sh, sum(op.lens_q), sum(op.lens_k))
+    total = 0.0
+    if op.ring not in started:
+        started.add(op.ring)
+        total += zeppelin_ring_bytes(sh, op.part.tokens(op.position))
+    first_late = op.kind == "late" and -1 - op.ring not in started
+    if first_late:
+        started.add(-1 - op.ring)
+    return total + zeppelin_call_bytes(sh, op, first_late=first_late)
 
 
 def _tokens_by_rank(plan: StepPlan, seq: int) -> dict[int, int]:
@@ -263,18 +314,28 @@ def _group_ops(plan: StepPlan, ring: Ring, cost: CostModel, attention_comm: str,
 
 
 def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "ring",
-                        routing: bool = True, interleave_local: bool = True) -> LayerProgram:
+                        routing: bool = True, interleave_local: bool = True,
+                        charges: str = "zeppelin") -> LayerProgram:
     """Per-rank op lists and the transfers they name (see module docstring).
 
     ``routing=False`` ignores the plan's routes (every hop direct).
     ``interleave_local``: local sequences run in the plan's ``local_slots`` as
     the runtime engine runs them (``True``), or every local sequence goes to the
     end-of-attention queue (``False``; what the ``fill`` engine draws from).
+    ``charges``: whose device-memory work ring plans pay (:mod:`.charges`): ``zeppelin`` (this
+    project's engine: merges, row gathers, remap copies, fp32 dK/dV accumulators on the wire) or
+    ``te`` (TE CP's fused corrections, bf16 accumulators) or ``none``. Peer programs charge TE CP's
+    corrections on their rings (``none`` drops them).
     """
+    if charges not in CHARGES:
+        raise ValueError(f"charges is {charges!r}, expected one of {list(CHARGES)}")
     # Peer baselines (megatron-hcp, te-cp-a2a-p2p, distca) build their own programs: sim/peer_programs.py.
     if attention_comm in ("hcp", "a2a_p2p", "distca"):
         from .peer_programs import build_peer_program
-        return build_peer_program(plan, cost, attention_comm)
+        peer = build_peer_program(plan, cost, attention_comm)  # their rings pay TE CP's charges
+        if charges == "none":
+            peer.ops = [[o for o in ops if o.kind != "copy"] for ops in peer.ops]
+        return peer
     if attention_comm not in ("ring", "ulysses", "allgather"):
         raise ValueError(f"attention_comm is {attention_comm!r}, expected ring, ulysses or allgather")
     world = plan.world_size
@@ -295,6 +356,14 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
     lowered = lower(plan, routing=routing) if attention_comm == "ring" else None
     remaps = lowered.remaps if lowered is not None else lower_remaps(plan)
     remap_keys: tuple[tuple, tuple] | None = None
+    # Zeppelin's runtime runs remap_tokens in and out even when no row moves: half its copies each side.
+    remap_copy = ([hbm_ms(cost, zeppelin_remap_bytes(shape_of(cost), plan.tokens(r, "linear"),
+                                                     plan.tokens(r, "attention"),
+                                                     routed=bool(plan.remap_proxies) and remaps is not None)) / 2
+                   for r in range(world)] if lowered is not None and charges == "zeppelin" else [0.0] * world)
+    for r in range(world):
+        if remap_copy[r] > 0:
+            ops[r].append(Op("compute", remap_copy[r], "copy", label="remap in: qkv concat, row gathers, copies"))
     if remaps is not None:  # remap in/out: the lowered exchanges
         tin = add(_remap_transfer(("remap", "in"), cost, remaps[0], per_token))
         tout = add(_remap_transfer(("remap", "out"), cost, remaps[1], per_token))
@@ -304,18 +373,22 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
 
     local_lens: list[list[int]] = [[] for _ in range(world)]  # what the fill queue / other comms run after
     if lowered is not None:
-        # Zeppelin's rings and local slots: the lowered program, K/V bytes per step from the cost model
-        # (3x the forward payload: forward K/V, backward K/V and dK/dV).
+        # Zeppelin's rings and local slots: the lowered program, K/V bytes per step from the cost model:
+        # forward K/V, backward K/V and dK/dV; the engine's dK/dV accumulator travels in fp32
+        # (runtime/engine.py: acc_dtype), so with ``zeppelin`` charges it weighs a/b times the K/V
+        # (4x the forward payload in bf16); TE CP's stays in the training dtype (3x).
+        sh = shape_of(cost)
+        factor = 2 + sh.a / sh.b if charges == "zeppelin" else 3
         keys: dict = {}
         for tid, t in lowered.transfers.items():
             if tid.kind != "kv":
                 continue
             ring = plan.rings[tid.ring]
             g = len(ring.ranks)
-            nbytes = 3 * sum(cost.ring_step_bytes(plan.sequences[i].length, g) for i in ring.seqs)
+            nbytes = factor * sum(cost.ring_step_bytes(plan.sequences[i].length, g) for i in ring.seqs)
             keys[tid] = add(_ring_transfer(t, ("ring", ring.ranks, tid.step), nbytes, cost))
         for r in range(world):
-            ops[r] += _ring_ops(lowered.ranks[r], plan, cost, keys, interleave_local)
+            ops[r] += _ring_ops(lowered.ranks[r], plan, cost, keys, interleave_local, charges)
             if not interleave_local:
                 local_lens[r] = list(lowered.ranks[r].local_lens)
     else:
@@ -332,13 +405,18 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
                 ops[r].append(Op("compute", max(sum(cost.local_ms(n) for n in local_lens[r]), o), "local",
                                  label="local sequences after the rings"))
             continue
-        queue[r] = sorted((cost.local_ms(n) for n in local_lens[r]), reverse=True)
+        extra = (lambda n: hbm_ms(cost, zeppelin_local_bytes(shape_of(cost), n))) \
+            if lowered is not None and charges == "zeppelin" else (lambda n: 0.0)
+        queue[r] = sorted((cost.local_ms(n) + extra(n) for n in local_lens[r]), reverse=True)
         if queue[r]:
             ops[r].append(Op("local", kind="local", label="local sequences"))
     if remap_keys is not None:
         tout = remap_keys[1]
         for r in range(world):
             ops[r] += [Op("post", key=tout), Op("wait", key=tout, kind="remap", label="remap out")]
+    for r in range(world):
+        if remap_copy[r] > 0:
+            ops[r].append(Op("compute", remap_copy[r], "copy", label="remap out: row gathers, copies"))
     for r in range(world):
         if lin_half[r] > 0:
             ops[r].append(Op("compute", lin_half[r], "linear", label="linear (second half)"))

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence, TextIO
 from ..planner.cluster import Cluster
 from ..planner.cost_model import CostModel
 from .bounds import lower_bound_ms
+from .charges import charges_for
 from .simulator import simulate
 from .strategies import BOUND_NAMES, STRATEGY_NAMES, plan_with
 
@@ -110,7 +111,8 @@ def run_strategies(
                 t0 = time.perf_counter()
                 sp = plan_with(name, lengths, cluster, cost, **options.get(name, {}))
                 t1 = time.perf_counter()
-                res = simulate(sp.plan, cost, attention_comm=sp.attention_comm, engine=engine, keep_events=False)
+                res = simulate(sp.plan, cost, attention_comm=sp.attention_comm, engine=engine, keep_events=False,
+                               charges=charges_for(name))
                 plan_s += t1 - t0
                 sim_s += time.perf_counter() - t1
                 steps.append(res.step_ms)

@@ -117,7 +117,7 @@ ENGINES: tuple[str, ...] = ("runtime", "fill")
 
 
 def simulate(plan: StepPlan, cost: CostModel, *, attention_comm: str = "ring", routing: bool = True,
-             engine: str = "runtime", keep_events: bool = True) -> SimResult:
+             engine: str = "runtime", keep_events: bool = True, charges: str = "zeppelin") -> SimResult:
     """Simulate one step of ``plan`` (see module docstring). Deterministic.
 
     ``engine="runtime"``: the order ``zeppelin_megatron.runtime`` executes:
@@ -126,13 +126,18 @@ def simulate(plan: StepPlan, cost: CostModel, *, attention_comm: str = "ring", r
     (a fixed order, not reacting to waits). ``engine="fill"``: local sequences run from a queue
     whenever a rank is blocked on a ring/group wait (the paper's three-queue
     engine).
+
+    ``charges``: whose merges and copies ring plans pay (:mod:`.charges`): ``zeppelin`` (this project's
+    engine) or ``te`` (TE CP's ring; what the ring baselines run); :func:`~.charges.charges_for` maps a
+    strategy name to it.
     """
     if plan.nodes != cost.cluster.nodes or plan.gpus_per_node != cost.cluster.gpus_per_node:
         raise ValueError(f"the plan is for {plan.nodes}x{plan.gpus_per_node} GPUs but the cost model's cluster is "
                          f"{cost.cluster.nodes}x{cost.cluster.gpus_per_node}")
     if engine not in ENGINES:
         raise ValueError(f"engine is {engine!r}, expected one of {list(ENGINES)}")
-    program = build_layer_program(plan, cost, attention_comm, routing, interleave_local=engine == "runtime")
+    program = build_layer_program(plan, cost, attention_comm, routing, interleave_local=engine == "runtime",
+                                  charges=charges)
     return simulate_program(program, cost, engine=engine, keep_events=keep_events)
 
 

@@ -1,0 +1,176 @@
+"""Device-memory charges: the elementwise passes and row copies an attention runtime does besides its kernels.
+
+Every charge is ``bytes / hbm_GBps`` (:attr:`~zeppelin_megatron.planner.profile.CostProfile.hbm_GBps`,
+bytes read + bytes written per second; 2951.7 GB/s measured for the bundled H100 profile). Elementwise
+kernel launches are counted in the docstrings but not charged: the profile has no figure for them (its
+``call_overhead_ms`` is one attention call through autograd), and a few-microsecond launch overlaps the
+GPU work already queued.
+
+Notation: ``b`` = bytes of the training dtype (2 for bf16), ``a`` = bytes of the accumulation dtype
+(``acc_dtype``: 4, 8 for float64); per token ``Eq = Hq * D`` query elements, ``Ekv = 2 * Hkv * D``
+packed K/V elements, ``Hq`` log-sum-exp values (heads after tensor parallelism). All charges are
+forward + backward of one layer, as the cost model's kernel times are.
+
+**Zeppelin's engine** (counted from ``runtime/ring.py``, ``runtime/engine.py``, ``runtime/remap.py``,
+``runtime/attention.py``; :func:`zeppelin_call_bytes`, :func:`zeppelin_ring_bytes`,
+:func:`zeppelin_local_bytes`, :func:`zeppelin_remap_bytes`):
+
+* ``merge_lse`` after every ring call but the diagonal, over the call's ``T`` query rows: ``logaddexp``
+  (r 2, w 1), two ``lse - new`` (r 2, w 1) and two ``exp`` (r 1, w 1) over ``T Hq`` fp32 values; ``out * w``
+  (r ``a`` + w ``a`` per ``T Eq``, plus the broadcast ``w``), ``out_b.to(fp32)`` (r ``b``, w ``a``), ``* w_b``
+  (r ``a``, w ``a``), the add (r ``2a``, w ``a``): ``T Eq (8a + b) + 15 a T Hq`` bytes, 9 launches. A
+  ``late`` call (late rows only) also gathers ``out`` and ``lse`` rows and copies them back:
+  ``+ T (4a Eq + 4a Hq)``, 4 launches.
+* per call: the held K/V rows (``early``: ``2 b Tk Ekv``) or the query rows (``late``: ``2 b Tq Eq``) by
+  ``index_select``; backward: the kernel's ``lse.transpose(0, 1).float().contiguous()`` (``2 a Tq Hq``),
+  ``dq += dq_b`` (``Tq Eq (2a + b)``; ``late``: ``.to`` + ``index_add_``, ``Tq Eq (4a + b)``), dK/dV block
+  ``torch.cat(...).to(fp32)`` (``Tk Ekv (3b + a)``), ``add_block`` (``3a Tk Ekv``), the held K/V rows
+  again for ``early``, ``(dout, q, out, lse)`` rows at the ring's first ``late`` call (``2 Tq (3b Eq + a
+  Hq)``, cached per index tensor after that); the diagonal call's ``o.to(fp32)`` (``Tq Eq (a + b)``).
+* per ring (``n`` ring rows of the rank): forward ``q``, ``k``, ``v`` row gathers and the K/V ``cat``
+  (``2 b n (Eq + 2 Ekv)``), the result ``.to(dtype)`` and ``index_copy_`` (``n Eq (a + 3b)``); backward
+  ``q``, ``dout``, ``k``, ``v`` gathers and ``cat`` (``2 b n (2 Eq + 2 Ekv)``), ``dq`` and accumulator
+  zeros (``a n (Eq + Ekv)``), the final ``dq``/``dk``/``dv`` ``.to`` + ``index_copy_`` (``n (Eq + Ekv)(a + 3b)``).
+* per local call of ``T`` tokens: forward ``q``, ``k``, ``v`` gathers and ``out.index_copy_``
+  (``2 b T (Eq + Ekv) + 2 b T Eq``); backward ``dout``, ``q``, ``k``, ``v`` gathers and three
+  ``index_copy_`` (``2 b T (2 Eq + Ekv) + 2 b T (Eq + Ekv)``).
+* the layer's remap (always run, even when no row moves): ``torch.cat([q, k, v])`` on the linear layout
+  (``2 b T_lin F``, ``F = Eq + Ekv``), four ``remap_tokens`` (q/k/v in, out back,
+  and both again in backward: each an ``index_select`` of the source rows and an ``index_copy_`` into
+  the destination, ``2 b F' (T_lin + T_att)``), the three ``.contiguous()`` after the split and their
+  gradients' ``cat`` (``4 b T_att F``); a routed remap (``plan.remap_proxies``) adds three phases of
+  staging-buffer ``index_select`` + ``cat`` (``4 b F' T_src`` each: exact on the mean over ranks, every
+  row being held by one rank per phase) and the final ``index_select`` (``2 b F' T_dst``).
+* the router's relays: none. A relay receives into a buffer and sends that buffer on; a message part is
+  a view of the payload (``runtime/router.py``). Its bytes are network traffic, charged as such.
+
+**Transformer Engine CP's ring** (``te-cp``, ``te-cp-routing``, ``wlb-llm``, ``hybrid-dp``,
+``megatron-hcp``, the ring of ``te-cp-a2a-p2p``; :func:`te_step_bytes`): our reading of TE's
+``AttnFuncWithCPAndKVP2P``: the softmax-lse and output corrections are fused (``jit_fuser``) kernels,
+one pass each per step: r ``b`` (the step's bf16 output) + r/w ``a`` (the running output) per ``T Eq``,
+``5a T Hq``; backward accumulates dQ and dK/dV in the training dtype (``3b`` per element). No row
+gathers (TE's THD buffers are used in place). This is a lower bound for TE: it favours the baseline.
+
+Not charged anywhere: GQA K/V head expansion inside the ``torch_varlen`` backend (the ``flash_attn``
+backend needs none), Ulysses all-to-all head permutes of ``flexsp`` and the a2a part of
+``te-cp-a2a-p2p`` (both favour those baselines). DistCA charges its own buffer packing
+(:mod:`.distca`).
+
+Example (bf16, ``Hq = 32``, ``D = 128``): merging a 4096-row ``early`` call costs
+``4096 * 4096 * 34 + 4096 * 32 * 60 = 578 MB`` of traffic -> 0.196 ms at 2951.7 GB/s.
+"""
+
+from __future__ import annotations
+
+from ..planner.cost_model import CostModel
+from ..planner.lowering import RingCall
+
+__all__ = ["hbm_ms", "Shape", "shape_of", "merge_bytes", "zeppelin_call_bytes", "zeppelin_ring_bytes",
+           "zeppelin_local_bytes", "zeppelin_remap_bytes", "te_step_bytes", "CHARGES",
+           "charges_for"]
+
+CHARGES: tuple[str, ...] = ("zeppelin", "te", "none")
+"""Charge models: ``zeppelin`` (this project's engine, counted from its code), ``te`` (TE CP's ring) and
+``none`` (no device-memory charges, dK/dV in the training dtype, ring calls timed as the largest
+area-averaged off-diagonal block: the simulator before these charges, for tests of its timing
+mechanics and before/after comparisons)."""
+
+
+def charges_for(strategy: str) -> str:
+    """The charge model of a strategy: ``zeppelin`` for Zeppelin and its ablations (they run this
+    project's engine), ``te`` for every other (ring baselines run TE CP; the others have no ring)."""
+    return "zeppelin" if strategy.startswith("zeppelin") else "te"
+
+
+class Shape:
+    """Per-token element counts on one rank: ``eq`` query, ``ekv`` packed K/V, ``hq`` lse values;
+    ``b`` / ``a`` bytes of the training / accumulation dtype."""
+
+    __slots__ = ("eq", "ekv", "hq", "b", "a")
+
+    def __init__(self, *, eq: int, ekv: int, hq: int, b: int, a: int) -> None:
+        self.eq, self.ekv, self.hq, self.b, self.a = eq, ekv, hq, b, a
+
+
+def shape_of(cost: CostModel) -> Shape:
+    """The :class:`Shape` of ``cost``'s model after tensor parallelism, in its profile's dtype."""
+    m, tp = cost.model, cost.tensor_parallel
+    b = cost.profile.dtype_bytes
+    return Shape(eq=(m.q_heads // tp) * m.head_dim, ekv=2 * (m.kv_heads // tp) * m.head_dim,
+                 hq=m.q_heads // tp, b=b, a=max(4, b))
+
+
+def hbm_ms(cost: CostModel, nbytes: float) -> float:
+    """Milliseconds to move ``nbytes`` (read + written) through device memory."""
+    return nbytes / (cost.profile.hbm_GBps * 1e6) if nbytes > 0 else 0.0
+
+
+def merge_bytes(sh: Shape, rows: int, *, late: bool) -> float:
+    """Bytes of one ``merge_lse`` over ``rows`` query rows (``late``: with the row gather and copy back)."""
+    a, b = sh.a, sh.b
+    total = rows * sh.eq * (8 * a + b) + 15 * a * rows * sh.hq
+    if late:
+        total += rows * (4 * a * sh.eq + 4 * a * sh.hq)
+    return float(total)
+
+
+def zeppelin_call_bytes(sh: Shape, call: RingCall, *, first_late: bool) -> float:
+    """Forward + backward elementwise bytes of one lowered ring call besides its kernel (module docstring).
+
+    ``first_late``: this is the ring's first ``late`` call (backward gathers ``dout, q, out, lse`` rows once).
+    """
+    a, b, eq, ekv, hq = sh.a, sh.b, sh.eq, sh.ekv, sh.hq
+    tq, tk = sum(call.lens_q), sum(call.lens_k)
+    fwd = bwd = 0.0
+    if call.kind == "diag":
+        fwd += tq * eq * (a + b)
+    else:
+        fwd += merge_bytes(sh, tq, late=call.kind == "late")
+    if call.kind == "early":
+        fwd += 2 * b * tk * ekv
+        bwd += 2 * b * tk * ekv
+    if call.kind == "late":
+        fwd += 2 * b * tq * eq
+        if first_late:
+            bwd += 2 * tq * (3 * b * eq + a * hq)
+        bwd += tq * eq * (4 * a + b)
+    else:
+        bwd += tq * eq * (2 * a + b)
+    bwd += 2 * a * tq * hq + tk * ekv * (3 * b + a) + 3 * a * tk * ekv
+    return fwd + bwd
+
+
+def zeppelin_ring_bytes(sh: Shape, n: int) -> float:
+    """Per-ring bytes (gathers into the ring buffers, zeros, results back) for a rank with ``n`` ring rows."""
+    a, b, eq, ekv = sh.a, sh.b, sh.eq, sh.ekv
+    fwd = 2 * b * n * (eq + 2 * ekv) + n * eq * (a + 3 * b)
+    bwd = 2 * b * n * (2 * eq + 2 * ekv) + a * n * (eq + ekv) + n * (eq + ekv) * (a + 3 * b)
+    return float(fwd + bwd)
+
+
+def zeppelin_local_bytes(sh: Shape, tokens: int) -> float:
+    """Row gathers and copies around one local call of ``tokens`` tokens (forward + backward)."""
+    b, eq, ekv = sh.b, sh.eq, sh.ekv
+    fwd = 2 * b * tokens * (eq + ekv) + 2 * b * tokens * eq
+    bwd = 2 * b * tokens * (2 * eq + ekv) + 2 * b * tokens * (eq + ekv)
+    return float(fwd + bwd)
+
+
+def zeppelin_remap_bytes(sh: Shape, t_lin: int, t_att: int, *, routed: bool) -> float:
+    """The layer's qkv concat, four ``remap_tokens`` and the split copies on one rank (module docstring)."""
+    b = sh.b
+    f_in, f_out = sh.eq + sh.ekv, sh.eq
+    total = 2 * b * t_lin * f_in + 4 * b * t_att * f_in
+    # (F', T_src, T_dst) of to_attention(qkv), to_linear(out), and their backward runs (inverse directions)
+    for f, src, dst in ((f_in, t_lin, t_att), (f_out, t_att, t_lin), (f_out, t_lin, t_att), (f_in, t_att, t_lin)):
+        total += 2 * b * f * (src + dst)
+        if routed:
+            total += 3 * 4 * b * f * src + 2 * b * f * dst
+    return float(total)
+
+
+def te_step_bytes(sh: Shape, q_rows: float, kv_rows: float) -> float:
+    """TE CP ring: forward correction + backward dQ, dK/dV accumulation of one step (not the diagonal)."""
+    a, b = sh.a, sh.b
+    return float(q_rows * sh.eq * (b + 2 * a) + 5 * a * q_rows * sh.hq
+                 + 3 * b * q_rows * sh.eq + 3 * b * kv_rows * sh.ekv)
