@@ -91,3 +91,19 @@ def test_placement_order_is_the_sort_by_cost() -> None:
     w = [cost.local_ms(s) for s in lengths]
     assert placement_order(lengths, w) == sorted(range(len(lengths)), key=lambda i: (-w[i], -lengths[i], i))
     assert placement_order([5, 9, 5], [1.0, 2.0, 1.0]) == [1, 0, 2]
+
+
+@pytest.mark.parametrize(("att", "message"), [
+    ((((0, 0, 4),), ((0, 0, 4), (1, 0, 2))), r"tokens \[0, 4\) of sequence 0 appear twice"),  # whole twice
+    ((((0, 0, 4),), ()), r"tokens \[0, 2\) of sequence 1 are missing"),  # a sequence nowhere
+    ((((0, 0, 4), (1, 0, 1)), ((1, 0, 2),)), r"tokens \[0, 1\) of sequence 1 appear twice"),  # overlap
+    ((((0, 0, 3),), ((1, 0, 2),)), r"tokens \[3, 4\) of sequence 0 are missing"),  # a tail missing
+    ((((0, 0, 4),), ((1, 0, 2), (2, 0, 1))), r"sequence index 2 is outside \[0, 2\)"),
+    ((((0, 0, 5),), ((1, 0, 2),)), r"range \[0, 5\) of sequence 0 is empty or outside \[0, 4\)"),
+])
+def test_layout_cover_errors(att: tuple, message: str) -> None:
+    from zeppelin_megatron.planner import PlanError, SequencePlan
+
+    seqs = (SequencePlan(4, "local", (0,)), SequencePlan(2, "local", (1,)))
+    with pytest.raises(PlanError, match=message):
+        StepPlan(nodes=1, gpus_per_node=2, sequences=seqs, attention_layout=att, linear_layout=att)

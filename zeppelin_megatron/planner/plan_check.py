@@ -109,11 +109,14 @@ def _check_cover(
     """Every token of every sequence exactly once; returns per sequence its spans: ``(rank, start, end)``
     when it is held in one range (then ``(r, 0, length)``), else rank -> merged spans."""
     n = len(plan.sequences)
-    lengths = [s.length for s in plan.sequences]
-    first: list[tuple[int, int, int] | None] = [None] * n  # the only (start, end, rank) seen so far
-    more: dict[int, list[tuple[int, int, int]]] = {}  # sequences held in several ranges
+    lengths = [s.length for s in plan.sequences]  # each >= 1 (checked before)
+    whole = [-1] * n  # the rank of a range [0, length) of the sequence (the first one seen)
+    parts: dict[int, list[tuple[int, int, int]]] = {}  # every other range: (start, end, rank)
     for r, ranges in enumerate(layout):
         for seq, start, end in ranges:
+            if start == 0 and 0 <= seq < n and end == lengths[seq] and whole[seq] < 0:
+                whole[seq] = r  # the common case (a local sequence), checked in one line
+                continue
             if not 0 <= seq < n:
                 raise PlanError(f"{name}[{r}]: sequence index {seq} is outside [0, {n})")
             length = lengths[seq]
@@ -121,20 +124,19 @@ def _check_cover(
                 raise PlanError(
                     f"{name}[{r}]: range [{start}, {end}) of sequence {seq} is empty or outside [0, {length})"
                 )
-            f = first[seq]
-            if f is None:
-                first[seq] = (start, end, r)
-            elif seq in more:
-                more[seq].append((start, end, r))
+            if seq in parts:
+                parts[seq].append((start, end, r))
             else:
-                more[seq] = [f, (start, end, r)]
+                parts[seq] = [(start, end, r)]
     held: list[tuple[int, int, int] | dict[int, list[tuple[int, int]]]] = []
     for seq in range(n):
-        f = first[seq]
-        if seq not in more and f is not None and f[0] == 0 and f[1] == lengths[seq]:
-            held.append((f[2], 0, f[1]))
+        spans = parts.get(seq)
+        if spans is None and whole[seq] >= 0:
+            held.append((whole[seq], 0, lengths[seq]))
             continue
-        spans = more.get(seq) or ([f] if f is not None else [])
+        spans = spans or []
+        if whole[seq] >= 0:
+            spans.append((0, lengths[seq], whole[seq]))
         spans.sort()
         pos = 0
         for start, end, _r in spans:
