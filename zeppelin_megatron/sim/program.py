@@ -334,7 +334,7 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
         from .peer_programs import build_peer_program
         peer = build_peer_program(plan, cost, attention_comm)  # their rings pay TE CP's charges
         if charges == "none":
-            peer.ops = [[o for o in ops if o.kind != "copy"] for ops in peer.ops]
+            peer.ops = [[o for o in ops if not o.label.endswith("output correction")] for ops in peer.ops]
         return peer
     if attention_comm not in ("ring", "ulysses", "allgather"):
         raise ValueError(f"attention_comm is {attention_comm!r}, expected ring, ulysses or allgather")

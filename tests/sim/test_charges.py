@@ -1,0 +1,309 @@
+"""The simulator's device-memory charges (sim/charges.py), HBM bandwidth in the profile, the ring-block
+fit by orientation, and planning run ahead of the step in the data pipeline. Hand-computed cases."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+
+from zeppelin_megatron.planner import Cluster, CostModel, load_model
+from zeppelin_megatron.planner.lowering import RingCall, lower
+from zeppelin_megatron.planner.model import ModelShape
+from zeppelin_megatron.planner.profile import ProfileError, default_profile, parse_profile
+from zeppelin_megatron.sim.charges import (
+    charges_for, hbm_ms, merge_bytes, shape_of, te_step_bytes, zeppelin_call_bytes, zeppelin_remap_bytes,
+    zeppelin_ring_bytes,
+)
+from zeppelin_megatron.sim.planbuild import build_plan
+from zeppelin_megatron.sim.program import build_layer_program
+from zeppelin_megatron.sim.simulator import link_capacities, simulate
+from zeppelin_megatron.sim.strategies import plan_with
+
+GB = 1e9
+
+
+def _cluster(nodes: int, gpus: int) -> Cluster:
+    return Cluster(nodes=nodes, gpus_per_node=gpus, nics_per_node=gpus, gpu_nic=tuple(range(gpus)),
+                   nvlink_GBps=400.0, nic_Gbps=400.0, tokens_per_gpu=1 << 20, nvlink_latency_us=5.0,
+                   nic_latency_us=10.0)
+
+
+def _cost(cluster: Cluster, layers: int = 1) -> CostModel:
+    return CostModel(model=replace(load_model(None), layers=layers), cluster=cluster)  # Llama-7B, MHA
+
+
+# -- HBM bandwidth in the profile --------------------------------------------------------------------------
+
+def test_bundled_profile_carries_the_measured_h100_copy_bandwidth() -> None:
+    p = default_profile()
+    assert (p.hbm_GBps, p.hbm_source) == (2951.7, "measured")  # calibration device_to_device_copy_GBps
+    assert parse_profile(json.loads(p.to_json())).hbm_GBps == 2951.7
+
+
+def test_profile_without_hbm_gets_the_datasheet_figure_or_a_clear_error() -> None:
+    doc = default_profile().to_dict()
+    del doc["hbm"]
+    p = parse_profile(doc)
+    assert (p.hbm_GBps, p.hbm_source) == (3350.0, "datasheet")  # H100 SXM5 HBM3
+    doc["device"] = "Mystery GPU 9000"
+    with pytest.raises(ProfileError, match=r"Mystery GPU 9000.*'hbm'|no 'hbm' section.*Mystery GPU 9000"):
+        parse_profile(doc)
+    doc = default_profile().to_dict()
+    doc["hbm"] = {"GBps": 3000.0, "source": "guessed"}
+    with pytest.raises(ProfileError, match="guessed"):
+        parse_profile(doc)
+    doc["hbm"] = {"GBps": -1, "source": "measured"}
+    with pytest.raises(ProfileError, match="GBps"):
+        parse_profile(doc)
+
+
+def test_zeppelin_profile_measures_hbm_bandwidth() -> None:
+    torch = pytest.importorskip("torch")
+    from zeppelin_megatron.measure.profiler import ProfileOptions, measure_profile
+
+    m = ModelShape(layers=2, hidden=64, q_heads=4, kv_heads=2, ffn=128, head_dim=16)
+    doc = measure_profile(ProfileOptions(model=m, lengths=(4, 8), linear_tokens=(8,), tokens_per_call=16,
+                                         dtype=torch.float32, dtype_name="fp32", device=torch.device("cpu"),
+                                         repeats=2, warmup=0, blocks=False, hbm_bytes=1 << 22))
+    p = parse_profile(doc)
+    assert p.hbm_source == "measured" and 0.1 < p.hbm_GBps < 10_000
+
+
+# -- merges and copies, counted by hand ------------------------------------------------------------------
+
+def test_merge_bytes_by_hand() -> None:
+    sh = shape_of(_cost(_cluster(1, 2)))  # Hq = 32, D = 128: Eq = 4096; bf16 (b = 2), fp32 merges (a = 4)
+    # out*w (r4 w4) + out_b.to (r2 w4) + *w_b (r4 w4) + add (r8 w4) = 34 B per element;
+    # logaddexp 12 + 2 x (sub 12 + exp 8) + 2 broadcast reads of w (4 each) = 60 B per lse value.
+    assert merge_bytes(sh, 4096, late=False) == 4096 * 4096 * 34 + 4096 * 32 * 60
+    # late rows: gather out (8) and lse (8), copy back out (8) and lse (8)
+    assert merge_bytes(sh, 4096, late=True) == 4096 * 4096 * (34 + 16) + 4096 * 32 * (60 + 16)
+    # 578 MB -> 0.196 ms at 2951.7 GB/s (the module docstring's example)
+    assert hbm_ms(_cost(_cluster(1, 2)), merge_bytes(sh, 4096, late=False)) == pytest.approx(0.1959, abs=1e-4)
+
+
+def _hand_ring_bytes(position: int) -> float:
+    """One 16384-token sequence on a 2-GPU ring, Llama-7B bf16: Eq = 4096, Ekv = 8192, Hq = 32, n = 8192."""
+    eq, ekv, hq, n = 4096, 8192, 32, 8192
+    setup = (2 * 2 * n * (eq + 2 * ekv) + n * eq * (4 + 3 * 2)                 # fwd gathers; result .to + copy
+             + 2 * 2 * n * (2 * eq + 2 * ekv) + 4 * n * (eq + ekv)             # bwd gathers; dq/acc zeros
+             + n * (eq + ekv) * (4 + 3 * 2))                                   # final dq/dk/dv .to + copy
+    diag = (n * eq * 6                                                         # o.to(fp32)
+            + n * eq * 10 + 8 * n * hq + n * ekv * 10 + 12 * n * ekv)          # dq +=, lse copy, dkv cat/.to, add
+    if position == 0:  # step 1 is 'late': 4096 late rows against all 8192 of position 1
+        tq, tk = 4096, 8192
+        step1 = (tq * eq * 34 + 60 * tq * hq + tq * (16 * eq + 16 * hq)        # merge on late rows
+                 + 2 * 2 * tq * eq                                             # q rows gathered
+                 + 2 * tq * (3 * 2 * eq + 4 * hq)                              # bwd (dout, q, out, lse) rows, once
+                 + tq * eq * 18 + 8 * tq * hq + tk * ekv * 10 + 12 * tk * ekv)  # dq .to + index_add, lse, dkv
+    else:  # step 1 is 'early': all 8192 rows against position 0's 4096 early rows
+        tq, tk = 8192, 4096
+        step1 = (tq * eq * 34 + 60 * tq * hq                                   # merge
+                 + 2 * 2 * tk * ekv * 2                                        # K/V rows gathered, fwd and bwd
+                 + tq * eq * 10 + 8 * tq * hq + tk * ekv * 10 + 12 * tk * ekv)
+    return setup + diag + step1
+
+
+def test_one_ring_pays_its_merges_and_copies_by_hand() -> None:
+    cl = _cluster(1, 2)
+    cost = _cost(cl, layers=3)
+    plan = build_plan([16384], [(0, 1)], cl, cost)
+    low = lower(plan)
+    sh = shape_of(cost)
+    for r in (0, 1):
+        calls = [op for op in low.ranks[r].forward if isinstance(op, RingCall)]
+        got = zeppelin_ring_bytes(sh, 8192) + sum(
+            zeppelin_call_bytes(sh, c, first_late=c.kind == "late") for c in calls)
+        assert got == _hand_ring_bytes(r)
+    # The whole layer: linear/2, remap copies/2, [diag, copies of step 0] against the K/V transfer
+    # (4x the forward K/V bytes: the dK/dV accumulator is fp32), [step 1's block, its copies], the rest.
+    res = simulate(plan, cost)
+    o = cost.call_overhead_ms
+    diag, _ = cost.ring_compute_profile(16384, 2)
+    nvl, _ = link_capacities(cost)
+    comm = 5e-3 + 4 * cost.ring_step_bytes(16384, 2) / nvl
+    lin = cost.linear_ms(8192)
+    f_in, f_out, b = 4096 + 8192, 4096, 2
+    remap = (2 * b * 8192 * f_in + 4 * b * 8192 * f_in                           # qkv cat, split .contiguous + grad
+             + sum(2 * b * f * (8192 + 8192) for f in (f_in, f_out, f_out, f_in)))  # 4 remap_tokens
+    assert zeppelin_remap_bytes(sh, 8192, 8192, routed=False) == remap
+    step0 = {0: 6 * 8192 * 4096 + zeppelin_ring_bytes(sh, 8192), 1: 6 * 8192 * 4096 + zeppelin_ring_bytes(sh, 8192)}
+    blocks = {0: cost.block_fitted_ms(4096, 8192), 1: cost.block_fitted_ms(8192, 4096)}  # late: wide, early: tall
+    finish = []
+    for r in (0, 1):
+        start = lin / 2 + hbm_ms(cost, remap) / 2
+        rest = hbm_ms(cost, _hand_ring_bytes(r) - step0[r])
+        finish.append(max(start + max(diag, o) + hbm_ms(cost, step0[r]), start + comm)
+                      + max(blocks[r], o) + rest + hbm_ms(cost, remap) / 2 + lin / 2)
+    assert res.layer_ms == pytest.approx(max(finish), rel=1e-9)
+    assert res.step_ms == pytest.approx(3 * max(finish), rel=1e-9)
+    assert res.layer_ms > simulate(plan, cost, charges="none").layer_ms
+
+
+@pytest.mark.parametrize("g", [2, 4, 8])
+def test_a_ring_of_g_steps_pays_g_minus_1_merges(g: int) -> None:
+    cl = _cluster(1, g)
+    cost = _cost(cl)
+    plan = build_plan([4096 * g], [tuple(range(g))], cl, cost)
+    low = lower(plan)
+    prog = build_layer_program(plan, cost)
+    sh = shape_of(cost)
+    for r in range(g):
+        calls = [op for op in low.ranks[r].forward if isinstance(op, RingCall)]
+        merges = [c for c in calls if c.kind != "diag"]
+        assert len(merges) == g - 1
+        copies = [op for op in prog.ops[r] if op.kind == "copy" and "merges" in op.label]
+        assert len(copies) == g  # one per call (the diagonal's: its fp32 start and the ring's gathers)
+        for c, op in zip(calls[1:], copies[1:]):  # every later call pays at least its merge
+            assert op.ms >= hbm_ms(cost, merge_bytes(sh, sum(c.lens_q), late=c.kind == "late"))
+        assert sum(op.ms for op in copies) == pytest.approx(hbm_ms(cost, zeppelin_ring_bytes(sh, 4096) + sum(
+            zeppelin_call_bytes(sh, c, first_late=c is next((d for d in calls if d.kind == "late"), None))
+            for c in calls)), rel=1e-12)
+
+
+def test_a_remap_pays_its_gathers_and_a_routed_remap_its_staging() -> None:
+    sh = shape_of(_cost(_cluster(1, 2)))
+    b, f_in, f_out = 2, 4096 + 8192, 4096
+    plain = zeppelin_remap_bytes(sh, 1000, 3000, routed=False)
+    routed = zeppelin_remap_bytes(sh, 1000, 3000, routed=True)
+    # 3 staging phases of index_select + cat (4 b F per source row) and the final index_select (2 b F per row)
+    extra = sum(12 * b * f * src + 2 * b * f * dst
+                for f, src, dst in ((f_in, 1000, 3000), (f_out, 3000, 1000), (f_out, 1000, 3000), (f_in, 3000, 1000)))
+    assert routed - plain == extra
+    # In a layer program: remap copies before and after attention on every rank, even when no row moves.
+    cl = _cluster(2, 2)
+    cost = _cost(cl)
+    sp = plan_with("zeppelin", [9000, 3000, 2000, 1500, 800, 700], cl, cost)
+    prog = build_layer_program(sp.plan, cost)
+    for r in range(4):
+        rc = [op.ms for op in prog.ops[r] if op.kind == "copy" and op.label.startswith("remap")]
+        expect = hbm_ms(cost, zeppelin_remap_bytes(sh, sp.plan.tokens(r, "linear"), sp.plan.tokens(r, "attention"),
+                                                   routed=bool(sp.plan.remap_proxies) and any(
+                                                       seg.lin_rank != seg.att_rank for seg in sp.plan.remap.segments)))
+        assert len(rc) == 2 and sum(rc) == pytest.approx(expect, rel=1e-12)
+    none = build_layer_program(sp.plan, cost, charges="none")
+    assert not any(op.kind == "copy" for ops in none.ops for op in ops)
+
+
+def test_baselines_pay_te_cp_corrections_on_their_rings_only() -> None:
+    assert [charges_for(n) for n in ("zeppelin", "zeppelin-no-remap", "te-cp", "megatron-hcp", "distca")] == \
+        ["zeppelin", "zeppelin", "te", "te", "te"]
+    cl = _cluster(2, 4)
+    cost = _cost(cl)
+    sh = shape_of(cost)
+    plan = build_plan([32768], [tuple(range(8))], cl, cost)  # a TE CP ring of 8 over both nodes
+    prog = build_layer_program(plan, cost, charges="te")
+    low = lower(plan)
+    for r in range(8):
+        copies = [op for op in prog.ops[r] if op.kind == "copy"]
+        calls = [op for op in low.ranks[r].forward if isinstance(op, RingCall) and op.kind != "diag"]
+        assert len(copies) == 7  # no gathers, no remap copies: one correction per step after the diagonal
+        assert [op.ms for op in copies] == pytest.approx(
+            [hbm_ms(cost, te_step_bytes(sh, sum(c.lens_q), sum(c.lens_k))) for c in calls], rel=1e-12)
+    # Megatron HCP's TE ring (peer program): g - 1 corrections per member; DistCA (one call per nano-batch): none.
+    lens = [30000, 2000, 1000, 500]
+    hcp = plan_with("megatron-hcp", lens, cl, cost)
+    hp = build_layer_program(hcp.plan, cost, hcp.attention_comm)
+    ring_members = [r for r in range(8) if any("step 1" in op.label for op in hp.ops[r] if op.kind == "attention")]
+    assert ring_members
+    for r in ring_members:
+        steps = [op for op in hp.ops[r] if op.kind == "attention" and " step " in op.label]
+        fixes = [op for op in hp.ops[r] if op.kind == "copy"]
+        assert len(fixes) == len(steps) - len({op.label.rsplit(" step ", 1)[0] for op in steps})
+    bare = build_layer_program(hcp.plan, cost, hcp.attention_comm, charges="none")
+    assert not any(op.label.endswith("output correction") for ops in bare.ops for op in ops)
+    dc = plan_with("distca", lens, cl, cost)  # its own buffer packing stays ('copy' ops of sim/distca.py)
+    assert not any(op.label.endswith("output correction")
+                   for ops in build_layer_program(dc.plan, cost, dc.attention_comm).ops for op in ops)
+
+
+@pytest.mark.parametrize("name", ["zeppelin", "te-cp", "megatron-hcp", "te-cp-a2a-p2p", "distca", "flexsp"])
+def test_every_kernel_call_pays_at_least_the_call_overhead(name: str) -> None:
+    cl = _cluster(2, 4)
+    cost = _cost(cl)
+    sp = plan_with(name, [20000, 6000, 3000, 900, 400, 300, 200, 100], cl, cost)
+    prog = build_layer_program(sp.plan, cost, sp.attention_comm, charges=charges_for(name))
+    calls = [op for ops in prog.ops for op in ops if op.what == "compute" and op.kind in ("attention", "local")]
+    assert calls and all(op.ms >= cost.call_overhead_ms for op in calls)
+
+
+# -- ring-block cost fitted to the measured blocks --------------------------------------------------------
+
+def test_ring_block_fit_by_orientation_before_and_after() -> None:
+    """Error of the block cost against the profile's measured ring blocks (MHA, 32 heads x 128).
+
+    in sample: area-averaged ``block_ms`` -10.2% / +10.2% at 128x64 / 64x128 (512 blocks), max |err|
+    10.2%; ``block_fitted_ms`` 0.0% (it interpolates the measured rows of each orientation).
+    leave one out (inner rows, each predicted from the others): max |err| 9.4% before, 6.3% after.
+    """
+    p = default_profile()
+    mha = ModelShape(layers=1, hidden=4096, q_heads=32, kv_heads=32, ffn=11008, head_dim=128)
+    cost = CostModel(model=mha, cluster=_cluster(1, 8))
+
+    def err(c: CostModel, r: object, fitted: bool) -> float:
+        f = c.block_fitted_ms if fitted else c.block_ms
+        return f(r.q_len, r.k_len) * r.num_seqs / r.fwd_bwd_ms - 1  # type: ignore[attr-defined]
+
+    before = [err(cost, r, False) for r in p.blocks]
+    after = [err(cost, r, True) for r in p.blocks]
+    assert max(map(abs, before)) == pytest.approx(0.102, abs=0.001)
+    assert max(map(abs, after)) < 1e-9
+    loo_before, loo_after = [], []
+    for i, r in enumerate(p.blocks[2:-2], start=2):
+        c = CostModel(model=mha, cluster=_cluster(1, 8),
+                      profile=replace(p, blocks=tuple(b for j, b in enumerate(p.blocks) if j != i)))
+        loo_before.append(abs(err(c, r, False)))
+        loo_after.append(abs(err(c, r, True)))
+    assert max(loo_after) < max(loo_before)
+    assert max(loo_before) == pytest.approx(0.094, abs=0.001) and max(loo_after) == pytest.approx(0.063, abs=0.001)
+    # A zigzag step's tall block (early call, 2c x c) costs more than its wide one (late call, c x 2c) at
+    # small c, which the area-averaged model hides: the ring waits for its slowest member.
+    assert cost.block_fitted_ms(128, 64) > cost.block_ms(128, 64) > cost.block_fitted_ms(64, 128)
+
+
+# -- planning time: hidden by the data pipeline's prefetch thread -----------------------------------------
+
+def test_plan_of_the_next_micro_step_is_computed_while_the_current_one_trains(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from tests.megatron_data.conftest import SEQ_LENGTH, random_documents, write_indexed
+    from zeppelin_megatron import plan_step
+    from zeppelin_megatron.megatron.data.indexed import DocumentDataset
+    from zeppelin_megatron.megatron.data.iterator import ZeppelinDataIterator
+    from zeppelin_megatron.megatron.data.sampler import TokenBudgetSampler
+
+    docs, items = random_documents(3, 40, seq_length=SEQ_LENGTH)
+    dataset = DocumentDataset(prefix=write_indexed(tmp_path / "d", docs, items=items), seq_length=SEQ_LENGTH)
+    small = ModelShape(layers=2, hidden=256, q_heads=4, kv_heads=4, ffn=512)
+    cost = CostModel(model=small, cluster=Cluster(nodes=2, gpus_per_node=2, nics_per_node=2, gpu_nic=(0, 1),
+                                                  nvlink_GBps=450.0, nic_Gbps=400.0, tokens_per_gpu=4 * SEQ_LENGTH))
+    log: list[tuple[str, float, float]] = []
+    plan = partial(plan_step, cost_model=cost)
+
+    def planner(lengths: Sequence[int]):  # -> StepPlan; records which thread planned, and when
+        t0 = time.perf_counter()
+        time.sleep(0.05)  # stands in for the planner's 40-50 ms at 1M tokens / 128 GPUs
+        out = plan(lengths)
+        log.append((threading.current_thread().name, t0, time.perf_counter()))
+        return out
+
+    sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=4 * SEQ_LENGTH * 2, seed=5)
+    with ZeppelinDataIterator(dataset=dataset, sampler=sampler, planner=planner, rank=0, prefetch_depth=1) as it:
+        first = next(it)
+        train_start = time.perf_counter()
+        time.sleep(0.5)  # micro-step 0 "trains"
+        train_end = time.perf_counter()
+        t = time.perf_counter()
+        second = next(it)
+        waited = time.perf_counter() - t
+    assert (first.step, second.step) == (0, 1)
+    assert all(name == "zeppelin-data-rank0" for name, _, _ in log)  # never the training thread
+    step1 = log[1]
+    assert step1[1] < train_end and step1[2] < train_end  # planned while micro-step 0 trained
+    assert train_start < train_end and waited < 0.05      # the training thread did not wait for it
