@@ -185,8 +185,7 @@ def test_a_remap_pays_its_gathers_and_a_routed_remap_its_staging() -> None:
     for r in range(4):
         rc = [op.ms for op in prog.ops[r] if op.kind == "copy" and op.label.startswith("remap")]
         expect = hbm_ms(cost, zeppelin_remap_bytes(sh, sp.plan.tokens(r, "linear"), sp.plan.tokens(r, "attention"),
-                                                   routed=bool(sp.plan.remap_proxies) and any(
-                                                       seg.lin_rank != seg.att_rank for seg in sp.plan.remap.segments)))
+                                                   routed=bool(sp.plan.remap_proxies)))  # as remap_tokens
         assert len(rc) == 2 and sum(rc) == pytest.approx(expect, rel=1e-12)
     none = build_layer_program(sp.plan, cost, charges="none")
     assert not any(op.kind == "copy" for ops in none.ops for op in ops)

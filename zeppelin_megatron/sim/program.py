@@ -359,7 +359,7 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
     # Zeppelin's runtime runs remap_tokens in and out even when no row moves: half its copies each side.
     remap_copy = ([hbm_ms(cost, zeppelin_remap_bytes(shape_of(cost), plan.tokens(r, "linear"),
                                                      plan.tokens(r, "attention"),
-                                                     routed=bool(plan.remap_proxies) and remaps is not None)) / 2
+                                                     routed=bool(plan.remap_proxies) and world > 1)) / 2
                    for r in range(world)] if lowered is not None and charges == "zeppelin" else [0.0] * world)
     for r in range(world):
         if remap_copy[r] > 0:
