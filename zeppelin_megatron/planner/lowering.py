@@ -56,14 +56,15 @@ from functools import cached_property
 from typing import Literal, Union
 
 from .plan import StepPlan
-from .remap_routing import proxy_parts
+from .remap import RankExchange
+from .remap_routing import RoutedExchange, proxy_parts, routed_exchange
 from .routing import route_parts
 from .transfers import ACC_TAG, KV_TAG, ROUNDS, Hop, Message, Transfer, TransferId, message_hops
 from .zigzag import next_position, ring_source, zigzag_ranges
 
 __all__ = ["Message", "Hop", "TransferId", "Transfer", "RingCall", "LocalCall", "Post", "Wait", "RankOp", "RingPart",
            "LocalChunk", "RemapExchange", "RankProgram", "StepProgram", "lower", "lower_rank", "lower_remaps",
-           "message_hops", "ROUNDS", "KV_TAG", "ACC_TAG"]
+           "rank_remap", "message_hops", "ROUNDS", "KV_TAG", "ACC_TAG"]
 
 TokenRange = tuple[int, int, int]  # (plan sequence index, start, end)
 
@@ -418,6 +419,17 @@ def lower_remaps(plan: StepPlan) -> tuple[RemapExchange, RemapExchange] | None:
     back = tuple(sorted((b, a, n) for a, b, n in fwd))
     return (RemapExchange(direction="to_attention", proxies=plan.remap_proxies, pair_rows=fwd),
             RemapExchange(direction="to_linear", proxies=plan.remap_proxies, pair_rows=back))
+
+
+def rank_remap(plan: StepPlan, rank: int, direction: Literal["to_attention", "to_linear"]
+               ) -> tuple[RankExchange, RoutedExchange | None]:
+    """``rank``'s remap in ``direction``: the direct ``all_to_all`` lists (:meth:`~.remap.RemapPlan.exchange`:
+    counts, gather and scatter indices) and, when the plan routes its remap (``remap_proxies`` on more
+    than one rank), the three routed phases (:func:`~.remap_routing.routed_exchange`), else None."""
+    direct = plan.remap.exchange(rank, direction)
+    if not plan.remap_proxies or plan.world_size == 1:
+        return direct, None
+    return direct, routed_exchange(plan.remap, direction, plan.gpus_per_node, plan.remap_proxies)[rank]
 
 
 def lower(plan: StepPlan, *, routing: bool = True) -> StepProgram:

@@ -32,8 +32,8 @@ from typing import Any, Literal
 
 import torch
 
+from ..planner.lowering import rank_remap
 from ..planner.plan import StepPlan
-from ..planner.remap_routing import RoutedExchange, routed_exchange
 from .comm import all_to_all_uneven
 from .group import ZeppelinGroup
 
@@ -41,40 +41,23 @@ __all__ = ["remap_tokens", "to_attention", "to_linear", "RemapFunction"]
 
 Direction = Literal["to_attention", "to_linear"]
 
-_INDEX_CACHE: "weakref.WeakKeyDictionary[StepPlan, dict[Any, tuple[torch.Tensor, torch.Tensor]]]" = (
-    weakref.WeakKeyDictionary()
-)
+_Indices = tuple[Any, torch.Tensor, torch.Tensor, Any, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]
+_INDEX_CACHE: "weakref.WeakKeyDictionary[StepPlan, dict[Any, _Indices]]" = weakref.WeakKeyDictionary()
 
 
-def _indices(
-    plan: StepPlan, rank: int, direction: Direction, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(send_index, recv_index) of ``rank`` as int64 tensors on ``device``, cached per plan."""
+def _indices(plan: StepPlan, rank: int, direction: Direction, device: torch.device) -> _Indices:
+    """``rank``'s lowered remap (:func:`~zeppelin_megatron.planner.lowering.rank_remap`) with its index
+    tensors on ``device``, cached per plan: ``(direct exchange, send_index, recv_index, routed exchange
+    or None, its phases' (send, keep) indices, its final index)``."""
     per_plan = _INDEX_CACHE.setdefault(plan, {})
     key = (rank, direction, str(device))
     hit = per_plan.get(key)
     if hit is None:
-        ex = plan.remap.exchange(rank, direction)
-        hit = (torch.as_tensor(ex.send_index, dtype=torch.long).to(device),
-               torch.as_tensor(ex.recv_index, dtype=torch.long).to(device))
-        per_plan[key] = hit
-    return hit
-
-
-_RoutedIndices = tuple[RoutedExchange, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]
-_ROUTED: "weakref.WeakKeyDictionary[StepPlan, dict[Any, _RoutedIndices]]" = weakref.WeakKeyDictionary()
-
-
-def _routed(plan: StepPlan, rank: int, direction: Direction, device: torch.device) -> _RoutedIndices:
-    """``rank``'s routed exchange and its phases' (send, keep) and final indices on ``device``, cached per plan."""
-    per_plan = _ROUTED.setdefault(plan, {})
-    key = (rank, direction, str(device))
-    hit = per_plan.get(key)
-    if hit is None:
-        ex = routed_exchange(plan.remap, direction, plan.gpus_per_node, plan.remap_proxies)[rank]
-        idx = [(torch.as_tensor(p.send_index, dtype=torch.long).to(device),
-                torch.as_tensor(p.keep_index, dtype=torch.long).to(device)) for p in ex.phases]
-        hit = per_plan[key] = (ex, idx, torch.as_tensor(ex.final_index, dtype=torch.long).to(device))
+        ex, routed = rank_remap(plan, rank, direction)
+        as_t = lambda a: torch.as_tensor(a, dtype=torch.long).to(device)  # noqa: E731
+        phases = [(as_t(p.send_index), as_t(p.keep_index)) for p in routed.phases] if routed is not None else []
+        hit = per_plan[key] = (ex, as_t(ex.send_index), as_t(ex.recv_index), routed, phases,
+                               as_t(routed.final_index) if routed is not None else None)
     return hit
 
 
@@ -88,17 +71,17 @@ def remap_tokens(x: torch.Tensor, plan: StepPlan, group: ZeppelinGroup, directio
             f"rank {rank}: {x.shape[0]} tokens given, the plan's {src_layout} layout has "
             f"{plan.tokens(rank, src_layout)}"
         )
-    ex = plan.remap.exchange(rank, direction)
-    send_index, recv_index = _indices(plan, rank, direction, x.device)
+    ex, send_index, recv_index, routed, phases, final = _indices(plan, rank, direction, x.device)
     send = x.index_select(0, send_index)
-    if plan.remap_proxies and group.size > 1:
-        routed, idx, final = _routed(plan, rank, direction, x.device)
-        for phase, (p_send, p_keep) in zip(routed.phases, idx):
-            got = all_to_all_uneven(send.index_select(0, p_send), phase.send_counts, phase.recv_counts, group)
+    if routed is not None and group.size > 1:
+        assert final is not None
+        for n, (phase, (p_send, p_keep)) in enumerate(zip(routed.phases, phases), 1):
+            got = all_to_all_uneven(send.index_select(0, p_send), phase.send_counts, phase.recv_counts, group,
+                                    what=f"the routed remap {direction} (phase {n} of 3)")
             send = torch.cat([send.index_select(0, p_keep), got])
         recv = send.index_select(0, final)
     else:
-        recv = all_to_all_uneven(send, ex.send_counts, ex.recv_counts, group)
+        recv = all_to_all_uneven(send, ex.send_counts, ex.recv_counts, group, what=f"the remap {direction}")
     y = x.new_empty((plan.tokens(rank, dst_layout), *x.shape[1:]))
     y.index_copy_(0, recv_index, recv)
     return y
