@@ -181,3 +181,19 @@ def test_lowering_is_pure_and_deterministic() -> None:
     a, b = lower(plan), lower(plan)
     assert a.ranks == b.ranks and a.transfers == b.transfers and a.remaps == b.remaps
     assert [op for op in a.ranks[3].forward] == [op for op in b.ranks[3].forward]
+
+
+def test_rank_remap_is_direct_or_the_three_routed_phases() -> None:
+    from zeppelin_megatron.planner.lowering import rank_remap
+
+    plan = random_plan(3, 2, 4)
+    routed = replace(plan, remap_proxies=(0, 2)) if not plan.remap_proxies else plan
+    direct = replace(plan, remap_proxies=())
+    for rank in range(plan.world_size):
+        for direction in ("to_attention", "to_linear"):
+            ex, none = rank_remap(direct, rank, direction)
+            assert none is None and ex.send_counts == direct.remap.exchange(rank, direction).send_counts
+            ex2, phases = rank_remap(routed, rank, direction)
+            assert phases is not None and len(phases.phases) == 3
+            assert ex2.recv_counts == ex.recv_counts  # the routed phases end in the direct exchange's rows
+            assert len(phases.final_index) == sum(ex.recv_counts)
