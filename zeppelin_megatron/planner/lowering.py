@@ -56,7 +56,8 @@ from functools import cached_property
 from typing import Literal, Union
 
 from .plan import StepPlan
-from .remap import RankExchange
+from .plan_parts import TokenRange
+from .remap import Direction, RankExchange
 from .remap_routing import RoutedExchange, proxy_parts, routed_exchange
 from .routing import route_parts
 from .transfers import ACC_TAG, KV_TAG, ROUNDS, Hop, Message, Transfer, TransferId, message_hops
@@ -65,9 +66,6 @@ from .zigzag import next_position, ring_source, zigzag_ranges
 __all__ = ["Message", "Hop", "TransferId", "Transfer", "RingCall", "LocalCall", "Post", "Wait", "RankOp", "RingPart",
            "LocalChunk", "RemapExchange", "RankProgram", "StepProgram", "lower", "lower_rank", "lower_remaps",
            "rank_remap", "message_hops", "ROUNDS", "KV_TAG", "ACC_TAG"]
-
-TokenRange = tuple[int, int, int]  # (plan sequence index, start, end)
-
 
 @dataclass(frozen=True, kw_only=True)
 class RingCall:
@@ -221,7 +219,7 @@ class RemapExchange:
     """The layout exchange ``direction`` (``to_attention`` before attention, ``to_linear`` after):
     direct (``proxies`` empty: one ``all_to_all``) or the three routed phases over ``proxies``."""
 
-    direction: Literal["to_attention", "to_linear"]
+    direction: Direction
     proxies: tuple[int, ...]
     pair_rows: tuple[tuple[int, int, int], ...]
     """``(source rank, destination rank, rows)`` for every pair that moves rows, ascending."""
@@ -421,8 +419,7 @@ def lower_remaps(plan: StepPlan) -> tuple[RemapExchange, RemapExchange] | None:
             RemapExchange(direction="to_linear", proxies=plan.remap_proxies, pair_rows=back))
 
 
-def rank_remap(plan: StepPlan, rank: int, direction: Literal["to_attention", "to_linear"]
-               ) -> tuple[RankExchange, RoutedExchange | None]:
+def rank_remap(plan: StepPlan, rank: int, direction: Direction) -> tuple[RankExchange, RoutedExchange | None]:
     """``rank``'s remap in ``direction``: the direct ``all_to_all`` lists (:meth:`~.remap.RemapPlan.exchange`:
     counts, gather and scatter indices) and, when the plan routes its remap (``remap_proxies`` on more
     than one rank), the three routed phases (:func:`~.remap_routing.routed_exchange`), else None."""

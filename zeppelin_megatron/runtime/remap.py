@@ -28,18 +28,18 @@ the other's forward applied to the gradient.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from ..planner.lowering import rank_remap
+from ..planner.remap import Direction
 from ..planner.plan import StepPlan
 from .comm import all_to_all_uneven
 from .group import ZeppelinGroup
 
 __all__ = ["remap_tokens", "to_attention", "to_linear", "RemapFunction"]
 
-Direction = Literal["to_attention", "to_linear"]
 
 _Indices = tuple[Any, torch.Tensor, torch.Tensor, Any, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]
 _INDEX_CACHE: "weakref.WeakKeyDictionary[StepPlan, dict[Any, _Indices]]" = weakref.WeakKeyDictionary()
