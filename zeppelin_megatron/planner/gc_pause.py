@@ -8,6 +8,13 @@ cyclic garbage, so the stages that build per-sequence objects (partition,
 validation, the linear layout, the JSON writer) pause the collector and restore
 its previous state on exit (nested pauses keep it off until the outermost ends).
 
+The collector's switch is process-wide: while a planning thread (e.g. the data
+loader's prefetch thread planning the next step) is inside a pause, other
+threads run without cyclic collection too, which only defers it; overlapping
+pauses in two threads leave it enabled at the end if it was enabled before the
+first. Code that turns the collector off itself while a pause is active gets it
+back on when that pause ends.
+
 Example::
 
     with gc_paused():
