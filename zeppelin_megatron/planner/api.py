@@ -6,6 +6,7 @@ from typing import Sequence
 
 from .cluster import Cluster
 from .cost_model import CostModel
+from .gc_pause import gc_paused
 from .linear_layout import linear_layout
 from .local_schedule import with_local_slots
 from .remap_routing import remap_proxies_for
@@ -23,12 +24,14 @@ def check_lengths(lengths: Sequence[int], cluster: Cluster) -> list[int]:
     lengths = list(lengths)
     if not lengths:
         raise PlanError("the batch is empty: plan_step needs at least one sequence")
-    for i, s in enumerate(lengths):
-        if isinstance(s, bool) or not isinstance(s, int) and not (hasattr(s, "__index__")):
-            raise PlanError(f"sequence {i}: length {s!r} is not an integer")
-        if int(s) <= 0:
-            raise PlanError(f"sequence {i}: length {int(s)} must be >= 1")
-    lengths = [int(s) for s in lengths]
+    if not all(type(s) is int for s in lengths):  # the common case (plain ints) skips the per-item checks
+        for i, s in enumerate(lengths):
+            if isinstance(s, bool) or not isinstance(s, int) and not (hasattr(s, "__index__")):
+                raise PlanError(f"sequence {i}: length {s!r} is not an integer")
+        lengths = [int(s) for s in lengths]
+    if min(lengths) <= 0:
+        i = next(i for i, s in enumerate(lengths) if s <= 0)
+        raise PlanError(f"sequence {i}: length {lengths[i]} must be >= 1")
     total, cap = sum(lengths), cluster.total_capacity()
     longest = max(lengths)
     if longest > cap:
@@ -83,9 +86,13 @@ def plan_step(lengths: Sequence[int], cost_model: CostModel, options: PlannerOpt
     if not isinstance(options, PlannerOptions):
         raise PlanError(f"plan_step(lengths, cost_model, options): options is a {type(options).__name__}, "
                         "expected a PlannerOptions")
+    with gc_paused():  # a million sequences allocate millions of objects (gc_pause.py)
+        return _plan_step(check_lengths(lengths, cost_model.cluster), cost_model, options)
+
+
+def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOptions) -> StepPlan:
     cluster = cost_model.cluster
     routing, remap = options.routing, options.remap
-    lengths = check_lengths(lengths, cluster)
     assignments = partition(lengths, cost_model, options)
 
     world = cluster.world_size
