@@ -4,8 +4,8 @@ The runtime (:mod:`zeppelin_megatron.runtime.engine`) executes these programs,
 the simulator (:mod:`zeppelin_megatron.sim.program`) times them, replay
 (:mod:`zeppelin_megatron.measure.workload`) measures their kernel calls.
 Nothing else decides in which order a rank runs its ring steps, local calls
-and transfers, which rows a call reads, or which peer a hop goes to. Pure:
-the standard library only, deterministic.
+and transfers, which rows a call reads, or which peer a hop goes to. Pure
+(no torch; this module itself needs only the standard library), deterministic.
 
 A rank's attention work for one layer (:class:`RankProgram`), forward:
 
@@ -23,8 +23,8 @@ accumulator is home): post K/V ``j``, the step's call, wait accumulator
 ``j-1``, post accumulator ``j`` (it first adds the step's dK/dV block), the
 slot's call, wait K/V ``j``; after the last step wait accumulator ``g-1``.
 
-Remap (:class:`RemapExchange`): ``to_attention`` before attention, ``to_linear`` after: one
-``all_to_all``, or with ``remap_proxies`` the three phases of :mod:`~.remap_routing`.
+Remap (:class:`RemapExchange`, per rank :func:`rank_remap`): ``to_attention`` before attention,
+``to_linear`` after: one ``all_to_all``, or with ``remap_proxies`` the three phases of :mod:`~.remap_routing`.
 
 Rows. A member at ring position ``i`` keeps the ring's tokens *seq-major*
 (``[s0 early, s0 late, s1 early, ...]``, :func:`~.zigzag.zigzag_ranges`;
