@@ -61,7 +61,8 @@ from typing import Sequence
 from ..planner.cluster import Cluster
 from ..planner.cost_model import CostModel
 from ..planner.plan import PlanError, SequencePlan, StepPlan
-from .peer_programs import PeerPlan, ProgramBuilder, as_peer_plan, hbm_GBps
+from .charges import hbm_ms
+from .peer_programs import PeerPlan, ProgramBuilder, as_peer_plan
 from .planbuild import placement_of
 from .program import LayerProgram, Traffic
 
@@ -387,7 +388,7 @@ def distca_program(plan: PeerPlan, cost: CostModel) -> LayerProgram:
     """One layer of DistCA's ping-pong (module docstring, "Execution")."""
     sched: DistcaSchedule = plan.peer
     b = ProgramBuilder(cost)
-    copy_ms_per_byte = 2.0 / (hbm_GBps(cost) * 1e6)
+    copy_ms_per_byte = 2 * hbm_ms(cost, 1.0)  # a copy reads and writes its bytes
     world = plan.world_size
     n0, n1 = sched.nanos
     keys = {}

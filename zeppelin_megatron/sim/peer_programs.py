@@ -35,21 +35,10 @@ from ..planner.plan import StepPlan
 from .charges import hbm_ms, shape_of, te_step_bytes
 from .program import Leg, LayerProgram, Op, Traffic
 
-__all__ = ["PEER_COMMS", "PeerPlan", "ProgramBuilder", "as_peer_plan", "build_peer_program", "HBM_DATASHEET_GBPS",
-           "hbm_GBps"]
+__all__ = ["PEER_COMMS", "PeerPlan", "ProgramBuilder", "as_peer_plan", "build_peer_program"]
 
 PEER_COMMS: tuple[str, ...] = ("hcp", "a2a_p2p", "distca")
 """``attention_comm`` kinds whose programs this module builds."""
-
-HBM_DATASHEET_GBPS = 3350.0
-"""H100 SXM HBM3 bandwidth, datasheet figure (not measured); used for DistCA's buffer
-copies when the profile has no ``hbm_GBps``."""
-
-
-def hbm_GBps(cost: CostModel) -> float:
-    """The profile's HBM bandwidth (GB/s) when it has one, else the H100 datasheet figure."""
-    v = getattr(cost.profile, "hbm_GBps", None)
-    return float(v) if v else HBM_DATASHEET_GBPS
 
 
 @dataclass(frozen=True, kw_only=True)
