@@ -108,6 +108,8 @@ class RingCall:
     def _kv(self) -> tuple[tuple[int, ...], tuple[TokenRange, ...]]:
         return self.part.seq_major(self.source, self._which[1])
 
+    q_all = property(lambda self: self._which[0] == "all", doc="the queries are all the rank's ring rows")
+    kv_all = property(lambda self: self._which[1] == "all", doc="the keys are all the held K/V rows")
     q = property(lambda self: self._q[1], doc="query token ranges ``(seq, start, end)``")
     kv = property(lambda self: self._kv[1], doc="key/value token ranges ``(seq, start, end)``")
     q_rows = property(lambda self: self._q[0], doc="query rows of the rank's seq-major ring buffer")
@@ -190,8 +192,18 @@ class RingPart:
 
     def seq_major(self, position: int, which: str = "all") -> tuple[tuple[int, ...], tuple[TokenRange, ...]]:
         """``(rows, ranges)`` of ``position``'s ``all``/``early``/``late`` chunks: rows of its
-        seq-major buffer and ``(seq, start, end)`` token ranges. Example: chunk lengths (2, 2) and
-        (3, 2) -> early rows [0, 1, 4, 5, 6], late rows [2, 3, 7, 8]."""
+        seq-major buffer and ``(seq, start, end)`` token ranges (memoised). Example: chunk lengths
+        (2, 2) and (3, 2) -> early rows [0, 1, 4, 5, 6], late rows [2, 3, 7, 8]."""
+        hit = self._memo.get((position, which))
+        if hit is None:
+            hit = self._memo[(position, which)] = self._seq_major(position, which)
+        return hit
+
+    @cached_property
+    def _memo(self) -> dict[tuple[int, str], tuple[tuple[int, ...], tuple[TokenRange, ...]]]:
+        return {}
+
+    def _seq_major(self, position: int, which: str) -> tuple[tuple[int, ...], tuple[TokenRange, ...]]:
         rows: list[int] = []
         ranges: list[TokenRange] = []
         off = 0

@@ -104,20 +104,16 @@ def device_program(plan: StepPlan, rank: int, routed: bool, unit: int, device: t
     steps: dict[tuple[int, int], StepIndex] = {}
     shared: dict[tuple[int, ...], torch.Tensor] = {}  # one tensor per distinct row list (e.g. the late rows)
 
-    def index(r: tuple[int, ...], n: int) -> torch.Tensor | None:
-        if r == tuple(range(n)):
-            return None
+    def index(r: tuple[int, ...]) -> torch.Tensor:
         if r not in shared:
             shared[r] = as_t(r)
         return shared[r]
 
-    parts = {p.ring: p for p in program.rings}
     for op in program.forward:
         if isinstance(op, RingCall):
-            part = parts[op.ring]
             steps[(op.ring, op.step)] = StepIndex(
                 batch=VarlenBatch(lens_q=op.lens_q, lens_k=op.lens_k, causal=op.causal, device=device),
-                q_index=index(op.q_rows, part.tokens(op.position)), kv_index=index(op.kv_rows, part.tokens(op.source)))
+                q_index=None if op.q_all else index(op.q_rows), kv_index=None if op.kv_all else index(op.kv_rows))
     local = tuple((as_t(c.rows), VarlenBatch(lens_q=c.lens, lens_k=c.lens, causal=True, device=device))
                   for c in program.local_chunks)
     wires = {tid: _wire(t, rank, unit) for tid, t in program.transfers.items()}
