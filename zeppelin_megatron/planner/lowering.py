@@ -108,12 +108,31 @@ class RingCall:
     def _kv(self) -> tuple[tuple[int, ...], tuple[TokenRange, ...]]:
         return self.part.seq_major(self.source, self._which[1])
 
-    q_all = property(lambda self: self._which[0] == "all", doc="the queries are all the rank's ring rows")
-    kv_all = property(lambda self: self._which[1] == "all", doc="the keys are all the held K/V rows")
-    q = property(lambda self: self._q[1], doc="query token ranges ``(seq, start, end)``")
-    kv = property(lambda self: self._kv[1], doc="key/value token ranges ``(seq, start, end)``")
-    q_rows = property(lambda self: self._q[0], doc="query rows of the rank's seq-major ring buffer")
-    kv_rows = property(lambda self: self._kv[0], doc="rows of the held K/V buffer")
+    @property
+    def q_all(self) -> bool:
+        """The queries are all of the rank's ring rows (``q_rows`` is ``0 .. n-1``)."""
+        return self._which[0] == "all"
+
+    @property
+    def kv_all(self) -> bool:
+        """The keys are all of the held K/V rows."""
+        return self._which[1] == "all"
+
+    @property
+    def q(self) -> tuple[TokenRange, ...]:
+        return self._q[1]
+
+    @property
+    def kv(self) -> tuple[TokenRange, ...]:
+        return self._kv[1]
+
+    @property
+    def q_rows(self) -> tuple[int, ...]:
+        return self._q[0]
+
+    @property
+    def kv_rows(self) -> tuple[int, ...]:
+        return self._kv[0]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,7 +192,9 @@ class RingPart:
     layout: tuple[TokenRange, ...] = field(repr=False, compare=False)
     """The rank's attention layout (``plan.attention_layout[rank]``)."""
 
-    size = property(lambda self: len(self.ranks), doc="ring size ``g``")
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
 
     @cached_property
     def _chunks(self) -> list[list[tuple[tuple[int, int], tuple[int, int]]]]:
