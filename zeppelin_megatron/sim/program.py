@@ -10,7 +10,7 @@ bytes). Per rank, in this order:
    (:func:`~zeppelin_megatron.planner.lowering.lower_remaps`), ``(2 q + kv)``
    bytes per moved row (forward q, k, v in and backward output-gradient in);
    with ``remap_proxies`` each cross-node pair is split over the proxies' NICs
-   as the runtime routes it (:meth:`~zeppelin_megatron.planner.lowering.Remap.chains`);
+   as the runtime routes it (:meth:`~zeppelin_megatron.planner.lowering.RemapExchange.chains`);
 3. attention, group by group in ``plan.rings`` order:
 
    * ``ring`` (Zeppelin, TE CP, ...): the rank's lowered forward program
@@ -152,7 +152,7 @@ def _pairs_transfer(key: tuple, category: str, cost: CostModel,
 
 def _remap_transfer(key: tuple, cost: CostModel, remap: RemapExchange, per_token: float) -> Traffic:
     """The lowered remap exchange: direct (:func:`_pairs_transfer`), or routed as the runtime routes it:
-    one chain per :meth:`~zeppelin_megatron.planner.lowering.Remap.chains` piece, ``src -> P_src(p)``
+    one chain per :meth:`~zeppelin_megatron.planner.lowering.RemapExchange.chains` piece, ``src -> P_src(p)``
     (NVLink), ``P_src(p) -> P_dst(p)`` (the proxy's NIC), ``P_dst(p) -> dst`` (NVLink)."""
     if not remap.proxies:
         return _pairs_transfer(key, "remap", cost, {(a, b): n * per_token for a, b, n in remap.pair_rows})
