@@ -227,6 +227,34 @@ def test_patched_pretrain_gpt_without_zeppelin_is_megatrons(checkout: Checkout, 
     assert "run_pretrain_gpt" not in r.stderr and "zeppelin" not in r.stdout
 
 
+# -- the model Megatron builds carries Zeppelin's spec (CPU, gloo, one rank) -------------------------
+
+
+def test_model_built_as_pretrain_builds_it_has_zeppelin_attention(checkout: Checkout) -> None:
+    if checkout.compat:
+        pytest.skip("main's GPTModelBuilder passes GPTModel arguments megatron-core 0.19.x does not have "
+                    "(logit_dtype); run with ZEPPELIN_MEGATRON_LM set to a full main checkout")
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, ZEPPELIN_TEST_PORT=str(port))
+    r = subprocess.run([sys.executable, str(HERE / "builder_worker.py"), str(checkout.path), str(REPO),
+                        *checkout.extras], capture_output=True, text=True, timeout=600, env=env)
+    result = next((json.loads(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert result is not None, f"worker failed (rc {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    if checkout.convention:
+        assert result["convention"] == checkout.convention
+    if result["convention"] == "model-config":  # Megatron's own builder, from the GPTModelConfig we handed it
+        assert result["built_by"] == "megatron.training.models.gpt.GPTModelBuilder"
+    else:  # what Megatron's model_provider calls
+        assert result["built_by"] == "zeppelin_megatron.megatron.pretrain.zeppelin_gpt_builder"
+    assert result["model"] == "GPTModel"
+    assert result["core_attention"] == ["ZeppelinCoreAttention"] * 2 and result["zeppelin_attention"] == 2
+    assert result["prepared"] and result["rope_hooks"] == 1  # the pre-wrap hook / builder prepared it
+
+
 # -- Megatron's parser and validate_args, in-process in a worker -----------------------------------
 
 
