@@ -44,7 +44,9 @@ def documents(seed: int) -> list[list[torch.Tensor]]:
     return [[torch.randint(0, VOCAB, (n + 1,), generator=g) for n in lengths] for lengths in MICRO_STEPS]
 
 
-def reference(docs: list[list[torch.Tensor]], seed: int) -> tuple[dict[str, torch.Tensor], float, dict[str, torch.Tensor]]:
+def reference(
+    docs: list[list[torch.Tensor]], seed: int
+) -> tuple[dict[str, torch.Tensor], float, dict[str, torch.Tensor]]:
     """(full state dict, loss, full grads): mean token loss over the whole global batch, one process."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 

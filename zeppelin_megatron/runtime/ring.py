@@ -109,7 +109,8 @@ class RingGrad:
             self.picked = {}
         hit = self.picked.get(id(index))
         if hit is None:
-            hit = self.picked[id(index)] = tuple(t.index_select(0, index) for t in (self.dout, self.q, self.out, self.lse))
+            hit = self.picked[id(index)] = tuple(
+                t.index_select(0, index) for t in (self.dout, self.q, self.out, self.lse))
         return hit
 
 
