@@ -40,7 +40,7 @@ import struct
 
 import numpy as np
 
-__all__ = ["check_indexed_files", "IDX_HEADER_BYTES"]
+__all__ = ["DataError", "check_indexed_files", "IDX_HEADER_BYTES"]
 
 _MAGIC = b"MMIDIDX\x00\x00"
 IDX_HEADER_BYTES = 34
@@ -48,9 +48,12 @@ IDX_HEADER_BYTES = 34
 _TOKEN_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 4, 8: 2}
 
 
-def _error(message: str) -> Exception:
-    from .indexed import DataError  # indexed imports this module: resolve at call time
+class DataError(ValueError):
+    """Bad data input: a missing or malformed dataset, an out-of-range request (re-exported by
+    :mod:`.indexed`, which imports this module)."""
 
+
+def _error(message: str) -> Exception:
     return DataError(message)
 
 

@@ -32,13 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from .index_check import check_indexed_files
+from .index_check import DataError, check_indexed_files
 
 __all__ = ["DataError", "DocumentDataset", "document_lengths", "single_prefix"]
-
-
-class DataError(ValueError):
-    """Bad data input: a missing or malformed dataset, an out-of-range request."""
 
 
 def _open(prefix: str) -> Any:
