@@ -296,7 +296,7 @@ def test_plan_of_the_next_micro_step_is_computed_while_the_current_one_trains(tm
     with ZeppelinDataIterator(dataset=dataset, sampler=sampler, planner=planner, rank=0, prefetch_depth=1) as it:
         first = next(it)
         train_start = time.perf_counter()
-        time.sleep(0.5)  # micro-step 0 "trains"
+        time.sleep(1.0)  # micro-step 0 "trains" (long enough for a loaded 2-core machine)
         train_end = time.perf_counter()
         t = time.perf_counter()
         second = next(it)
@@ -305,4 +305,4 @@ def test_plan_of_the_next_micro_step_is_computed_while_the_current_one_trains(tm
     assert all(name == "zeppelin-data-rank0" for name, _, _ in log)  # never the training thread
     step1 = log[1]
     assert step1[1] < train_end and step1[2] < train_end  # planned while micro-step 0 trained
-    assert train_start < train_end and waited < 0.05      # the training thread did not wait for it
+    assert train_start < train_end and waited < 0.2       # the training thread did not plan or wait for it
