@@ -46,7 +46,7 @@ def test_pretrain_convention_by_signature() -> None:
 
     # signatures as in Megatron-LM's megatron/training/training.py
     def v016(train_valid_test_dataset_provider, model_provider, model_type, forward_step_func,
-             process_non_loss_data_func=None, extra_args_provider=None, args_defaults={}, get_embedding_ranks=None,
+             process_non_loss_data_func=None, extra_args_provider=None, args_defaults=None, get_embedding_ranks=None,
              store=None): ...
 
     def v018(cfg_container, train_valid_test_dataset_provider, model_provider, model_type, forward_step_func,
