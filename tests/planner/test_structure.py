@@ -105,3 +105,43 @@ def test_package_files_under_500_lines() -> None:
     long = _long_files(PACKAGE)
     if long:
         pytest.xfail(f"files over {MAX_LINES} lines (owned by others this session, being split): {long}")
+
+
+def _package_graph() -> dict[str, set[str]]:
+    """Dotted module -> the package's modules it imports at run time (``a.b`` for ``a/b.py``, ``a`` for
+    ``a/__init__.py``); ``from .x import y`` counts ``.x`` and, where ``y`` is a module, ``.x.y`` too."""
+    mods: dict[str, Path] = {}
+    for p in PACKAGE.rglob("*.py"):
+        parts = p.relative_to(PACKAGE.parent).with_suffix("").parts
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text())
+        skip = {id(n) for node in ast.walk(tree)
+                if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                for b in node.body for n in ast.walk(b)}
+        pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                deps.add(target)
+                deps.update(f"{target}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+        graph[name] = {d for d in deps if d in mods and d != name}
+    return graph
+
+
+def test_no_import_cycles_in_package() -> None:
+    """Between the package's own modules; a package's ``__init__`` importing its submodules is no cycle
+    unless a submodule imports the package back."""
+    graph = _package_graph()
+    assert "zeppelin_megatron.planner.lowering" in graph["zeppelin_megatron.runtime.engine"]  # the parser sees imports
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"

@@ -62,7 +62,8 @@ from ..planner.cluster import Cluster
 from ..planner.cost_model import CostModel
 from ..planner.plan import PlanError, SequencePlan, StepPlan
 from .charges import hbm_ms
-from .peer_programs import PeerPlan, ProgramBuilder, as_peer_plan
+from .peer_plan import PeerPlan, as_peer_plan
+from .peer_programs import ProgramBuilder
 from .planbuild import placement_of
 from .program import LayerProgram, Traffic
 
@@ -318,7 +319,7 @@ def _wrap(lengths: Sequence[int], cluster: Cluster, sched: DistcaSchedule) -> Pe
     base = StepPlan(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, sequences=tuple(seqs),
                     attention_layout=tuple(tuple(x) for x in att), linear_layout=tuple(tuple(x) for x in lin),
                     validate=False)
-    return as_peer_plan(base, sched)
+    return as_peer_plan(base, sched, build=distca_program)
 
 
 def distca_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *,

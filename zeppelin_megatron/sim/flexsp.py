@@ -155,7 +155,9 @@ def milp_model(lengths: Sequence[int], cost: CostModel, *, max_group: int | None
             row = np.zeros(nv)
             for d in range(D):
                 row[y(b, d)] = 1.0
-            rows.append(row); lo.append(c[b]); hi.append(c[b])
+            rows.append(row)
+            lo.append(c[b])
+            hi.append(c[b])
         for d in range(D):  # time and memory per class
             row = np.zeros(nv)
             row[d] = -T
@@ -164,7 +166,9 @@ def milp_model(lengths: Sequence[int], cost: CostModel, *, max_group: int | None
             for b in range(B):
                 row[y(b, d)] = t[b, d]
                 mem[y(b, d)] = lmean[b]
-            rows += [row, mem]; lo += [-np.inf, -np.inf]; hi += [0.0, 0.0]
+            rows += [row, mem]
+            lo += [-np.inf, -np.inf]
+            hi += [0.0, 0.0]
         ub = np.full(nv, np.inf)
         for d in range(D):
             ub[d] = world // classes[d]
@@ -290,6 +294,8 @@ def flexsp_groups(lengths: Sequence[int], cost: CostModel, **kw: int) -> tuple[l
     return groups, sol
 
 
-def flexsp_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, **kw: int) -> tuple[StepPlan, FlexSPSolution]:
+def flexsp_plan(
+    lengths: Sequence[int], cluster: Cluster, cost: CostModel, **kw: int
+) -> tuple[StepPlan, FlexSPSolution]:
     groups, sol = flexsp_groups(lengths, cost, **kw)
     return build_plan(lengths, groups, cluster, cost, with_prediction=False), sol

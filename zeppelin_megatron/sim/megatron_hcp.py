@@ -54,7 +54,8 @@ from typing import Sequence
 from ..planner.cluster import Cluster
 from ..planner.cost_model import CostModel
 from ..planner.plan import PlanError
-from .peer_programs import PeerPlan, ProgramBuilder, as_peer_plan
+from .peer_plan import PeerPlan, as_peer_plan
+from .peer_programs import ProgramBuilder
 from .planbuild import build_plan
 from .program import LayerProgram
 
@@ -283,7 +284,7 @@ def _plan_for(lengths: Sequence[int], cluster: Cluster, cost: CostModel, sched: 
             # (the program pads it to 2 cp tokens, as TE does).
             where[sid] = ranks if lengths[sid] >= 2 * len(ranks) else ranks[:1]
     base = build_plan(lengths, where, cluster, cost, local_slots=False, with_prediction=False)
-    return as_peer_plan(base, sched)
+    return as_peer_plan(base, sched, build=hcp_program)
 
 
 def hcp_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *,

@@ -3,12 +3,9 @@
 The peers do not run Zeppelin's engine order, so each builds its own per-rank
 op list (:class:`~.program.Op`) and transfers (:class:`~.program.Traffic`) for
 one layer, forward + backward merged as the cost model times them (like every
-other strategy). :func:`~.program.build_layer_program` hands a plan to
-:func:`build_peer_program` when its ``attention_comm`` is one of
-:data:`PEER_COMMS`; the plan is then a :class:`PeerPlan`, a ``StepPlan`` that
-carries the peer's own schedule in ``peer`` (groups and their order for HCP,
-the ``(a2a, p2p)`` sizes for TE CP a2a+p2p, the attention shards and
-nano-batches for DistCA).
+other strategy). :func:`~.program.build_layer_program` calls a peer plan's own builder
+(:class:`~.peer_plan.PeerPlan`: a ``StepPlan`` carrying the peer's schedule
+in ``peer`` and its builder in ``build``).
 
 Primitives shared by the three builders (:class:`ProgramBuilder`):
 
@@ -27,32 +24,12 @@ transfer in which each sends 3 MB to the other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
 
 from ..planner.cost_model import CostModel
-from ..planner.plan import StepPlan
 from .charges import hbm_ms, shape_of, te_step_bytes
 from .program import Leg, LayerProgram, Op, Traffic
 
-__all__ = ["PEER_COMMS", "PeerPlan", "ProgramBuilder", "as_peer_plan", "build_peer_program"]
-
-PEER_COMMS: tuple[str, ...] = ("hcp", "a2a_p2p", "distca")
-"""``attention_comm`` kinds whose programs this module builds."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PeerPlan(StepPlan):
-    """A ``StepPlan`` plus the peer's own schedule (``peer``), read by its program builder."""
-
-    peer: Any = None
-
-
-def as_peer_plan(plan: StepPlan, peer: Any) -> PeerPlan:
-    """``plan`` (already validated, or built on purpose unvalidated) with ``peer`` attached."""
-    values = {f.name: getattr(plan, f.name) for f in fields(StepPlan)}
-    return PeerPlan(**values, peer=peer, validate=False)
-
+__all__ = ["ProgramBuilder"]
 
 class ProgramBuilder:
     """Accumulates per-rank ops and named transfers for one simulated layer."""
@@ -140,20 +117,3 @@ class ProgramBuilder:
 
     def program(self) -> LayerProgram:
         return LayerProgram(self.ops, self.transfers, [[] for _ in range(self.world)])
-
-
-def build_peer_program(plan: StepPlan, cost: CostModel, attention_comm: str) -> LayerProgram:
-    """The layer program of a peer plan (``attention_comm`` in :data:`PEER_COMMS`)."""
-    if not isinstance(plan, PeerPlan) or plan.peer is None:
-        raise ValueError(f"attention_comm {attention_comm!r} needs the PeerPlan its strategy returns "
-                         f"(got a {type(plan).__name__} without a peer schedule)")
-    if attention_comm == "hcp":
-        from .megatron_hcp import hcp_program
-        return hcp_program(plan, cost)
-    if attention_comm == "a2a_p2p":
-        from .te_cp_a2a_p2p import a2a_p2p_program
-        return a2a_p2p_program(plan, cost)
-    if attention_comm == "distca":
-        from .distca import distca_program
-        return distca_program(plan, cost)
-    raise ValueError(f"attention_comm is {attention_comm!r}, expected one of {list(PEER_COMMS)}")

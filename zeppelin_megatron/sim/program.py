@@ -63,6 +63,7 @@ from ..planner.lowering import (
 )
 from ..planner.plan import Ring, StepPlan
 from ..planner.zigzag import zigzag_tokens
+from .peer_plan import PEER_COMMS, PeerPlan
 from .charges import (
     CHARGES, Shape, hbm_ms, shape_of, te_step_bytes, zeppelin_call_bytes, zeppelin_local_bytes, zeppelin_remap_bytes,
     zeppelin_ring_bytes,
@@ -330,9 +331,11 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
     if charges not in CHARGES:
         raise ValueError(f"charges is {charges!r}, expected one of {list(CHARGES)}")
     # Peer baselines (megatron-hcp, te-cp-a2a-p2p, distca) build their own programs: sim/peer_programs.py.
-    if attention_comm in ("hcp", "a2a_p2p", "distca"):
-        from .peer_programs import build_peer_program
-        peer = build_peer_program(plan, cost, attention_comm)  # their rings pay TE CP's charges
+    if attention_comm in PEER_COMMS:
+        if not isinstance(plan, PeerPlan) or plan.build is None:
+            raise ValueError(f"attention_comm {attention_comm!r} needs the PeerPlan its strategy returns "
+                             f"(got a {type(plan).__name__} without a peer schedule)")
+        peer = plan.build(plan, cost)  # their rings pay TE CP's charges
         if charges == "none":
             peer.ops = [[o for o in ops if not o.label.endswith("output correction")] for ops in peer.ops]
         return peer

@@ -21,7 +21,7 @@ allgather-cp, wlb-llm: a fixed CP size instead of the per-batch best),
 ``MIN_TOLERANCE_FACTOR``, default the best simulated per batch). Unknown options raise ``TypeError``.
 
 The peers ``megatron-hcp``, ``te-cp-a2a-p2p`` and ``distca`` (``docs/peers.md``)
-return a :class:`~.peer_programs.PeerPlan` whose ``peer`` field carries their own
+return a :class:`~.peer_plan.PeerPlan` whose ``peer`` field carries their own
 schedule; their ``attention_comm`` (``hcp``, ``a2a_p2p``, ``distca``) selects their
 program builders in :mod:`~.peer_programs`.
 """
@@ -36,14 +36,15 @@ from ..planner.options import PlannerOptions
 from ..planner.cluster import Cluster
 from ..planner.cost_model import CostModel
 from ..planner.plan import StepPlan
+from .peer_plan import PEER_COMMS
 
 __all__ = ["StrategyPlan", "STRATEGY_NAMES", "BOUND_NAMES", "ATTENTION_COMMS", "plan_with", "describe"]
 
 AttentionComm = Literal["ring", "allgather", "ulysses", "hcp", "a2a_p2p", "distca"]
 ATTENTION_COMMS: tuple[str, ...] = ("ring", "allgather", "ulysses")
 """Kinds the runtime-shaped program (and ``zeppelin replay``) handle; the peers' kinds
-(:data:`~.peer_programs.PEER_COMMS`) have their own programs (``sim/peer_programs.py``)."""
-_PEER_COMMS: tuple[str, ...] = ("hcp", "a2a_p2p", "distca")
+(:data:`~.peer_plan.PEER_COMMS`) have their own programs (``sim/peer_programs.py``)."""
+_PEER_COMMS: tuple[str, ...] = PEER_COMMS
 
 
 @dataclass(frozen=True, kw_only=True)

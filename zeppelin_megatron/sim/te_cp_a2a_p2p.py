@@ -49,7 +49,8 @@ from ..planner.cluster import Cluster
 from ..planner.cost_model import CostModel
 from ..planner.plan import PlanError
 from ..planner.zigzag import zigzag_tokens
-from .peer_programs import PeerPlan, ProgramBuilder, as_peer_plan
+from .peer_plan import PeerPlan, as_peer_plan
+from .peer_programs import ProgramBuilder
 from .planbuild import build_plan
 from .program import LayerProgram
 from .te_cp import cp_groups
@@ -95,7 +96,7 @@ def size_candidates(lengths: Sequence[int], cost: CostModel) -> list[A2AP2P]:
 def _plan_for(lengths: Sequence[int], cluster: Cluster, cost: CostModel, sizes: A2AP2P) -> PeerPlan:
     base = build_plan(lengths, cp_groups(lengths, cluster, sizes.cp), cluster, cost, local_slots=False,
                       with_prediction=False)
-    return as_peer_plan(base, sizes)
+    return as_peer_plan(base, sizes, build=a2a_p2p_program)
 
 
 def a2a_p2p_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *,
