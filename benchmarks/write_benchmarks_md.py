@@ -1,28 +1,48 @@
-"""Splice the output of simulate_tables.py into docs/BENCHMARKS.md (between the markers).
+"""Splice generated tables into docs/BENCHMARKS.md (between their markers).
 
-Run: python benchmarks/simulate_tables.py > /tmp/sim.md && python benchmarks/write_benchmarks_md.py /tmp/sim.md
-Only the text between ``<!-- BEGIN simulate_tables -->`` and ``<!-- END simulate_tables -->`` changes.
+Run::
+
+    python benchmarks/simulate_tables.py --jobs 2 > /tmp/sim.md
+    python benchmarks/sensitivity.py --configs ... > /tmp/sens.md
+    python benchmarks/write_benchmarks_md.py /tmp/sim.md [--sensitivity /tmp/sens.md]
+
+Only the text between ``<!-- BEGIN simulate_tables -->`` and ``<!-- END simulate_tables -->`` (and,
+with ``--sensitivity``, between ``<!-- BEGIN sensitivity -->`` and ``<!-- END sensitivity -->``)
+changes. A missing marker or an empty input is an error naming it; nothing is written then.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
-BEGIN, END = "<!-- BEGIN simulate_tables -->", "<!-- END simulate_tables -->"
+
+def splice(text: str, section: str, tables: str) -> str:
+    """``text`` with the part between ``section``'s markers replaced by ``tables``.
+
+    >>> splice("a <!-- BEGIN x -->old<!-- END x --> b", "x", "new")
+    'a <!-- BEGIN x -->\\nnew\\n<!-- END x --> b'
+    """
+    begin, end = f"<!-- BEGIN {section} -->", f"<!-- END {section} -->"
+    if begin not in text or end not in text:
+        raise SystemExit(f"docs/BENCHMARKS.md has no {begin} ... {end} markers")
+    if not tables.strip():
+        raise SystemExit(f"the tables for {section} are empty: not written")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{tables.strip()}\n{end}{tail}"
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: write_benchmarks_md.py TABLES.md")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("tables", help="output of benchmarks/simulate_tables.py")
+    ap.add_argument("--sensitivity", default=None, help="output of benchmarks/sensitivity.py")
+    args = ap.parse_args()
     doc = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
-    text = doc.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{doc} has no {BEGIN} ... {END} markers")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    tables = Path(sys.argv[1]).read_text().strip()
-    doc.write_text(f"{head}{BEGIN}\n{tables}\n{END}{tail}")
+    text = splice(doc.read_text(), "simulate_tables", Path(args.tables).read_text())
+    if args.sensitivity:
+        text = splice(text, "sensitivity", Path(args.sensitivity).read_text())
+    doc.write_text(text)
     print(f"updated {doc}")
 
 
