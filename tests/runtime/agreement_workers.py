@@ -190,15 +190,15 @@ def run_timeouts(rank: int, world: int, timeout_s: float) -> None:
 
     # 3. the failing rank passes the check, then raises inside the call (before the remap) and stays alive
     group = zeppelin_group_over([everyone], gpn, timeout_s)
-    real = attention_mod.to_attention
+    real = attention_mod.qkv_to_attention
     if rank == bad:
         def failing(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("injected failure after the check")
-        attention_mod.to_attention = failing  # type: ignore[assignment]
+        attention_mod.qkv_to_attention = failing  # type: ignore[assignment]
         try:
             _raises(RuntimeError, ["injected failure"], lambda: zeppelin_attention(q, k, v, plan, group))
         finally:
-            attention_mod.to_attention = real
+            attention_mod.qkv_to_attention = real
     else:  # waiting in the remap all_to_all (all the others) or a ring transfer (that rank)
         msg = ""
 

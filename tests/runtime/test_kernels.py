@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -102,3 +104,24 @@ def test_registry_answers_for_a_cuda_device_anywhere() -> None:
     if not torch.cuda.is_available():
         assert all(isinstance(reasons[n], str) for n in ("torch_varlen", "flash_attn", "te")), reasons
         assert "CUDA is not available" in reasons["torch_varlen"]
+
+
+def test_merge_lse_in_place_weights_masked_rows_zero_and_casts_a_half_block() -> None:
+    from zeppelin_megatron.runtime.ring import merge_lse_
+
+    g = torch.Generator().manual_seed(1)
+    out = torch.randn(3, 2, 4, dtype=torch.float32, generator=g)
+    lse = torch.randn(3, 2, dtype=torch.float32, generator=g)
+    out_b = torch.randn(3, 2, 4, generator=g).to(torch.bfloat16)
+    lse_b = torch.randn(3, 2, dtype=torch.float32, generator=g)
+    lse_b[0] = float("-inf")  # row 0 sees none of block b's keys
+    new = torch.logaddexp(lse, lse_b)
+    want = out * torch.exp(lse - new).unsqueeze(-1) + out_b.float() * torch.exp(lse_b - new).unsqueeze(-1)
+    o0, l0 = out.clone(), lse.clone()
+    merge_lse_(out, lse, out_b, lse_b)  # in place
+    assert torch.equal(out[0], o0[0]) and torch.equal(lse[0], l0[0])
+    assert (out - want).abs().max() < 1e-6 and (lse - new).abs().max() < 1e-6
+    # worked example of the docstring: lse = log 3, lse_b = log 1 -> weight 1/4, lse -> log 4
+    o, l = torch.zeros(1, 1, 1, dtype=torch.float64), torch.full((1, 1), math.log(3.0), dtype=torch.float64)
+    merge_lse_(o, l, torch.ones(1, 1, 1, dtype=torch.float64), torch.zeros(1, 1, dtype=torch.float64))
+    assert abs(o.item() - 0.25) < 1e-15 and abs(l.item() - math.log(4.0)) < 1e-15

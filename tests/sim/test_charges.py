@@ -80,34 +80,39 @@ def test_zeppelin_profile_measures_hbm_bandwidth() -> None:
 
 def test_merge_bytes_by_hand() -> None:
     sh = shape_of(_cost(_cluster(1, 2)))  # Hq = 32, D = 128: Eq = 4096; bf16 (b = 2), fp32 merges (a = 4)
-    # out*w (r4 w4) + out_b.to (r2 w4) + *w_b (r4 w4) + add (r8 w4) = 34 B per element;
-    # logaddexp 12 + 2 x (sub 12 + exp 8) + 2 broadcast reads of w (4 each) = 60 B per lse value.
-    assert merge_bytes(sh, 4096, late=False) == 4096 * 4096 * 34 + 4096 * 32 * 60
+    # in place (ring.merge_lse_): out_b.to (r2 w4) + out.lerp_(out_b, w) (r4 r4 w4) = 18 B per element;
+    # sub 12 + sigmoid_ 8 + logaddexp(out=lse) 12 + lerp_'s broadcast read of w 4 = 36 B per lse value.
+    assert merge_bytes(sh, 4096, late=False) == 4096 * 4096 * 18 + 4096 * 32 * 36
     # late rows: gather out (8) and lse (8), copy back out (8) and lse (8)
-    assert merge_bytes(sh, 4096, late=True) == 4096 * 4096 * (34 + 16) + 4096 * 32 * (60 + 16)
-    # 578 MB -> 0.196 ms at 2951.7 GB/s (the module docstring's example)
-    assert hbm_ms(_cost(_cluster(1, 2)), merge_bytes(sh, 4096, late=False)) == pytest.approx(0.1959, abs=1e-4)
+    assert merge_bytes(sh, 4096, late=True) == 4096 * 4096 * (18 + 16) + 4096 * 32 * (36 + 16)
+    # 307 MB -> 0.104 ms at 2951.7 GB/s (the module docstring's example; 578 MB, 0.196 ms out of place)
+    assert hbm_ms(_cost(_cluster(1, 2)), merge_bytes(sh, 4096, late=False)) == pytest.approx(0.1039, abs=1e-4)
+    # fp32 training: no cast of out_b, 12 B per element, 36 per lse value
+    sh32 = shape_of(CostModel(model=load_model(None), cluster=_cluster(1, 2),
+                              profile=replace(default_profile(), dtype_bytes=4)))
+    assert (sh32.a, sh32.b) == (4, 4)
+    assert merge_bytes(sh32, 10, late=False) == 10 * 4096 * 12 + 10 * 32 * 36
 
 
 def _hand_ring_bytes(position: int) -> float:
     """One 16384-token sequence on a 2-GPU ring, Llama-7B bf16: Eq = 4096, Ekv = 8192, Hq = 32, n = 8192."""
     eq, ekv, hq, n = 4096, 8192, 32, 8192
-    setup = (2 * 2 * n * (eq + 2 * ekv) + n * eq * (4 + 3 * 2)                 # fwd gathers; result .to + copy
-             + 2 * 2 * n * (2 * eq + 2 * ekv) + 4 * n * (eq + ekv)             # bwd gathers; dq/acc zeros
+    setup = (2 * 2 * n * (eq + ekv) + n * eq * (4 + 3 * 2)                     # fwd gathers; result .to + copy
+             + 2 * 2 * n * (2 * eq + ekv) + 4 * n * eq                         # bwd gathers; dq zeros
              + n * (eq + ekv) * (4 + 3 * 2))                                   # final dq/dk/dv .to + copy
     diag = (n * eq * 6                                                         # o.to(fp32)
-            + n * eq * 10 + 8 * n * hq + n * ekv * 10 + 12 * n * ekv)          # dq +=, lse copy, dkv cat/.to, add
+            + n * eq * 10 + 8 * n * hq + n * ekv * 6)                          # dq +=, lse copy, acc = block
     if position == 0:  # step 1 is 'late': 4096 late rows against all 8192 of position 1
         tq, tk = 4096, 8192
-        step1 = (tq * eq * 34 + 60 * tq * hq + tq * (16 * eq + 16 * hq)        # merge on late rows
+        step1 = (tq * eq * 18 + 36 * tq * hq + tq * (16 * eq + 16 * hq)        # merge on late rows
                  + 2 * 2 * tq * eq                                             # q rows gathered
                  + 2 * tq * (3 * 2 * eq + 4 * hq)                              # bwd (dout, q, out, lse) rows, once
-                 + tq * eq * 18 + 8 * tq * hq + tk * ekv * 10 + 12 * tk * ekv)  # dq .to + index_add, lse, dkv
+                 + tq * eq * 18 + 8 * tq * hq + tk * ekv * 10)                 # dq .to + index_add, lse, acc +=
     else:  # step 1 is 'early': all 8192 rows against position 0's 4096 early rows
         tq, tk = 8192, 4096
-        step1 = (tq * eq * 34 + 60 * tq * hq                                   # merge
+        step1 = (tq * eq * 18 + 36 * tq * hq                                   # merge
                  + 2 * 2 * tk * ekv * 2                                        # K/V rows gathered, fwd and bwd
-                 + tq * eq * 10 + 8 * tq * hq + tk * ekv * 10 + 12 * tk * ekv)
+                 + tq * eq * 10 + 8 * tq * hq + tk * ekv * 18)                 # dq +=, lse, .to + index_add_
     return setup + diag + step1
 
 
@@ -131,8 +136,7 @@ def test_one_ring_pays_its_merges_and_copies_by_hand() -> None:
     comm = 5e-3 + 4 * cost.ring_step_bytes(16384, 2) / nvl
     lin = cost.linear_ms(8192)
     f_in, f_out, b = 4096 + 8192, 4096, 2
-    remap = (2 * b * 8192 * f_in + 4 * b * 8192 * f_in                           # qkv cat, split .contiguous + grad
-             + sum(2 * b * f * (8192 + 8192) for f in (f_in, f_out, f_out, f_in)))  # 4 remap_tokens
+    remap = sum(2 * b * f * (8192 + 8192) for f in (f_in, f_out, f_out, f_in))  # 4 remap_parts, no cat / split
     assert zeppelin_remap_bytes(sh, 8192, 8192, routed=False) == remap
     step0 = {0: 6 * 8192 * 4096 + zeppelin_ring_bytes(sh, 8192), 1: 6 * 8192 * 4096 + zeppelin_ring_bytes(sh, 8192)}
     blocks = {0: cost.block_fitted_ms(4096, 8192), 1: cost.block_fitted_ms(8192, 4096)}  # late: wide, early: tall
@@ -173,8 +177,8 @@ def test_a_remap_pays_its_gathers_and_a_routed_remap_its_staging() -> None:
     b, f_in, f_out = 2, 4096 + 8192, 4096
     plain = zeppelin_remap_bytes(sh, 1000, 3000, routed=False)
     routed = zeppelin_remap_bytes(sh, 1000, 3000, routed=True)
-    # 3 staging phases of index_select + cat (4 b F per source row) and the final index_select (2 b F per row)
-    extra = sum(12 * b * f * src + 2 * b * f * dst
+    # 3 staging phases of index_select + cat (4 b F per source row); the last buffer is unpacked directly
+    extra = sum(12 * b * f * src
                 for f, src, dst in ((f_in, 1000, 3000), (f_out, 3000, 1000), (f_out, 1000, 3000), (f_in, 3000, 1000)))
     assert routed - plain == extra
     # In a layer program: remap copies before and after attention on every rank, even when no row moves.
@@ -185,7 +189,7 @@ def test_a_remap_pays_its_gathers_and_a_routed_remap_its_staging() -> None:
     for r in range(4):
         rc = [op.ms for op in prog.ops[r] if op.kind == "copy" and op.label.startswith("remap")]
         expect = hbm_ms(cost, zeppelin_remap_bytes(sh, sp.plan.tokens(r, "linear"), sp.plan.tokens(r, "attention"),
-                                                   routed=bool(sp.plan.remap_proxies)))  # as remap_tokens
+                                                   routed=bool(sp.plan.remap_proxies)))  # as remap_parts
         assert len(rc) == 2 and sum(rc) == pytest.approx(expect, rel=1e-12)
     none = build_layer_program(sp.plan, cost, charges="none")
     assert not any(op.kind == "copy" for ops in none.ops for op in ops)

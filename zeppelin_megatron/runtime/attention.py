@@ -4,7 +4,7 @@ Per call (one attention layer, one step)::
 
     check inputs and agreement across ranks (one small all_reduce: plan, scale, heads,
                                             head dim, dtype, routing, check setting, kernel)
-    [q | k | v] --remap--> attention layout (one all_to_all_single)
+    q, k, v --remap--> attention layout  (one all_to_all_single of the packed rows)
     engine: inter-node rings, intra-node rings, local sequences
     out --remap--> linear layout            (one all_to_all_single)
 
@@ -26,7 +26,7 @@ from .engine import AttentionEngine, EngineFunction
 from .errors import BackendUnavailableError, RuntimeInputError
 from .group import ZeppelinGroup
 from .kernels import get_kernel
-from .remap import to_attention, to_linear
+from .remap import qkv_to_attention, to_linear
 
 __all__ = ["zeppelin_attention", "validate_inputs"]
 
@@ -144,12 +144,11 @@ def zeppelin_attention(
     elif problem:
         raise RuntimeInputError(problem)
     assert scale is not None and kernel is not None
-    hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
+    hkv, d = k.shape[1], q.shape[2]
     engine = AttentionEngine(
         plan, group, kernel=kernel, scale=scale,
         routes=plan.routing if routing else (), hkv=hkv, head_dim=d, dtype=q.dtype, device=q.device,
     )
-    qkv = to_attention(torch.cat([q, k, v], dim=1), plan, group)
-    q_a, k_a, v_a = torch.split(qkv, [hq, hkv, hkv], dim=1)
-    out_a = EngineFunction.apply(q_a.contiguous(), k_a.contiguous(), v_a.contiguous(), engine)
+    q_a, k_a, v_a = qkv_to_attention(q, k, v, plan, group)  # one packed exchange, contiguous parts
+    out_a = EngineFunction.apply(q_a, k_a, v_a, engine)
     return to_linear(out_a, plan, group)

@@ -121,6 +121,16 @@ def device_program(plan: StepPlan, rank: int, routed: bool, unit: int, device: t
     return hit
 
 
+def _ring_kv(k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The packed ring K/V buffer [n, 2*Hkv, D] of ``k``, ``v`` [T_a, Hkv, D] at ``rows`` [n]: one
+    ``index_select`` per half straight into its slice (no ``cat``)."""
+    hkv = k.shape[1]
+    kv = k.new_empty((rows.shape[0], 2 * hkv, *k.shape[2:]))
+    torch.index_select(k, 0, rows, out=kv[:, :hkv])
+    torch.index_select(v, 0, rows, out=kv[:, hkv:])
+    return kv
+
+
 class AttentionEngine:
     """Executes a :class:`RankProgram` forward and backward with one kernel backend.
 
@@ -181,7 +191,7 @@ class AttentionEngine:
                 if s is None:
                     rows = self.dev.rows[op.ring]
                     s = state[op.ring] = RingState(
-                        q=q.index_select(0, rows), kv=torch.cat([k.index_select(0, rows), v.index_select(0, rows)], 1))
+                        q=q.index_select(0, rows), kv=_ring_kv(k, v, rows))
                 forward_step(self.kernel, self.scale, self.hkv, self.dev.steps[(op.ring, op.step)], s)
                 if op.step == self._parts[op.ring].size - 1:
                     assert s.out is not None and s.lse is not None
@@ -199,7 +209,7 @@ class AttentionEngine:
                 if t.ring not in state and t.ring in self.dev.rows:
                     rows = self.dev.rows[t.ring]
                     state[t.ring] = RingState(
-                        q=q.index_select(0, rows), kv=torch.cat([k.index_select(0, rows), v.index_select(0, rows)], 1))
+                        q=q.index_select(0, rows), kv=_ring_kv(k, v, rows))
                 held = state[t.ring].kv if t.ring in state else None
                 flying[t] = self._start(t, held, self.dtype)
             else:
@@ -226,7 +236,7 @@ class AttentionEngine:
                 q_r = q.index_select(0, rows)
                 s = state[ring] = RingGrad(
                     dout=dout.index_select(0, rows), q=q_r, out=out_r, lse=lse_r,
-                    kv=torch.cat([k.index_select(0, rows), v.index_select(0, rows)], dim=1),
+                    kv=_ring_kv(k, v, rows),
                     dq=torch.zeros(q_r.shape, dtype=acc_t, device=q.device))
             return s
 

@@ -6,20 +6,24 @@ is the rank's token buffer. :attr:`StepPlan.remap` turns the two layouts into
 ``send_index`` picks rows of the source buffer grouped by destination,
 ``recv_index`` says where the received rows land in the destination buffer.
 
-One transfer is ``gather -> all_to_all_single -> scatter``::
+One transfer (:func:`remap_parts`) moves one or more parts ``x_i`` [T_src, H_i, *F] together,
+``gather -> all_to_all_single -> gather``::
 
-    send = x[send_index]                     # [sum(send_counts), *F]
+    send = empty(S, sum(H_i), *F); send[:, cols_i] = x_i[send_index]   # one index_select per part
     recv = all_to_all(send, send_counts, recv_counts)
-    y = empty(T_dst, *F); y[recv_index] = recv
+    y_i = recv[:, cols_i][gather_index]                                  # [T_dst, H_i, *F], contiguous
+
+with ``gather_index`` the inverse of ``recv_index`` (``y[recv_index] = recv``), so q, k and v travel
+as one buffer with no ``cat`` before and no split copies after (:func:`qkv_to_attention`).
 
 Routed (``plan.remap_proxies`` non-empty, :mod:`~zeppelin_megatron.planner.remap_routing`):
 the send buffer is the first staging buffer; three ``all_to_all`` phases move
 cross-node rows over the proxies' rail-aligned NICs::
 
-    buf = x[send_index]
+    buf = send
     for phase in phases:                      # NVLink, network (rail-aligned), NVLink
         buf = cat(buf[keep_index], all_to_all(buf[send_index], send_counts, recv_counts))
-    y = empty(T_dst, *F); y[recv_index] = buf[final_index]
+    y_i = buf[:, cols_i][gather_index]        # gather_index[recv_index] = final_index
 
 ``to_attention`` and ``to_linear`` are exact inverses, so each one's backward is
 the other's forward applied to the gradient.
@@ -27,9 +31,11 @@ the other's forward applied to the gradient.
 
 from __future__ import annotations
 
+import math
 import weakref
-from typing import Any
+from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from ..planner.lowering import rank_remap
@@ -38,7 +44,8 @@ from ..planner.plan import StepPlan
 from .comm import all_to_all_uneven
 from .group import ZeppelinGroup
 
-__all__ = ["remap_tokens", "to_attention", "to_linear", "RemapFunction"]
+__all__ = ["remap_parts", "remap_tokens", "to_attention", "to_linear", "qkv_to_attention", "RemapFunction",
+           "QKVRemapFunction"]
 
 
 _Indices = tuple[Any, torch.Tensor, torch.Tensor, Any, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]
@@ -47,44 +54,92 @@ _INDEX_CACHE: "weakref.WeakKeyDictionary[StepPlan, dict[Any, _Indices]]" = weakr
 
 def _indices(plan: StepPlan, rank: int, direction: Direction, device: torch.device) -> _Indices:
     """``rank``'s lowered remap (:func:`~zeppelin_megatron.planner.lowering.rank_remap`) with its index
-    tensors on ``device``, cached per plan: ``(direct exchange, send_index, recv_index, routed exchange
-    or None, its phases' (send, keep) indices, its final index)``."""
+    tensors on ``device``, cached per plan: ``(direct exchange, send_index, gather_index, routed exchange
+    or None, its phases' (send, keep) indices, None)``.
+
+    ``gather_index`` [T_dst]: for each destination row, its row in the received buffer (direct: the
+    ``all_to_all`` output; routed: the last staging buffer), i.e. the inverse of ``recv_index``
+    composed with ``final_index``, so the destination is built by one gather per part
+    (``y = recv[gather_index]``) instead of a gather into received order and a scatter.
+    """
     per_plan = _INDEX_CACHE.setdefault(plan, {})
     key = (rank, direction, str(device))
     hit = per_plan.get(key)
     if hit is None:
         ex, routed = rank_remap(plan, rank, direction)
         as_t = lambda a: torch.as_tensor(a, dtype=torch.long).to(device)  # noqa: E731
+        recv_index = np.asarray(ex.recv_index, dtype=np.int64)
+        dst_layout = "attention" if direction == "to_attention" else "linear"
+        t_dst = plan.tokens(rank, dst_layout)
+        if len(recv_index) != t_dst or (t_dst and np.bincount(recv_index, minlength=t_dst).max() != 1):
+            raise AssertionError(f"rank {rank}: the remap {direction} does not fill each of its {t_dst} rows once")
+        gather = np.empty(t_dst, dtype=np.int64)
+        source = np.arange(len(recv_index)) if routed is None else np.asarray(routed.final_index, dtype=np.int64)
+        gather[recv_index] = source
         phases = [(as_t(p.send_index), as_t(p.keep_index)) for p in routed.phases] if routed is not None else []
-        hit = per_plan[key] = (ex, as_t(ex.send_index), as_t(ex.recv_index), routed, phases,
-                               as_t(routed.final_index) if routed is not None else None)
+        hit = per_plan[key] = (ex, as_t(ex.send_index), as_t(gather), routed, phases, None)
     return hit
+
+
+def remap_parts(
+    parts: Sequence[torch.Tensor], plan: StepPlan, group: ZeppelinGroup, direction: Direction
+) -> tuple[torch.Tensor, ...]:
+    """Move tensors ``parts[i]`` [T_src, H_i, *F] (this rank's buffers in the source layout, one dtype,
+    one ``F``) together -> ``[T_dst, H_i, *F]`` each (no autograd).
+
+    The rows of all parts travel in one packed buffer ``send`` [S, sum(H_i), *F], filled by one
+    ``index_select`` per part straight into its column slice (no ``cat``); the received buffer is
+    unpacked by one ``index_select`` per part into that part's contiguous result (no split copies).
+    Example: ``q`` [T, 32, 128], ``k``, ``v`` [T, 8, 128] travel as one [S, 48, 128] buffer.
+    """
+    rank = group.rank
+    src_layout = "linear" if direction == "to_attention" else "attention"
+    want = plan.tokens(rank, src_layout)
+    first = parts[0]
+    for i, x in enumerate(parts):
+        if x.shape[0] != want:
+            raise ValueError(f"rank {rank}: {x.shape[0]} tokens given (part {i}), the plan's {src_layout} "
+                             f"layout has {want}")
+        if x.dim() < 2 or x.shape[2:] != first.shape[2:] or x.dtype != first.dtype or x.device != first.device:
+            raise ValueError(f"part {i} {tuple(x.shape)} {x.dtype} must be [tokens, heads, ...] like part 0 "
+                             f"{tuple(first.shape)} {first.dtype} on {first.device}")
+    ex, send_index, gather, routed, phases, _ = _indices(plan, rank, direction, first.device)
+    widths = [x.shape[1] for x in parts]
+    send = first.new_empty((send_index.shape[0], sum(widths), *first.shape[2:]))
+    off = 0
+    for x, w in zip(parts, widths):
+        torch.index_select(x, 0, send_index, out=send.narrow(1, off, w))
+        off += w
+    if group.size == 1:
+        recv = send
+    elif routed is not None:
+        for n, (phase, (p_send, p_keep)) in enumerate(zip(routed.phases, phases), 1):
+            got = all_to_all_uneven(send.index_select(0, p_send), phase.send_counts, phase.recv_counts, group,
+                                    what=f"the routed remap {direction} (phase {n} of 3)")
+            send = torch.cat([send.index_select(0, p_keep), got])
+        recv = send
+    else:
+        recv = all_to_all_uneven(send, ex.send_counts, ex.recv_counts, group, what=f"the remap {direction}")
+    out, off = [], 0
+    for w in widths:
+        out.append(recv.narrow(1, off, w).index_select(0, gather))
+        off += w
+    return tuple(out)
 
 
 def remap_tokens(x: torch.Tensor, plan: StepPlan, group: ZeppelinGroup, direction: Direction) -> torch.Tensor:
     """Move ``x`` [T_src, *F] (this rank's buffer in the source layout) -> [T_dst, *F] (no autograd)."""
     rank = group.rank
     src_layout = "linear" if direction == "to_attention" else "attention"
-    dst_layout = "attention" if direction == "to_attention" else "linear"
     if x.shape[0] != plan.tokens(rank, src_layout):
         raise ValueError(
             f"rank {rank}: {x.shape[0]} tokens given, the plan's {src_layout} layout has "
             f"{plan.tokens(rank, src_layout)}"
         )
-    ex, send_index, recv_index, routed, phases, final = _indices(plan, rank, direction, x.device)
-    send = x.index_select(0, send_index)
-    if routed is not None and group.size > 1:
-        assert final is not None
-        for n, (phase, (p_send, p_keep)) in enumerate(zip(routed.phases, phases), 1):
-            got = all_to_all_uneven(send.index_select(0, p_send), phase.send_counts, phase.recv_counts, group,
-                                    what=f"the routed remap {direction} (phase {n} of 3)")
-            send = torch.cat([send.index_select(0, p_keep), got])
-        recv = send.index_select(0, final)
-    else:
-        recv = all_to_all_uneven(send, ex.send_counts, ex.recv_counts, group, what=f"the remap {direction}")
-    y = x.new_empty((plan.tokens(rank, dst_layout), *x.shape[1:]))
-    y.index_copy_(0, recv_index, recv)
-    return y
+    dst_layout = "attention" if direction == "to_attention" else "linear"
+    flat = x.reshape(x.shape[0], 1, math.prod(x.shape[1:]))  # [T, 1, prod(F)]: one part of width 1
+    (y,) = remap_parts([flat], plan, group, direction)
+    return y.view(plan.tokens(rank, dst_layout), *x.shape[1:])
 
 
 class RemapFunction(torch.autograd.Function):
@@ -109,3 +164,31 @@ def to_attention(x: torch.Tensor, plan: StepPlan, group: ZeppelinGroup) -> torch
 def to_linear(x: torch.Tensor, plan: StepPlan, group: ZeppelinGroup) -> torch.Tensor:
     """[T_attention, *F] -> [T_linear, *F] for this rank; differentiable."""
     return RemapFunction.apply(x, plan, group, "to_linear")
+
+
+class QKVRemapFunction(torch.autograd.Function):
+    """Differentiable :func:`remap_parts` of ``(q, k, v)`` to the attention layout; backward moves
+    ``(dq, dk, dv)`` back the same packed way."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: StepPlan,
+                group: ZeppelinGroup) -> tuple[torch.Tensor, ...]:
+        ctx.plan, ctx.group = plan, group
+        ctx.like = [(x.shape[1:], x.dtype, x.device) for x in (q, k, v)]
+        return remap_parts([q, k, v], plan, group, "to_attention")
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        t_att = ctx.plan.tokens(ctx.group.rank, "attention")
+        g = [torch.zeros((t_att, *shape), dtype=dtype, device=device) if x is None else x
+             for x, (shape, dtype, device) in zip(grads, ctx.like)]  # a part unused downstream moves zeros
+        return (*remap_parts(g, ctx.plan, ctx.group, "to_linear"), None, None)
+
+
+def qkv_to_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: StepPlan, group: ZeppelinGroup
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``q`` [T_linear, Hq, D], ``k``, ``v`` [T_linear, Hkv, D] -> the same in the attention layout, each
+    contiguous, moved in one packed exchange (:func:`remap_parts`); differentiable."""
+    q_a, k_a, v_a = QKVRemapFunction.apply(q, k, v, plan, group)
+    return q_a, k_a, v_a

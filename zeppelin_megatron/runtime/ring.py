@@ -10,12 +10,12 @@ s1 early, ...]``): ``q`` [n_i, Hq, D] and one packed ``kv`` buffer
 step the held ``kv`` is the source position's buffer.
 
 Forward (:func:`forward_step`): ``diag`` (step 0) starts the running
-``(out, lse)``; every later call is merged in with :func:`merge_lse`, into the
-call's query rows (all rows, or the late chunks for ``late``).
+``(out, lse)``; every later call is merged in place with :func:`merge_lse_`, into
+the call's query rows (all rows, or the late chunks for ``late``: gathered, merged, copied back).
 
 Backward (:func:`backward_step`): dQ accumulates into the call's query rows;
-the step's dK/dV block waits in :attr:`RingGrad.block` until the accumulator
-of the step's K/V source arrives (:func:`add_block`, then it is posted on).
+the step's dK/dV block (the kernel's ``dk``, ``dv``, uncast) waits in :attr:`RingGrad.block` until
+the accumulator of the step's K/V source arrives (:func:`add_block`, then it is posted on).
 After ``g`` accumulator hops each position holds its own dK/dV.
 """
 
@@ -27,7 +27,8 @@ import torch
 
 from .kernels import AttentionKernel, VarlenBatch, acc_dtype
 
-__all__ = ["StepIndex", "RingState", "RingGrad", "forward_step", "backward_step", "add_block", "merge_lse"]
+__all__ = ["StepIndex", "RingState", "RingGrad", "forward_step", "backward_step", "add_block", "merge_lse",
+           "merge_lse_"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,17 +41,31 @@ class StepIndex:
     kv_index: torch.Tensor | None
 
 
+def merge_lse_(out: torch.Tensor, lse: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> None:
+    """Merge a partial softmax result over another key set into ``(out, lse)``, in place.
+
+    ``out`` [T, H, D] (accumulation dtype), ``lse`` [T, H] (same dtype), ``out_b`` [T, H, D] (any float
+    dtype), ``lse_b`` [T, H]. With ``new = logaddexp(lse, lse_b)`` the merged output is
+    ``out * exp(lse - new) + out_b * exp(lse_b - new)``; since ``exp(lse_b - new) = sigmoid(lse_b - lse)``
+    and the two weights sum to 1, that is ``out.lerp_(out_b, sigmoid(lse_b - lse))``. Four passes
+    (``sub``, ``sigmoid_``, ``logaddexp`` into ``lse``, ``lerp_`` into ``out``) plus ``out_b``'s cast
+    when it is not in the accumulation dtype (bf16/fp16 kernels). A key set a row does not see
+    (``lse_b = -inf``) gets weight 0.
+
+    Example: ``lse = log 3``, ``lse_b = log 1`` -> weight ``1/4``, ``lse`` becomes ``log 4``.
+    """
+    w = torch.sub(lse_b, lse).sigmoid_().unsqueeze(-1)
+    torch.logaddexp(lse, lse_b, out=lse)
+    out.lerp_(out_b.to(out.dtype), w)
+
+
 def merge_lse(
     out: torch.Tensor, lse: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge two partial softmax results over disjoint key sets.
-
-    ``out``, ``out_b`` [T, H, D] (accumulation dtype), ``lse``, ``lse_b`` [T, H].
-    """
-    new = torch.logaddexp(lse, lse_b)
-    w = torch.exp(lse - new).unsqueeze(-1)
-    w_b = torch.exp(lse_b - new).unsqueeze(-1)
-    return out * w + out_b.to(out.dtype) * w_b, new
+    """:func:`merge_lse_` on copies: ``-> (merged out, merged lse)``; the inputs are left as they are."""
+    out_m, lse_m = out.clone(), lse.clone()
+    merge_lse_(out_m, lse_m, out_b, lse_b)
+    return out_m, lse_m
 
 
 @dataclass(kw_only=True)
@@ -79,9 +94,10 @@ def forward_step(kernel: AttentionKernel, scale: float, hkv: int, idx: StepIndex
         return
     assert s.lse is not None
     if idx.q_index is None:
-        s.out, s.lse = merge_lse(s.out, s.lse, o, l)
+        merge_lse_(s.out, s.lse, o, l)
         return
-    o_m, l_m = merge_lse(s.out.index_select(0, idx.q_index), s.lse.index_select(0, idx.q_index), o, l)
+    o_m, l_m = s.out.index_select(0, idx.q_index), s.lse.index_select(0, idx.q_index)
+    merge_lse_(o_m, l_m, o, l)
     s.out.index_copy_(0, idx.q_index, o_m)
     s.lse.index_copy_(0, idx.q_index, l_m)
 
@@ -98,7 +114,7 @@ class RingGrad:
     kv: torch.Tensor
     dq: torch.Tensor
     acc: torch.Tensor | None = None
-    block: tuple[torch.Tensor | None, torch.Tensor] | None = None
+    block: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None
     picked: dict[int, tuple[torch.Tensor, ...]] | None = None
 
     def select(self, index: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
@@ -123,18 +139,31 @@ def backward_step(kernel: AttentionKernel, scale: float, hkv: int, idx: StepInde
         s.dq += dq_b
     else:
         s.dq.index_add_(0, idx.q_index, dq_b.to(s.dq.dtype))
-    s.block = (idx.kv_index, torch.cat([dk_b, dv_b], dim=1).to(s.dq.dtype))
+    s.block = (idx.kv_index, dk_b, dv_b)
 
 
 def add_block(s: RingGrad) -> torch.Tensor:
-    """Add the pending dK/dV block into the held accumulator (zeros at the first step) -> the accumulator."""
+    """Add the pending dK/dV block into the held accumulator -> the accumulator [n, 2*Hkv, D].
+
+    At the first step (no accumulator yet) a block over all rows becomes the accumulator (one cast copy
+    per half); otherwise the accumulator starts as zeros. A block over all rows is added per half in
+    place (``acc[:, :Hkv] += dk``, type-promoting: no ``cat``, no cast copy); one over some rows is cast
+    to the accumulation dtype and ``index_add_`` -ed into each half.
+    """
+    hkv = s.kv.shape[1] // 2
+    block, s.block = s.block, None
     if s.acc is None:
-        s.acc = torch.zeros(s.kv.shape, dtype=s.dq.dtype, device=s.kv.device)
-    if s.block is not None:
-        rows, d = s.block
-        if rows is None:
-            s.acc += d
-        else:
-            s.acc.index_add_(0, rows, d)
-        s.block = None
+        s.acc = torch.empty(s.kv.shape, dtype=s.dq.dtype, device=s.kv.device)
+        if block is not None and block[0] is None:
+            s.acc[:, :hkv].copy_(block[1])
+            s.acc[:, hkv:].copy_(block[2])
+            return s.acc
+        s.acc.zero_()
+    if block is not None:
+        rows, dk, dv = block
+        for half, d in ((s.acc[:, :hkv], dk), (s.acc[:, hkv:], dv)):
+            if rows is None:
+                half += d
+            else:
+                half.index_add_(0, rows, d.to(half.dtype))
     return s.acc

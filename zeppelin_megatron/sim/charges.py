@@ -15,32 +15,37 @@ forward + backward of one layer, as the cost model's kernel times are.
 ``runtime/attention.py``; :func:`zeppelin_call_bytes`, :func:`zeppelin_ring_bytes`,
 :func:`zeppelin_local_bytes`, :func:`zeppelin_remap_bytes`):
 
-* ``merge_lse`` after every ring call but the diagonal, over the call's ``T`` query rows: ``logaddexp``
-  (r 2, w 1), two ``lse - new`` (r 2, w 1) and two ``exp`` (r 1, w 1) over ``T Hq`` fp32 values; ``out * w``
-  (r ``a`` + w ``a`` per ``T Eq``, plus the broadcast ``w``), ``out_b.to(fp32)`` (r ``b``, w ``a``), ``* w_b``
-  (r ``a``, w ``a``), the add (r ``2a``, w ``a``): ``T Eq (8a + b) + 15 a T Hq`` bytes, 9 launches. A
-  ``late`` call (late rows only) also gathers ``out`` and ``lse`` rows and copies them back:
-  ``+ T (4a Eq + 4a Hq)``, 4 launches.
+* ``merge_lse_`` (in place, ``ring.py``) after every ring call but the diagonal, over the call's ``T``
+  query rows: ``lse_b - lse`` (r 2, w 1) and ``sigmoid_`` (r 1, w 1) over ``T Hq`` values of ``a`` bytes,
+  ``logaddexp(..., out=lse)`` (r 2, w 1), ``out_b.to(fp32)`` (r ``b``, w ``a``; only when ``b != a``), then
+  ``out.lerp_(out_b, w)`` (r ``2a``, w ``a`` per ``T Eq``, plus the broadcast ``w``):
+  ``T Eq (3a + [a + b]) + 9 a T Hq`` bytes (18 B per output element and 36 per lse value in bf16; was
+  34 and 60 with the out-of-place merge), 5 launches (4 without the cast). A ``late`` call (late rows
+  only) also gathers ``out`` and ``lse`` rows and copies them back: ``+ T (4a Eq + 4a Hq)``, 4 launches.
 * per call: the held K/V rows (``early``: ``2 b Tk Ekv``) or the query rows (``late``: ``2 b Tq Eq``) by
   ``index_select``; backward: the kernel's ``lse.transpose(0, 1).float().contiguous()`` (``2 a Tq Hq``),
-  ``dq += dq_b`` (``Tq Eq (2a + b)``; ``late``: ``.to`` + ``index_add_``, ``Tq Eq (4a + b)``), dK/dV block
-  ``torch.cat(...).to(fp32)`` (``Tk Ekv (3b + a)``), ``add_block`` (``3a Tk Ekv``), the held K/V rows
+  ``dq += dq_b`` (``Tq Eq (2a + b)``; ``late``: ``.to`` + ``index_add_``, ``Tq Eq (4a + b)``), the dK/dV
+  block added per half by ``add_block`` (no ``cat``): the diagonal's block becomes the accumulator
+  (``copy_``, ``Tk Ekv (a + b)``), a block over all held rows is added in place (``acc[:, :Hkv] += dk``,
+  ``Tk Ekv (2a + b)``), an ``early`` block over some rows is cast and ``index_add_`` -ed
+  (``Tk Ekv (b + 4a)``); the held K/V rows
   again for ``early``, ``(dout, q, out, lse)`` rows at the ring's first ``late`` call (``2 Tq (3b Eq + a
   Hq)``, cached per index tensor after that); the diagonal call's ``o.to(fp32)`` (``Tq Eq (a + b)``).
-* per ring (``n`` ring rows of the rank): forward ``q``, ``k``, ``v`` row gathers and the K/V ``cat``
-  (``2 b n (Eq + 2 Ekv)``), the result ``.to(dtype)`` and ``index_copy_`` (``n Eq (a + 3b)``); backward
-  ``q``, ``dout``, ``k``, ``v`` gathers and ``cat`` (``2 b n (2 Eq + 2 Ekv)``), ``dq`` and accumulator
-  zeros (``a n (Eq + Ekv)``), the final ``dq``/``dk``/``dv`` ``.to`` + ``index_copy_`` (``n (Eq + Ekv)(a + 3b)``).
+* per ring (``n`` ring rows of the rank): forward ``q`` rows and ``k``, ``v`` rows gathered straight into
+  the packed K/V buffer (``engine._ring_kv``, no ``cat``: ``2 b n (Eq + Ekv)``), the result ``.to(dtype)``
+  and ``index_copy_`` (``n Eq (a + 3b)``); backward ``q``, ``dout``, ``k``, ``v`` gathers
+  (``2 b n (2 Eq + Ekv)``), ``dq`` zeros (``a n Eq``; the accumulator starts as the diagonal's block),
+  the final ``dq``/``dk``/``dv`` ``.to`` + ``index_copy_`` (``n (Eq + Ekv)(a + 3b)``).
 * per local call of ``T`` tokens: forward ``q``, ``k``, ``v`` gathers and ``out.index_copy_``
   (``2 b T (Eq + Ekv) + 2 b T Eq``); backward ``dout``, ``q``, ``k``, ``v`` gathers and three
   ``index_copy_`` (``2 b T (2 Eq + Ekv) + 2 b T (Eq + Ekv)``).
-* the layer's remap (always run, even when no row moves): ``torch.cat([q, k, v])`` on the linear layout
-  (``2 b T_lin F``, ``F = Eq + Ekv``), four ``remap_tokens`` (q/k/v in, out back,
-  and both again in backward: each an ``index_select`` of the source rows and an ``index_copy_`` into
-  the destination, ``2 b F' (T_lin + T_att)``), the three ``.contiguous()`` after the split and their
-  gradients' ``cat`` (``4 b T_att F``); a routed remap (``plan.remap_proxies``) adds three phases of
-  staging-buffer ``index_select`` + ``cat`` (``4 b F' T_src`` each: exact on the mean over ranks, every
-  row being held by one rank per phase) and the final ``index_select`` (``2 b F' T_dst``).
+* the layer's remap (always run, even when no row moves): four ``remap_parts`` (``runtime/remap.py``:
+  ``q``, ``k``, ``v`` in as one packed buffer, out back, and both again in backward), each one
+  ``index_select`` per part straight into its column slice of the send buffer and one per part out of
+  the received buffer into the part's contiguous result (``2 b F' (T_lin + T_att)``, ``F' = Eq + Ekv``
+  for q/k/v, ``Eq`` for out; no ``cat`` of q/k/v, no split copies); a routed remap
+  (``plan.remap_proxies``) adds three phases of staging-buffer ``index_select`` + ``cat``
+  (``4 b F' T_src`` each: exact on the mean over ranks, every row being held by one rank per phase).
 * the router's relays: none. A relay receives into a buffer and sends that buffer on; a message part is
   a view of the payload (``runtime/router.py``). Its bytes are network traffic, charged as such.
 
@@ -57,7 +62,7 @@ backend needs none), Ulysses all-to-all head permutes of ``flexsp`` and the a2a 
 (:mod:`.distca`).
 
 Example (bf16, ``Hq = 32``, ``D = 128``): merging a 4096-row ``early`` call costs
-``4096 * 4096 * 34 + 4096 * 32 * 60 = 578 MB`` of traffic -> 0.196 ms at 2951.7 GB/s.
+``4096 * 4096 * 18 + 4096 * 32 * 36 = 307 MB`` of traffic -> 0.104 ms at 2951.7 GB/s.
 """
 
 from __future__ import annotations
@@ -105,10 +110,17 @@ def hbm_ms(cost: CostModel, nbytes: float) -> float:
     return nbytes / (cost.profile.hbm_GBps * 1e6) if nbytes > 0 else 0.0
 
 
+def _cast(sh: Shape) -> int:
+    """Bytes per element of a ``.to(acc dtype)`` copy: read ``b``, write ``a``; 0 when the dtypes agree."""
+    return sh.a + sh.b if sh.a != sh.b else 0
+
+
 def merge_bytes(sh: Shape, rows: int, *, late: bool) -> float:
-    """Bytes of one ``merge_lse`` over ``rows`` query rows (``late``: with the row gather and copy back)."""
-    a, b = sh.a, sh.b
-    total = rows * sh.eq * (8 * a + b) + 15 * a * rows * sh.hq
+    """Bytes of one ``merge_lse_`` over ``rows`` query rows (``late``: with the row gather and copy back)."""
+    a = sh.a
+    # ring.merge_lse_: sub + sigmoid_ + logaddexp(out=lse) on lse (3a + 2a + 3a), lerp_'s broadcast w read (a);
+    # out_b.to(out.dtype) (skipped when b == a) and out.lerp_(out_b, w) (r 2a, w a) per output element
+    total = rows * sh.eq * (3 * a + _cast(sh)) + 9 * a * rows * sh.hq
     if late:
         total += rows * (4 * a * sh.eq + 4 * a * sh.hq)
     return float(total)
@@ -136,15 +148,26 @@ def zeppelin_call_bytes(sh: Shape, call: RingCall, *, first_late: bool) -> float
         bwd += tq * eq * (4 * a + b)
     else:
         bwd += tq * eq * (2 * a + b)
-    bwd += 2 * a * tq * hq + tk * ekv * (3 * b + a) + 3 * a * tk * ekv
+    bwd += 2 * a * tq * hq  # the kernel's lse.transpose(0, 1).float().contiguous()
+    # ring.add_block: the diagonal's block is copied into a new accumulator (engine backward: the first
+    # acc Post follows the diagonal call); a block over all held rows is added per half in place; an
+    # early block (kv rows) is cast and index_add_-ed per half
+    if call.kind == "diag" and call.kv_all:
+        bwd += tk * ekv * (a + b)
+    elif call.kv_all:
+        bwd += tk * ekv * (2 * a + b)
+    else:
+        bwd += tk * ekv * (_cast(sh) + 3 * a) + (tk * ekv * a if call.kind == "diag" else 0)  # diag: zero_()
     return fwd + bwd
 
 
 def zeppelin_ring_bytes(sh: Shape, n: int) -> float:
     """Per-ring bytes (gathers into the ring buffers, zeros, results back) for a rank with ``n`` ring rows."""
     a, b, eq, ekv = sh.a, sh.b, sh.eq, sh.ekv
-    fwd = 2 * b * n * (eq + 2 * ekv) + n * eq * (a + 3 * b)
-    bwd = 2 * b * n * (2 * eq + 2 * ekv) + a * n * (eq + ekv) + n * (eq + ekv) * (a + 3 * b)
+    # engine.forward / backward: q (and dout) index_select, engine._ring_kv (k, v into one buffer);
+    # dq zeros; results .to(dtype) + index_copy_
+    fwd = 2 * b * n * (eq + ekv) + n * eq * (a + 3 * b)
+    bwd = 2 * b * n * (2 * eq + ekv) + a * n * eq + n * (eq + ekv) * (a + 3 * b)
     return float(fwd + bwd)
 
 
@@ -157,15 +180,16 @@ def zeppelin_local_bytes(sh: Shape, tokens: int) -> float:
 
 
 def zeppelin_remap_bytes(sh: Shape, t_lin: int, t_att: int, *, routed: bool) -> float:
-    """The layer's qkv concat, four ``remap_tokens`` and the split copies on one rank (module docstring)."""
+    """The layer's four ``remap_parts`` on one rank (module docstring)."""
     b = sh.b
     f_in, f_out = sh.eq + sh.ekv, sh.eq
-    total = 2 * b * t_lin * f_in + 4 * b * t_att * f_in
-    # (F', T_src, T_dst) of to_attention(qkv), to_linear(out), and their backward runs (inverse directions)
+    total = 0
+    # (F', T_src, T_dst) of qkv_to_attention, to_linear(out), and their backward runs (inverse directions):
+    # remap.remap_parts' index_select into the send buffer and index_select out of the received one
     for f, src, dst in ((f_in, t_lin, t_att), (f_out, t_att, t_lin), (f_out, t_lin, t_att), (f_in, t_att, t_lin)):
         total += 2 * b * f * (src + dst)
-        if routed:
-            total += 3 * 4 * b * f * src + 2 * b * f * dst
+        if routed:  # remap_parts' phases: staging index_select (send rows) + index_select (keep rows) + cat
+            total += 3 * 4 * b * f * src
     return float(total)
 
 
