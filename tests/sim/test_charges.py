@@ -18,7 +18,7 @@ from zeppelin_megatron.planner.lowering import RingCall, lower
 from zeppelin_megatron.planner.model import ModelShape
 from zeppelin_megatron.planner.profile import ProfileError, default_profile, parse_profile
 from zeppelin_megatron.sim.charges import (
-    charges_for, hbm_ms, merge_bytes, shape_of, te_step_bytes, zeppelin_call_bytes, zeppelin_remap_bytes,
+    charges_for, hbm_ms, merge_bytes, remap_gathers, shape_of, te_step_bytes, zeppelin_call_bytes, zeppelin_remap_bytes,
     zeppelin_ring_bytes,
 )
 from zeppelin_megatron.sim.planbuild import build_plan
@@ -136,8 +136,11 @@ def test_one_ring_pays_its_merges_and_copies_by_hand() -> None:
     comm = 5e-3 + 4 * cost.ring_step_bytes(16384, 2) / nvl
     lin = cost.linear_ms(8192)
     f_in, f_out, b = 4096 + 8192, 4096, 2
-    remap = sum(2 * b * f * (8192 + 8192) for f in (f_in, f_out, f_out, f_in))  # 4 remap_parts, no cat / split
-    assert zeppelin_remap_bytes(sh, 8192, 8192, routed=False) == remap
+    # 4 remap_parts: send gathers 2 b F' 8192 each; here every rank's received rows are already in
+    # destination order (rank 0: chunks 0 | 3, rank 1: 1 | 2), so q/k/v are read out once per part
+    # (2 b F_in 8192) and out / its gradient (one part) is the received buffer itself
+    remap = 2 * (2 * b * f_in * 8192 + 2 * b * f_in * 8192) + 2 * (2 * b * f_out * 8192)
+    assert zeppelin_remap_bytes(sh, plan) == [remap, remap]
     step0 = {0: 6 * 8192 * 4096 + zeppelin_ring_bytes(sh, 8192), 1: 6 * 8192 * 4096 + zeppelin_ring_bytes(sh, 8192)}
     blocks = {0: cost.block_fitted_ms(4096, 8192), 1: cost.block_fitted_ms(8192, 4096)}  # late: wide, early: tall
     finish = []
@@ -175,22 +178,33 @@ def test_a_ring_of_g_steps_pays_g_minus_1_merges(g: int) -> None:
 def test_a_remap_pays_its_gathers_and_a_routed_remap_its_staging() -> None:
     sh = shape_of(_cost(_cluster(1, 2)))
     b, f_in, f_out = 2, 4096 + 8192, 4096
-    plain = zeppelin_remap_bytes(sh, 1000, 3000, routed=False)
-    routed = zeppelin_remap_bytes(sh, 1000, 3000, routed=True)
-    # 3 staging phases of index_select + cat (4 b F per source row); the last buffer is unpacked directly
-    extra = sum(12 * b * f * src
-                for f, src, dst in ((f_in, 1000, 3000), (f_out, 3000, 1000), (f_out, 1000, 3000), (f_in, 3000, 1000)))
-    assert routed - plain == extra
+    cl = _cluster(2, 2)
+    cost = _cost(cl)
+    base = plan_with("zeppelin", [9000, 3000, 2000, 1500, 800, 700], cl, cost).plan
+    plain = zeppelin_remap_bytes(sh, replace(base, remap_proxies=()))
+    routed = zeppelin_remap_bytes(sh, replace(base, remap_proxies=(0, 1)))
+    for r in range(4):
+        t_lin, t_att = base.tokens(r, "linear"), base.tokens(r, "attention")
+        # direct: send gathers, and at most one index_select + index_copy_ per destination row and part
+        low = 2 * b * (f_in + f_out) * (t_lin + t_att)
+        assert low <= plain[r] <= low + 2 * b * (f_in + f_out) * (t_lin + t_att)
+        # routed: the phases' gathers of the rows that move again, well below the old staging copies
+        # (three index_select + cat of every staged row, 12 b F' T_src per remap)
+        staging = sum(12 * b * f * src for f, src in ((f_in, t_lin), (f_out, t_att), (f_out, t_lin), (f_in, t_att)))
+        assert plain[r] < routed[r] < plain[r] + staging
+    # rows read by hand for rank 0 of the 2-GPU ring (to_attention): 8192 sent, 8192 read out
+    ring = build_plan([16384], [(0, 1)], _cluster(1, 2), _cost(_cluster(1, 2)))
+    (g0, _) = remap_gathers(ring, "to_attention")
+    assert g0.sizes == (8192, 8192) and g0.phases == () and g0.rows_read() == (0, 8192)
     # In a layer program: remap copies before and after attention on every rank, even when no row moves.
     cl = _cluster(2, 2)
     cost = _cost(cl)
     sp = plan_with("zeppelin", [9000, 3000, 2000, 1500, 800, 700], cl, cost)
     prog = build_layer_program(sp.plan, cost)
+    want = zeppelin_remap_bytes(sh, sp.plan)
     for r in range(4):
         rc = [op.ms for op in prog.ops[r] if op.kind == "copy" and op.label.startswith("remap")]
-        expect = hbm_ms(cost, zeppelin_remap_bytes(sh, sp.plan.tokens(r, "linear"), sp.plan.tokens(r, "attention"),
-                                                   routed=bool(sp.plan.remap_proxies)))  # as remap_parts
-        assert len(rc) == 2 and sum(rc) == pytest.approx(expect, rel=1e-12)
+        assert len(rc) == 2 and sum(rc) == pytest.approx(hbm_ms(cost, want[r]), rel=1e-12)
     none = build_layer_program(sp.plan, cost, charges="none")
     assert not any(op.kind == "copy" for ops in none.ops for op in ops)
 

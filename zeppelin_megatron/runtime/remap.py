@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import math
 import weakref
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from ..planner.lowering import rank_remap
+from ..planner.remap_staging import gather_plan, staging_plan
 from ..planner.remap import Direction
 from ..planner.plan import StepPlan
 from .comm import all_to_all_uneven
@@ -48,19 +50,35 @@ __all__ = ["remap_parts", "remap_tokens", "to_attention", "to_linear", "qkv_to_a
            "QKVRemapFunction"]
 
 
-_Indices = tuple[Any, torch.Tensor, torch.Tensor, Any, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]
+_Gather = tuple[tuple[int, "torch.Tensor | None", "torch.Tensor | None"], ...]
+
+
+@dataclass(frozen=True)
+class _Indices:
+    """``rank``'s remap in one direction on a device: the direct exchange ``ex``, ``send_index``, the
+    routed exchange (or None) and, per buffer built, its gather from the origins (``send``, then what
+    each ``all_to_all`` delivered; :mod:`~zeppelin_megatron.planner.remap_staging`): ``phases`` (routed
+    only) and ``final`` (the destination)."""
+
+    ex: Any
+    send_index: torch.Tensor
+    routed: Any
+    phases: tuple[_Gather, ...]
+    final: _Gather
+
+
 _INDEX_CACHE: "weakref.WeakKeyDictionary[StepPlan, dict[Any, _Indices]]" = weakref.WeakKeyDictionary()
 
 
 def _indices(plan: StepPlan, rank: int, direction: Direction, device: torch.device) -> _Indices:
     """``rank``'s lowered remap (:func:`~zeppelin_megatron.planner.lowering.rank_remap`) with its index
-    tensors on ``device``, cached per plan: ``(direct exchange, send_index, gather_index, routed exchange
-    or None, its phases' (send, keep) indices, None)``.
+    tensors on ``device``, cached per plan.
 
-    ``gather_index`` [T_dst]: for each destination row, its row in the received buffer (direct: the
-    ``all_to_all`` output; routed: the last staging buffer), i.e. the inverse of ``recv_index``
-    composed with ``final_index``, so the destination is built by one gather per part
-    (``y = recv[gather_index]``) instead of a gather into received order and a scatter.
+    The destination row ``j`` is row ``gather[j]`` of the received buffer (direct) or of the last
+    staging buffer (routed), ``gather`` being the inverse of ``recv_index`` (composed with
+    ``final_index``), so the destination is built by gathers, not a gather and a scatter; routed
+    rows are read from the buffer they arrived in (:func:`~zeppelin_megatron.planner.remap_staging.
+    staging_plan`), so no staging buffer is materialised.
     """
     per_plan = _INDEX_CACHE.setdefault(plan, {})
     key = (rank, direction, str(device))
@@ -69,16 +87,36 @@ def _indices(plan: StepPlan, rank: int, direction: Direction, device: torch.devi
         ex, routed = rank_remap(plan, rank, direction)
         as_t = lambda a: torch.as_tensor(a, dtype=torch.long).to(device)  # noqa: E731
         recv_index = np.asarray(ex.recv_index, dtype=np.int64)
-        dst_layout = "attention" if direction == "to_attention" else "linear"
-        t_dst = plan.tokens(rank, dst_layout)
+        t_dst = plan.tokens(rank, "attention" if direction == "to_attention" else "linear")
         if len(recv_index) != t_dst or (t_dst and np.bincount(recv_index, minlength=t_dst).max() != 1):
             raise AssertionError(f"rank {rank}: the remap {direction} does not fill each of its {t_dst} rows once")
         gather = np.empty(t_dst, dtype=np.int64)
-        source = np.arange(len(recv_index)) if routed is None else np.asarray(routed.final_index, dtype=np.int64)
-        gather[recv_index] = source
-        phases = [(as_t(p.send_index), as_t(p.keep_index)) for p in routed.phases] if routed is not None else []
-        hit = per_plan[key] = (ex, as_t(ex.send_index), as_t(gather), routed, phases, None)
+        gather[recv_index] = np.arange(len(recv_index)) if routed is None else routed.final_index
+
+        def on(g: Any) -> _Gather:
+            return tuple((o, None if r is None else as_t(r), None if p is None else as_t(p)) for o, r, p in g)
+
+        if routed is None:
+            phases: tuple[_Gather, ...] = ()
+            final = on(gather_plan(np.ones(t_dst, dtype=np.int64), gather, (len(ex.send_index), len(recv_index))))
+        else:
+            st = staging_plan(routed, len(ex.send_index), gather)
+            phases, final = tuple(on(g) for g in st.phases), on(st.final)
+        hit = per_plan[key] = _Indices(ex=ex, send_index=as_t(ex.send_index), routed=routed, phases=phases,
+                                       final=final)
     return hit
+
+
+def _assemble(sources: Sequence[torch.Tensor], plan: _Gather, n: int, like: torch.Tensor) -> torch.Tensor:
+    """The [n, *like.shape[1:]] buffer ``plan`` gathers from ``sources`` (one copy of each row read)."""
+    if len(plan) == 1 and plan[0][2] is None:
+        o, rows, _ = plan[0]
+        return sources[o].contiguous() if rows is None else sources[o].index_select(0, rows)
+    out = like.new_empty((n, *like.shape[1:]))
+    for o, rows, pos in plan:
+        assert pos is not None
+        out.index_copy_(0, pos, sources[o] if rows is None else sources[o].index_select(0, rows))
+    return out
 
 
 def remap_parts(
@@ -90,10 +128,13 @@ def remap_parts(
     The rows of all parts travel in one packed buffer ``send`` [S, sum(H_i), *F], filled by one
     ``index_select`` per part straight into its column slice (no ``cat``); the received buffer is
     unpacked by one ``index_select`` per part into that part's contiguous result (no split copies).
+    Routed: each phase's send buffer is gathered from the buffers its rows arrived in, and each
+    destination row is read from the buffer it arrived in (no staging buffer is built).
     Example: ``q`` [T, 32, 128], ``k``, ``v`` [T, 8, 128] travel as one [S, 48, 128] buffer.
     """
     rank = group.rank
     src_layout = "linear" if direction == "to_attention" else "attention"
+    dst_layout = "attention" if direction == "to_attention" else "linear"
     want = plan.tokens(rank, src_layout)
     first = parts[0]
     for i, x in enumerate(parts):
@@ -103,26 +144,29 @@ def remap_parts(
         if x.dim() < 2 or x.shape[2:] != first.shape[2:] or x.dtype != first.dtype or x.device != first.device:
             raise ValueError(f"part {i} {tuple(x.shape)} {x.dtype} must be [tokens, heads, ...] like part 0 "
                              f"{tuple(first.shape)} {first.dtype} on {first.device}")
-    ex, send_index, gather, routed, phases, _ = _indices(plan, rank, direction, first.device)
+    idx = _indices(plan, rank, direction, first.device)
     widths = [x.shape[1] for x in parts]
-    send = first.new_empty((send_index.shape[0], sum(widths), *first.shape[2:]))
+    send = first.new_empty((idx.send_index.shape[0], sum(widths), *first.shape[2:]))
     off = 0
     for x, w in zip(parts, widths):
-        torch.index_select(x, 0, send_index, out=send.narrow(1, off, w))
+        torch.index_select(x, 0, idx.send_index, out=send.narrow(1, off, w))
         off += w
-    if group.size == 1:
-        recv = send
-    elif routed is not None:
-        for n, (phase, (p_send, p_keep)) in enumerate(zip(routed.phases, phases), 1):
-            got = all_to_all_uneven(send.index_select(0, p_send), phase.send_counts, phase.recv_counts, group,
-                                    what=f"the routed remap {direction} (phase {n} of 3)")
-            send = torch.cat([send.index_select(0, p_keep), got])
-        recv = send
+    sources = [send]
+    if group.size == 1:  # one rank: it receives what it sends (a one-rank plan is never routed)
+        sources.append(send)
+    elif idx.routed is not None:
+        for n, (phase, g) in enumerate(zip(idx.routed.phases, idx.phases), 1):
+            buf = _assemble(sources, g, int(sum(phase.send_counts)), send)
+            sources.append(all_to_all_uneven(buf, phase.send_counts, phase.recv_counts, group,
+                                             what=f"the routed remap {direction} (phase {n} of 3)"))
     else:
-        recv = all_to_all_uneven(send, ex.send_counts, ex.recv_counts, group, what=f"the remap {direction}")
+        sources.append(all_to_all_uneven(send, idx.ex.send_counts, idx.ex.recv_counts, group,
+                                         what=f"the remap {direction}"))
+    t_dst = plan.tokens(rank, dst_layout)
     out, off = [], 0
     for w in widths:
-        out.append(recv.narrow(1, off, w).index_select(0, gather))
+        cols = [t.narrow(1, off, w) for t in sources]
+        out.append(_assemble(cols, idx.final, t_dst, cols[0]))
         off += w
     return tuple(out)
 

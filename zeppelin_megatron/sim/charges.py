@@ -41,11 +41,15 @@ forward + backward of one layer, as the cost model's kernel times are.
   ``index_copy_`` (``2 b T (2 Eq + Ekv) + 2 b T (Eq + Ekv)``).
 * the layer's remap (always run, even when no row moves): four ``remap_parts`` (``runtime/remap.py``:
   ``q``, ``k``, ``v`` in as one packed buffer, out back, and both again in backward), each one
-  ``index_select`` per part straight into its column slice of the send buffer and one per part out of
-  the received buffer into the part's contiguous result (``2 b F' (T_lin + T_att)``, ``F' = Eq + Ekv``
-  for q/k/v, ``Eq`` for out; no ``cat`` of q/k/v, no split copies); a routed remap
-  (``plan.remap_proxies``) adds three phases of staging-buffer ``index_select`` + ``cat``
-  (``4 b F' T_src`` each: exact on the mean over ranks, every row being held by one rank per phase).
+  ``index_select`` per part straight into its column slice of the send buffer (``2 b F' T_src``,
+  ``F' = Eq + Ekv`` for q/k/v, ``Eq`` for out; no ``cat``) and the destination gathered per part from
+  the buffer(s) its rows arrived in (no split copies; counted per rank from the plan's own gathers,
+  :func:`remap_gathers`: ``2 b F_i`` per row read by one ``index_select``, ``4 b F_i`` per row of an
+  ``index_select`` + ``index_copy_`` when rows come from several buffers, nothing when one part's
+  received buffer already is its result). A routed remap (``plan.remap_proxies``) also gathers each
+  phase's send buffer from where its rows arrived (the same rules, exact per rank): rows that stay in
+  the node are never copied again, no staging buffer is built (before: three ``index_select`` + ``cat``
+  of every staged row, ``12 b F' T_src``).
 * the router's relays: none. A relay receives into a buffer and sends that buffer on; a message part is
   a view of the payload (``runtime/router.py``). Its bytes are network traffic, charged as such.
 
@@ -67,11 +71,19 @@ Example (bf16, ``Hq = 32``, ``D = 128``): merging a 4096-row ``early`` call cost
 
 from __future__ import annotations
 
+from typing import Sequence
+
+import numpy as np
+
 from ..planner.cost_model import CostModel
 from ..planner.lowering import RingCall
+from ..planner.plan import StepPlan
+from ..planner.remap import Direction
+from ..planner.remap_routing import routed_exchange
+from ..planner.remap_staging import Gather, StagingPlan, gather_plan, staging_plan
 
 __all__ = ["hbm_ms", "Shape", "shape_of", "merge_bytes", "zeppelin_call_bytes", "zeppelin_ring_bytes",
-           "zeppelin_local_bytes", "zeppelin_remap_bytes", "te_step_bytes", "CHARGES",
+           "zeppelin_local_bytes", "zeppelin_remap_bytes", "remap_gathers", "te_step_bytes", "CHARGES",
            "charges_for"]
 
 CHARGES: tuple[str, ...] = ("zeppelin", "te", "none")
@@ -179,18 +191,70 @@ def zeppelin_local_bytes(sh: Shape, tokens: int) -> float:
     return float(fwd + bwd)
 
 
-def zeppelin_remap_bytes(sh: Shape, t_lin: int, t_att: int, *, routed: bool) -> float:
-    """The layer's four ``remap_parts`` on one rank (module docstring)."""
+def remap_gathers(plan: StepPlan, direction: Direction) -> list[StagingPlan]:
+    """Every rank's gathers of ``runtime/remap.py``'s ``remap_parts`` in ``direction`` (as its ``_indices``
+    builds them): direct, the destination read from the received buffer; routed
+    (:func:`~zeppelin_megatron.planner.remap_staging.staging_plan`), each phase's send buffer and the
+    destination read from the buffers their rows arrived in."""
+    dst = "attention" if direction == "to_attention" else "linear"
+    world = plan.world_size
+    routed = (routed_exchange(plan.remap, direction, plan.gpus_per_node, plan.remap_proxies)
+              if plan.remap_proxies and world > 1 else None)
+    out = []
+    for r in range(world):
+        ex = plan.remap.exchange(r, direction)
+        recv = np.asarray(ex.recv_index, dtype=np.int64)
+        gather = np.empty(plan.tokens(r, dst), dtype=np.int64)
+        if routed is None:
+            gather[recv] = np.arange(len(recv))
+            sizes = (len(ex.send_index), len(recv))
+            out.append(StagingPlan(sizes=sizes, phases=(), final=gather_plan(np.ones(len(gather), np.int64),
+                                                                              gather, sizes)))
+        else:
+            gather[recv] = routed[r].final_index
+            out.append(staging_plan(routed[r], len(ex.send_index), gather))
+    return out
+
+
+def _gather_bytes(g: Gather, sizes: Sequence[int], n: int, row_bytes: int, *, whole_is_free: bool) -> float:
+    """Bytes ``remap._assemble`` moves to build an ``n``-row buffer of ``row_bytes`` per row: one entry
+    over all rows in order is the source itself (free when ``whole_is_free``, a full-width view; else a
+    ``.contiguous()`` copy), one over some rows an ``index_select``; several entries an ``index_select``
+    each (skipped for all rows) and an ``index_copy_`` each."""
+    if len(g) == 1 and g[0][2] is None:
+        rows = g[0][1]
+        if rows is None:
+            return 0.0 if whole_is_free else 2.0 * row_bytes * n
+        return 2.0 * row_bytes * len(rows)
+    total = 0.0
+    for o, rows, _ in g:
+        k = sizes[o] if rows is None else len(rows)
+        total += (2 if rows is None else 4) * row_bytes * k
+    return total
+
+
+def zeppelin_remap_bytes(sh: Shape, plan: StepPlan) -> list[float]:
+    """Per rank: the layer's four ``remap_parts`` (module docstring): ``qkv_to_attention`` (parts q, k,
+    v), ``to_linear(out)`` (one part), and their backward runs (the inverse directions)."""
     b = sh.b
-    f_in, f_out = sh.eq + sh.ekv, sh.eq
-    total = 0
-    # (F', T_src, T_dst) of qkv_to_attention, to_linear(out), and their backward runs (inverse directions):
-    # remap.remap_parts' index_select into the send buffer and index_select out of the received one
-    for f, src, dst in ((f_in, t_lin, t_att), (f_out, t_att, t_lin), (f_out, t_lin, t_att), (f_in, t_att, t_lin)):
-        total += 2 * b * f * (src + dst)
-        if routed:  # remap_parts' phases: staging index_select (send rows) + index_select (keep rows) + cat
-            total += 3 * 4 * b * f * src
-    return float(total)
+    q, kv = sh.eq, sh.ekv // 2
+    plans = {d: remap_gathers(plan, d) for d in ("to_attention", "to_linear")}
+    out = []
+    for r in range(plan.world_size):
+        total = 0.0
+        for d, parts in (("to_attention", (q, kv, kv)), ("to_linear", (q,)), ("to_attention", (q,)),
+                         ("to_linear", (q, kv, kv))):
+            st = plans[d][r]
+            width = sum(parts)
+            total += 2 * b * width * st.sizes[0]  # index_select of each part into the packed send buffer
+            for g in st.phases:  # routed: each phase's send buffer
+                n = sum(st.sizes[o] if rows is None else len(rows) for o, rows, _ in g)
+                total += _gather_bytes(g, st.sizes, n, b * width, whole_is_free=True)
+            n_dst = plan.tokens(r, "attention" if d == "to_attention" else "linear")
+            for f in parts:  # each part out of the received / arrived buffers
+                total += _gather_bytes(st.final, st.sizes, n_dst, b * f, whole_is_free=len(parts) == 1)
+        out.append(total)
+    return out
 
 
 def te_step_bytes(sh: Shape, q_rows: float, kv_rows: float) -> float:

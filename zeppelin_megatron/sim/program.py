@@ -359,14 +359,12 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
     lowered = lower(plan, routing=routing) if attention_comm == "ring" else None
     remaps = lowered.remaps if lowered is not None else lower_remaps(plan)
     remap_keys: tuple[tuple, tuple] | None = None
-    # Zeppelin's runtime runs remap_tokens in and out even when no row moves: half its copies each side.
-    remap_copy = ([hbm_ms(cost, zeppelin_remap_bytes(shape_of(cost), plan.tokens(r, "linear"),
-                                                     plan.tokens(r, "attention"),
-                                                     routed=bool(plan.remap_proxies) and world > 1)) / 2
-                   for r in range(world)] if lowered is not None and charges == "zeppelin" else [0.0] * world)
+    # Zeppelin's runtime runs remap_parts in and out even when no row moves: half its copies each side.
+    remap_copy = ([hbm_ms(cost, x) / 2 for x in zeppelin_remap_bytes(shape_of(cost), plan)]
+                  if lowered is not None and charges == "zeppelin" else [0.0] * world)
     for r in range(world):
         if remap_copy[r] > 0:
-            ops[r].append(Op("compute", remap_copy[r], "copy", label="remap in: qkv concat, row gathers, copies"))
+            ops[r].append(Op("compute", remap_copy[r], "copy", label="remap in: row gathers"))
     if remaps is not None:  # remap in/out: the lowered exchanges
         tin = add(_remap_transfer(("remap", "in"), cost, remaps[0], per_token))
         tout = add(_remap_transfer(("remap", "out"), cost, remaps[1], per_token))
