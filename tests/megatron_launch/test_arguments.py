@@ -28,7 +28,10 @@ def test_flags_defaults_and_negations() -> None:
     a = _parse(["--zeppelin", "--zeppelin-cluster", "2x8"])
     cfg = zeppelin_config_from_args(a)
     assert cfg == ZeppelinConfig(cluster="2x8")
-    assert cfg.routing and cfg.check_plan and cfg.metrics and cfg.backend is None
+    assert cfg.routing and cfg.metrics and cfg.backend is None
+    assert not cfg.check_plan  # the first attention layer of each forward checks anyway (failures.md)
+    assert zeppelin_config_from_args(_parse(["--zeppelin", "--zeppelin-cluster", "2x8",
+                                             "--zeppelin-check-plan"])).check_plan
     assert cfg.options == PlannerOptions()           # the planner's defaults, token-balanced linear layout
     auto = zeppelin_config_from_args(_parse(["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-remap-auto"]))
     assert auto.options.remap == "auto"              # decided per micro-step
