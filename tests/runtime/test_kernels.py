@@ -125,3 +125,30 @@ def test_merge_lse_in_place_weights_masked_rows_zero_and_casts_a_half_block() ->
     o, l = torch.zeros(1, 1, 1, dtype=torch.float64), torch.full((1, 1), math.log(3.0), dtype=torch.float64)
     merge_lse_(o, l, torch.ones(1, 1, 1, dtype=torch.float64), torch.zeros(1, 1, dtype=torch.float64))
     assert abs(o.item() - 0.25) < 1e-15 and abs(l.item() - math.log(4.0)) < 1e-15
+
+
+def test_late_calls_merge_into_held_rows_and_a_full_call_writes_them_back_first() -> None:
+    """diag, late, late, full (out of the zigzag order on purpose), finish == attention over all keys."""
+    from zeppelin_megatron.runtime.ring import RingState, StepIndex, finish, forward_step
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(6, 2, 4, dtype=torch.float64, generator=g)
+    blocks = [torch.randn(n, 4, 4, dtype=torch.float64, generator=g) for n in (6, 3, 5, 4)]  # packed K/V, Hkv=2
+    late = torch.tensor([1, 4, 5])
+    kern = ReferenceKernel()
+    s = RingState(q=q, kv=blocks[0])
+    steps = [(None, 6), (late, 3), (late, 5), (None, 4)]
+    for (ix, nk), kv in zip(steps, blocks):
+        s.kv = kv
+        nq = 6 if ix is None else 3
+        forward_step(kern, 0.5, 2, StepIndex(batch=VarlenBatch(lens_q=(nq,), lens_k=(nk,), causal=False, device=CPU),
+                                              q_index=ix, kv_index=None), s)
+        if ix is not None:
+            assert s.held is not None and s.held[0] is late
+    finish(s)
+    assert s.held is None and s.out is not None and s.lse is not None
+    for rows, used in ((late, blocks), (torch.tensor([0, 2, 3]), [blocks[0], blocks[3]])):
+        kv = torch.cat(used)
+        o, lse = kern.forward(q[rows], kv[:, :2], kv[:, 2:], VarlenBatch(
+            lens_q=(3,), lens_k=(kv.shape[0],), causal=False, device=CPU), 0.5)
+        assert (s.out[rows] - o).abs().max() < 1e-13 and (s.lse[rows] - lse).abs().max() < 1e-13

@@ -40,7 +40,7 @@ from ..planner.routing import Route
 from .comm import CommStream
 from .group import ZeppelinGroup
 from .kernels import AttentionKernel, VarlenBatch, acc_dtype
-from .ring import RingGrad, RingState, StepIndex, add_block, backward_step, forward_step
+from .ring import RingGrad, RingState, StepIndex, add_block, backward_step, finish, forward_step
 from .router import InFlight, Router, rank_rounds
 
 __all__ = ["DeviceProgram", "device_program", "cached_program", "AttentionEngine", "EngineFunction"]
@@ -194,6 +194,7 @@ class AttentionEngine:
                         q=q.index_select(0, rows), kv=_ring_kv(k, v, rows))
                 forward_step(self.kernel, self.scale, self.hkv, self.dev.steps[(op.ring, op.step)], s)
                 if op.step == self._parts[op.ring].size - 1:
+                    finish(s)
                     assert s.out is not None and s.lse is not None
                     res = s.out.to(q.dtype)
                     out.index_copy_(0, self.dev.rows[op.ring], res)

@@ -11,7 +11,9 @@ step the held ``kv`` is the source position's buffer.
 
 Forward (:func:`forward_step`): ``diag`` (step 0) starts the running
 ``(out, lse)``; every later call is merged in place with :func:`merge_lse_`, into
-the call's query rows (all rows, or the late chunks for ``late``: gathered, merged, copied back).
+the call's query rows (all rows, or the late chunks for ``late``: those rows of ``q``, ``out`` and
+``lse`` are gathered at the ring's first ``late`` call, every ``late`` call merges into them, and
+:func:`finish` writes them back at the ring's end).
 
 Backward (:func:`backward_step`): dQ accumulates into the call's query rows;
 the step's dK/dV block (the kernel's ``dk``, ``dv``, uncast) waits in :attr:`RingGrad.block` until
@@ -28,7 +30,7 @@ import torch
 from .kernels import AttentionKernel, VarlenBatch, acc_dtype
 
 __all__ = ["StepIndex", "RingState", "RingGrad", "forward_step", "backward_step", "add_block", "merge_lse",
-           "merge_lse_"]
+           "merge_lse_", "finish"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +78,20 @@ class RingState:
     kv: torch.Tensor
     out: torch.Tensor | None = None
     lse: torch.Tensor | None = None
+    held: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    """``(index, q rows, out rows, lse rows)`` of the late calls, gathered at the first one and merged
+    in place by every late call with that index; written back by :func:`finish` (or before a call
+    over other rows)."""
+
+
+def finish(s: RingState) -> None:
+    """Write the held rows' running result back into ``s.out`` / ``s.lse`` (no-op when none are held)."""
+    if s.held is not None:
+        assert s.out is not None and s.lse is not None
+        index, _, o_m, l_m = s.held
+        s.out.index_copy_(0, index, o_m)
+        s.lse.index_copy_(0, index, l_m)
+        s.held = None
 
 
 def _rows(t: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
@@ -83,23 +99,33 @@ def _rows(t: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
 
 
 def forward_step(kernel: AttentionKernel, scale: float, hkv: int, idx: StepIndex, s: RingState) -> None:
-    """Run one ring step's call on ``s`` (see the module docstring)."""
+    """Run one ring step's call on ``s`` (see the module docstring).
+
+    A call over some rows (``late``) merges into the held copy of those rows (:attr:`RingState.held`:
+    the ``q``, ``out`` and ``lse`` rows are gathered once per ring, not once per call); call
+    :func:`finish` before reading ``s.out``."""
+    if s.out is None and idx.q_index is not None:
+        raise ValueError("a ring's first call must cover all of the rank's ring rows (the diagonal)")
+    if s.held is not None and s.held[0] is not idx.q_index:
+        finish(s)  # a call over other rows: the held rows go back first
     kv = _rows(s.kv, idx.kv_index)
-    q = _rows(s.q, idx.q_index)
+    if idx.q_index is None:
+        q = s.q
+    else:
+        if s.held is None:
+            assert s.out is not None and s.lse is not None
+            ix = idx.q_index
+            s.held = (ix, s.q.index_select(0, ix), s.out.index_select(0, ix), s.lse.index_select(0, ix))
+        q = s.held[1]
     o, l = kernel.forward(q, kv[:, :hkv], kv[:, hkv:], idx.batch, scale)
     if s.out is None:
-        if idx.q_index is not None:
-            raise ValueError("a ring's first call must cover all of the rank's ring rows (the diagonal)")
         s.out, s.lse = o.to(acc_dtype(s.q.dtype)), l
         return
     assert s.lse is not None
-    if idx.q_index is None:
+    if s.held is None:
         merge_lse_(s.out, s.lse, o, l)
-        return
-    o_m, l_m = s.out.index_select(0, idx.q_index), s.lse.index_select(0, idx.q_index)
-    merge_lse_(o_m, l_m, o, l)
-    s.out.index_copy_(0, idx.q_index, o_m)
-    s.lse.index_copy_(0, idx.q_index, l_m)
+    else:
+        merge_lse_(s.held[2], s.held[3], o, l)
 
 
 @dataclass(kw_only=True)

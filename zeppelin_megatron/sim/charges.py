@@ -20,10 +20,12 @@ forward + backward of one layer, as the cost model's kernel times are.
   ``logaddexp(..., out=lse)`` (r 2, w 1), ``out_b.to(fp32)`` (r ``b``, w ``a``; only when ``b != a``), then
   ``out.lerp_(out_b, w)`` (r ``2a``, w ``a`` per ``T Eq``, plus the broadcast ``w``):
   ``T Eq (3a + [a + b]) + 9 a T Hq`` bytes (18 B per output element and 36 per lse value in bf16; was
-  34 and 60 with the out-of-place merge), 5 launches (4 without the cast). A ``late`` call (late rows
-  only) also gathers ``out`` and ``lse`` rows and copies them back: ``+ T (4a Eq + 4a Hq)``, 4 launches.
-* per call: the held K/V rows (``early``: ``2 b Tk Ekv``) or the query rows (``late``: ``2 b Tq Eq``) by
-  ``index_select``; backward: the kernel's ``lse.transpose(0, 1).float().contiguous()`` (``2 a Tq Hq``),
+  34 and 60 with the out-of-place merge), 5 launches (4 without the cast). ``late`` calls (late rows
+  only) merge into a held copy of those rows (``RingState.held``): the ring's first ``late`` call
+  gathers the ``q``, ``out`` and ``lse`` rows (``T (2b Eq + 2a Eq + 2a Hq)``) and ``ring.finish`` writes
+  ``out``, ``lse`` back once at the ring's end (``T (2a Eq + 2a Hq)``), 5 launches per ring (before:
+  ``out``/``lse`` gathered and written back and ``q`` gathered at every ``late`` call).
+* per call: the held K/V rows (``early``: ``2 b Tk Ekv``) by ``index_select``; backward: the kernel's ``lse.transpose(0, 1).float().contiguous()`` (``2 a Tq Hq``),
   ``dq += dq_b`` (``Tq Eq (2a + b)``; ``late``: ``.to`` + ``index_add_``, ``Tq Eq (4a + b)``), the dK/dV
   block added per half by ``add_block`` (no ``cat``): the diagonal's block becomes the accumulator
   (``copy_``, ``Tk Ekv (a + b)``), a block over all held rows is added in place (``acc[:, :Hkv] += dk``,
@@ -128,7 +130,8 @@ def _cast(sh: Shape) -> int:
 
 
 def merge_bytes(sh: Shape, rows: int, *, late: bool) -> float:
-    """Bytes of one ``merge_lse_`` over ``rows`` query rows (``late``: with the row gather and copy back)."""
+    """Bytes of one ``merge_lse_`` over ``rows`` query rows (``late``: the ring's first ``late`` call, with
+    ``ring.forward_step``'s gather of the held ``out``/``lse`` rows and ``ring.finish``'s write-back)."""
     a = sh.a
     # ring.merge_lse_: sub + sigmoid_ + logaddexp(out=lse) on lse (3a + 2a + 3a), lerp_'s broadcast w read (a);
     # out_b.to(out.dtype) (skipped when b == a) and out.lerp_(out_b, w) (r 2a, w a) per output element
@@ -149,13 +152,13 @@ def zeppelin_call_bytes(sh: Shape, call: RingCall, *, first_late: bool) -> float
     if call.kind == "diag":
         fwd += tq * eq * (a + b)
     else:
-        fwd += merge_bytes(sh, tq, late=call.kind == "late")
+        fwd += merge_bytes(sh, tq, late=first_late)
     if call.kind == "early":
         fwd += 2 * b * tk * ekv
         bwd += 2 * b * tk * ekv
     if call.kind == "late":
-        fwd += 2 * b * tq * eq
         if first_late:
+            fwd += 2 * b * tq * eq  # the held q rows (ring.forward_step)
             bwd += 2 * tq * (3 * b * eq + a * hq)
         bwd += tq * eq * (4 * a + b)
     else:
