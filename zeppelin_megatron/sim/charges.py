@@ -25,7 +25,8 @@ forward + backward of one layer, as the cost model's kernel times are.
   gathers the ``q``, ``out`` and ``lse`` rows (``T (2b Eq + 2a Eq + 2a Hq)``) and ``ring.finish`` writes
   ``out``, ``lse`` back once at the ring's end (``T (2a Eq + 2a Hq)``), 5 launches per ring (before:
   ``out``/``lse`` gathered and written back and ``q`` gathered at every ``late`` call).
-* per call: the held K/V rows (``early``: ``2 b Tk Ekv``) by ``index_select``; backward: the kernel's ``lse.transpose(0, 1).float().contiguous()`` (``2 a Tq Hq``),
+* per call: the held K/V rows (``early``: ``2 b Tk Ekv``) by ``index_select``; backward: the kernel's
+  ``lse.transpose(0, 1).float().contiguous()`` (``2 a Tq Hq``),
   ``dq += dq_b`` (``Tq Eq (2a + b)``; ``late``: ``.to`` + ``index_add_``, ``Tq Eq (4a + b)``), the dK/dV
   block added per half by ``add_block`` (no ``cat``): the diagonal's block becomes the accumulator
   (``copy_``, ``Tk Ekv (a + b)``), a block over all held rows is added in place (``acc[:, :Hkv] += dk``,
