@@ -191,7 +191,7 @@ def check_local_slots(plan: "StepPlan") -> None:
 
 def check_routing(plan: "StepPlan") -> None:
     gpn = plan.gpus_per_node
-    rings = {r.ranks: r for r in plan.rings}
+    rings = {r.ranks: r for r in plan.rings} if plan.routing else {}  # no routes: nothing to look up
     seen: set[tuple[tuple[int, ...], int, int]] = set()
     for k, route in enumerate(plan.routing):
         where = f"routing[{k}]"
