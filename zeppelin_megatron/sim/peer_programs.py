@@ -26,6 +26,7 @@ from __future__ import annotations
 
 
 from ..planner.cost_model import CostModel
+from ..planner.zigzag import next_position
 from .charges import hbm_ms, shape_of, te_step_bytes
 from .program import Leg, LayerProgram, Op, Traffic
 
@@ -78,7 +79,7 @@ class ProgramBuilder:
         for j in range(g - 1):
             t = Traffic(key + (j,), "ring")
             for p, src in enumerate(ranks):
-                t.chains.append([self.hop(src, ranks[(p + 1) % g], step_bytes)])
+                t.chains.append([self.hop(src, ranks[next_position(p, g)], step_bytes)])
             self.transfers[t.key] = t
             keys.append(t.key)
         # TE CP's corrections and accumulations after every step but the diagonal (sim/charges.py, "te"):
