@@ -33,16 +33,22 @@ def random_plan(
     routing: bool = True,
     max_len: int = 96,
     local_slots: bool = True,
+    n_head_rings: int = 0,
+    head_widths: tuple[int, ...] = (),
 ) -> StepPlan:
+    """``n_head_rings`` head-parallel rings (``a2a`` from ``head_widths``, default every width >= 2 that
+    divides ``gpus_per_node``): one block (Ulysses, ``intra_node``) or blocks on distinct random nodes
+    (hybrid, ``inter_node``), random GPUs in each node. They come after the other rings in the
+    random stream, so ``n_head_rings=0`` gives the plans it always gave."""
     rng = random.Random(seed)
     world = nodes * gpus_per_node
     node_of = lambda r: r // gpus_per_node  # noqa: E731
     seqs: list[SequencePlan] = []
 
-    def add_ring(ranks: list[int], placement: str, lo: int, hi: int) -> None:
+    def add_ring(ranks: list[int], placement: str, lo: int, hi: int, a2a: int = 1) -> None:
         g = len(ranks)
         for _ in range(rng.choice([1, 1, 2])):
-            seqs.append(SequencePlan(rng.randint(max(2 * g, lo), max(2 * g, hi)), placement, tuple(ranks)))
+            seqs.append(SequencePlan(rng.randint(max(2 * g, lo), max(2 * g, hi)), placement, tuple(ranks), a2a))
 
     if nodes >= 2:
         for _ in range(n_inter_rings):
@@ -58,6 +64,13 @@ def random_plan(
             g = rng.randint(2, gpus_per_node)
             ranks = rng.sample([node * gpus_per_node + l for l in range(gpus_per_node)], g)
             add_ring(ranks, "intra_node", max_len // 4, max_len // 2)
+    widths = head_widths or tuple(w for w in range(2, gpus_per_node + 1) if gpus_per_node % w == 0)
+    for _ in range(n_head_rings if widths else 0):
+        w = rng.choice(widths)
+        blocks = rng.randint(1, nodes)
+        ranks = [n * gpus_per_node + l for n in rng.sample(range(nodes), blocks)
+                 for l in rng.sample(range(gpus_per_node), w)]
+        add_ring(ranks, "inter_node" if blocks > 1 else "intra_node", max_len // 4, max_len, a2a=w)
     for _ in range(n_local):
         length = min(max_len // 4, int(rng.paretovariate(1.2) * 2))
         seqs.append(SequencePlan(max(1, length), "local", (rng.randrange(world),)))
@@ -122,7 +135,7 @@ def random_plan(
         plan = replace(plan, remap_proxies=tuple(proxies))
     if not local_slots:
         return plan
-    steps = {r: [(k, j) for k, ring in enumerate(plan.rings) if r in ring.ranks for j in range(len(ring.ranks) - 1)]
+    steps = {r: [(k, j) for k, ring in enumerate(plan.rings) if r in ring.ranks for j in range(ring.blocks - 1)]
              for r in range(world)}
     chosen: dict[tuple[int, int, int], list[int]] = {}
     for i, s in enumerate(seqs):

@@ -9,8 +9,9 @@ import pytest
 from plan_factory import random_plan
 from zeppelin_megatron.planner import CostModel, ModelShape, load_cluster
 from zeppelin_megatron.planner.lowering import (
-    LocalCall, Message, Post, RingCall, RingPart, TransferId, Wait, _rows, lower, lower_rank, message_hops,
+    LocalCall, Message, Post, RingCall, RingPart, TransferId, Wait, lower, lower_rank, message_hops,
 )
+from zeppelin_megatron.planner.lowering_parts import token_rows as _rows
 from zeppelin_megatron.planner.plan import LocalSlot, StepPlan
 from zeppelin_megatron.planner.routing import Route
 from zeppelin_megatron.sim.planbuild import build_plan

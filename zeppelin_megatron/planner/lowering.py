@@ -23,6 +23,14 @@ accumulator is home): post K/V ``j``, the step's call, wait accumulator
 ``j-1``, post accumulator ``j`` (it first adds the step's dK/dV block), the
 slot's call, wait K/V ``j``; after the last step wait accumulator ``g-1``.
 
+Head-parallel rings (``ring.a2a > 1``, :mod:`.head_parallel`): the ring's ops are wrapped in
+``Post``/``Wait`` of its ``heads`` all-to-all (before: rows to the lanes' head slices; backward:
+the output gradient) and of its ``tokens`` all-to-all (after: output rows back; backward: dq, dk,
+dv), and its steps run over its ``blocks`` (lane ``l`` of block ``b`` sends to lane ``l`` of
+``b + 1``); the calls' rows are rows of the rank's head buffer (:class:`RingPart`). A ring of one
+block (Ulysses) has one ``diag`` call and no K/V or accumulator transfer. The row arithmetic of a
+rank's buffers is :mod:`.lowering_parts`; the remap's is :mod:`.lowering_remap`.
+
 Remap (:class:`RemapExchange`, per rank :func:`rank_remap`): ``to_attention`` before attention,
 ``to_linear`` after: one ``all_to_all``, or with ``remap_proxies`` the three phases of :mod:`~.remap_routing`.
 
@@ -55,17 +63,18 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal, Union
 
+from .head_parallel import block_ranges
+from .lowering_parts import LocalChunk, RingPart
+from .lowering_remap import RemapExchange, lower_remaps, rank_remap
 from .plan import StepPlan
 from .plan_parts import TokenRange
-from .remap import Direction, RankExchange
-from .remap_routing import RoutedExchange, proxy_parts, routed_exchange
 from .routing import route_parts
-from .transfers import ACC_TAG, KV_TAG, ROUNDS, Hop, Message, Transfer, TransferId, message_hops
+from .transfers import ACC_TAG, HEADS_TAG, KV_TAG, ROUNDS, TOKENS_TAG, Hop, Message, Transfer, TransferId, message_hops
 from .zigzag import next_position, ring_source, zigzag_ranges
 
 __all__ = ["Message", "Hop", "TransferId", "Transfer", "RingCall", "LocalCall", "Post", "Wait", "RankOp", "RingPart",
            "LocalChunk", "RemapExchange", "RankProgram", "StepProgram", "lower", "lower_rank", "lower_remaps",
-           "rank_remap", "message_hops", "ROUNDS", "KV_TAG", "ACC_TAG"]
+           "rank_remap", "message_hops", "ROUNDS", "KV_TAG", "ACC_TAG", "HEADS_TAG", "TOKENS_TAG"]
 
 @dataclass(frozen=True, kw_only=True)
 class RingCall:
@@ -77,7 +86,7 @@ class RingCall:
     order). Derived on first use (the simulator needs only the kind).
     """
 
-    part: "RingPart" = field(repr=False, compare=False)
+    part: RingPart = field(repr=False, compare=False)
     ring: int
     step: int
     position: int
@@ -136,22 +145,6 @@ class RingCall:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LocalChunk:
-    """Whole local sequences ``seqs`` (``lens`` their lengths) run as one causal call;
-    :attr:`rows`: their attention-buffer rows, sequence after sequence (derived on first use)."""
-
-    seqs: tuple[int, ...]
-    lens: tuple[int, ...]
-    layout: tuple[TokenRange, ...] = field(repr=False, compare=False)
-    """The rank's attention layout (``plan.attention_layout[rank]``)."""
-
-    @cached_property
-    def rows(self) -> tuple[int, ...]:
-        pieces = _buffer_rows(self.layout)
-        return tuple(r for s, n in zip(self.seqs, self.lens) for r in _rows(pieces[s], 0, n))
-
-
-@dataclass(frozen=True, kw_only=True)
 class LocalCall:
     """Run local chunk ``chunk`` (index into :attr:`RankProgram.local_chunks`); ``ring``/``step``:
     the slot it fills (None: after the rings)."""
@@ -176,101 +169,6 @@ class Wait:
 
 
 RankOp = Union[RingCall, LocalCall, Post, Wait]
-
-
-@dataclass(frozen=True, kw_only=True)
-class RingPart:
-    """Ring ``ring`` as one rank sees it: ``position`` (None: relay only), ``lengths`` of ``seqs``;
-    :attr:`rows`: attention-buffer rows of its ring tokens in seq-major order (empty for relays)."""
-
-    ring: int
-    ranks: tuple[int, ...]
-    placement: str
-    seqs: tuple[int, ...]
-    lengths: tuple[int, ...]
-    position: int | None
-    layout: tuple[TokenRange, ...] = field(repr=False, compare=False)
-    """The rank's attention layout (``plan.attention_layout[rank]``)."""
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
-    @cached_property
-    def _chunks(self) -> list[list[tuple[tuple[int, int], tuple[int, int]]]]:
-        """[position][seq] -> (early, late) token ranges."""
-        g = len(self.ranks)
-        return [[zigzag_ranges(n, g, p) for n in self.lengths] for p in range(g)]
-
-    def tokens(self, position: int) -> int:
-        """Ring tokens held at ``position``."""
-        return sum(a1 - a0 + b1 - b0 for (a0, a1), (b0, b1) in self._chunks[position])
-
-    def lens(self, position: int, which: str = "all") -> tuple[int, ...]:
-        """Per sequence, ``position``'s tokens of its ``all``, ``early`` or ``late`` chunks."""
-        return tuple((a1 - a0) * (which != "late") + (b1 - b0) * (which != "early")
-                     for (a0, a1), (b0, b1) in self._chunks[position])
-
-    def seq_major(self, position: int, which: str = "all") -> tuple[tuple[int, ...], tuple[TokenRange, ...]]:
-        """``(rows, ranges)`` of ``position``'s ``all``/``early``/``late`` chunks: rows of its
-        seq-major buffer and ``(seq, start, end)`` token ranges (memoised). Example: chunk lengths
-        (2, 2) and (3, 2) -> early rows [0, 1, 4, 5, 6], late rows [2, 3, 7, 8]."""
-        hit = self._memo.get((position, which))
-        if hit is None:
-            hit = self._memo[(position, which)] = self._seq_major(position, which)
-        return hit
-
-    @cached_property
-    def _memo(self) -> dict[tuple[int, str], tuple[tuple[int, ...], tuple[TokenRange, ...]]]:
-        return {}
-
-    def _seq_major(self, position: int, which: str) -> tuple[tuple[int, ...], tuple[TokenRange, ...]]:
-        rows: list[int] = []
-        ranges: list[TokenRange] = []
-        off = 0
-        for s, ((a0, a1), (b0, b1)) in zip(self.seqs, self._chunks[position]):
-            e, l = a1 - a0, b1 - b0
-            if which != "late":
-                rows += range(off, off + e)
-                ranges.append((s, a0, a1))
-            if which != "early":
-                rows += range(off + e, off + e + l)
-                ranges.append((s, b0, b1))
-            off += e + l
-        return tuple(rows), tuple(ranges)
-
-    @cached_property
-    def rows(self) -> tuple[int, ...]:
-        if self.position is None:
-            return ()
-        pieces = _buffer_rows(self.layout)
-        return tuple(r for s, a, b in self.seq_major(self.position)[1] for r in _rows(pieces[s], a, b))
-
-
-@dataclass(frozen=True, kw_only=True)
-class RemapExchange:
-    """The layout exchange ``direction`` (``to_attention`` before attention, ``to_linear`` after):
-    direct (``proxies`` empty: one ``all_to_all``) or the three routed phases over ``proxies``."""
-
-    direction: Direction
-    proxies: tuple[int, ...]
-    pair_rows: tuple[tuple[int, int, int], ...]
-    """``(source rank, destination rank, rows)`` for every pair that moves rows, ascending."""
-
-    def chains(self, gpus_per_node: int) -> tuple[tuple[tuple[int, ...], int], ...]:
-        """``(path, rows)`` pieces, pairs in order: a pair inside one node, or any pair when direct,
-        is one piece ``((a, b), rows)``; a routed cross-node pair gives one piece per proxy part
-        (:func:`~.remap_routing.proxy_parts`), path ``(a, P_a, P_b, b)`` without repeated ranks.
-        Example: 2 x 2 GPUs, proxies (0, 1), ``0 -> 3`` 5 rows: ``((0, 2, 3), 3)``, ``((0, 1, 3), 2)``."""
-        out: list[tuple[tuple[int, ...], int]] = []
-        for a, b, n in self.pair_rows:
-            if not self.proxies or a // gpus_per_node == b // gpus_per_node:
-                out.append(((a, b), n))
-                continue
-            for _, rows, pa, pb in proxy_parts(a, b, n, gpus_per_node, self.proxies):
-                path = (a,) + ((pa,) if pa != a else ()) + (pb,) + ((b,) if pb != b else ())
-                out.append((path, rows))
-        return tuple(out)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -303,60 +201,53 @@ class StepProgram:
     routing: bool
 
 
-def _buffer_rows(layout: tuple[TokenRange, ...]) -> dict[int, list[tuple[int, int, int]]]:
-    """seq -> ``(start, end, buffer offset)`` pieces of a rank's attention buffer, in token order."""
-    out: dict[int, list[tuple[int, int, int]]] = {}
-    off = 0
-    for seq, start, end in layout:
-        out.setdefault(seq, []).append((start, end, off))
-        off += end - start
-    for pieces in out.values():
-        pieces.sort()
-    return out
-
-
-def _rows(pieces: list[tuple[int, int, int]], a: int, b: int) -> list[int]:
-    """Buffer rows of tokens ``[a, b)`` of one sequence; pieces ``[(0, 4, 10), (4, 6, 0)]``:
-    tokens [3, 5) -> rows [13, 0]."""
-    rows: list[int] = []
-    for start, end, off in pieces:
-        lo, hi = max(a, start), min(b, end)
-        if lo < hi:
-            rows += range(off + lo - start, off + hi - start)
-    if len(rows) != b - a:
-        raise ValueError(f"tokens [{a}, {b}) are not all in this rank's attention layout")
-    return rows
-
-
 def _participants(plan: StepPlan, k: int, routing: bool) -> tuple[int, ...]:
     """Ring ``k``'s members and the relays of its routed hops, ascending."""
     ring = plan.rings[k]
     who = set(ring.ranks)
-    if routing:
+    if routing and ring.a2a == 1:
         for route in plan.routes_for(ring.ranks).values():  # one element per proxy names every part's path
             for rp in route_parts(route, len(route.proxies), plan.gpus_per_node):
                 who.update(rp.relays)
     return tuple(sorted(who))
 
 
-def _transfers(plan: StepPlan, k: int, routing: bool) -> tuple[list[Transfer], list[Transfer]]:
-    """Ring ``k``'s K/V transfers (steps ``0 .. g-2``) and accumulator transfers (``0 .. g-1``)."""
+def _transfers(plan: StepPlan, k: int, routing: bool) -> tuple[list[Transfer], list[Transfer], list[Transfer]]:
+    """Ring ``k``'s K/V transfers (steps ``0 .. g-2``), accumulator transfers (``0 .. g-1``; none
+    when ``g = 1``) and, for a head-parallel ring, its ``heads`` and ``tokens`` all-to-alls (``g``:
+    positions, blocks of a head-parallel ring; lane ``l`` of block ``b`` sends to lane ``l`` of ``b + 1``)."""
     ring = plan.rings[k]
-    g, gpn = len(ring.ranks), plan.gpus_per_node
-    routes = plan.routes_for(ring.ranks) if routing else {}
+    a, gpn = ring.a2a, plan.gpus_per_node
+    g = len(ring.ranks) // a
+    routes = plan.routes_for(ring.ranks) if routing and a == 1 else {}
     lengths = [plan.sequences[s].length for s in ring.seqs]
-    held = [sum(sum(e - s for s, e in zigzag_ranges(n, g, p)) for n in lengths) for p in range(g)]
+    if a == 1:
+        held = [sum(sum(e - s for s, e in zigzag_ranges(n, g, p)) for n in lengths) for p in range(g)]
+    else:
+        held = [sum(e - s for n in lengths for s, e in block_ranges(n, len(ring.ranks), a, b)) for b in range(g)]
     who = _participants(plan, k, routing)
     steps = []  # messages of step j; the K/V and accumulator transfers of a step carry the same sizes
     for j in range(g):
-        steps.append(tuple(Message(src=src, dst=ring.ranks[next_position(p, g)], tokens=held[ring_source(p, j, g)],
-                                   route=routes.get((src, ring.ranks[next_position(p, g)])))
-                           for p, src in enumerate(ring.ranks)))
+        msgs = []
+        for p in range(g):
+            for lane in range(a):
+                src, dst = ring.ranks[p * a + lane], ring.ranks[next_position(p, g) * a + lane]
+                msgs.append(Message(src=src, dst=dst, tokens=held[ring_source(p, j, g)], route=routes.get((src, dst))))
+        steps.append(tuple(msgs))
     kv = [Transfer(id=TransferId(k, j, "kv"), messages=steps[j], gpus_per_node=gpn, participants=who)
           for j in range(g - 1)]
     acc = [Transfer(id=TransferId(k, j, "acc"), messages=steps[j], gpus_per_node=gpn, participants=who)
-           for j in range(g)]
-    return kv, acc
+           for j in range(g)] if g > 1 else []
+    if a == 1:
+        return kv, acc, []
+    fine = [sum(e - s for n in lengths for s, e in zigzag_ranges(n, len(ring.ranks), p))
+            for p in range(len(ring.ranks))]
+    pairs = [(b * a + x, b * a + y) for b in range(g) for x in range(a) for y in range(a) if x != y]
+    heads = tuple(Message(src=ring.ranks[x], dst=ring.ranks[y], tokens=fine[x]) for x, y in pairs)
+    back = tuple(Message(src=ring.ranks[y], dst=ring.ranks[x], tokens=fine[x]) for x, y in pairs)
+    a2a = [Transfer(id=TransferId(k, 0, "heads"), messages=heads, gpus_per_node=gpn, participants=who),
+           Transfer(id=TransferId(k, 0, "tokens"), messages=back, gpus_per_node=gpn, participants=who)]
+    return kv, acc, a2a
 
 
 def _ring_calls(part: RingPart) -> list[RingCall]:
@@ -380,7 +271,7 @@ class _Shared:
     rings_of: dict[int, list[int]]
     own: dict[int, list[int]]
     slots: dict[int, list[tuple[int, int, tuple[int, ...]]]]
-    transfers: dict[int, tuple[list[Transfer], list[Transfer]]]
+    transfers: dict[int, tuple[list[Transfer], list[Transfer], list[Transfer]]]
 
 
 def _shared(plan: StepPlan, routing: bool) -> _Shared:
@@ -414,13 +305,20 @@ def _rank_program(plan: StepPlan, rank: int, routing: bool, sh: _Shared) -> Rank
         ring = plan.rings[k]
         if k not in sh.transfers:
             sh.transfers[k] = _transfers(plan, k, routing)
-        kv, acc = sh.transfers[k]
-        g = len(ring.ranks)
-        pos = ring.ranks.index(rank) if rank in ring.ranks else None
+        kv, acc, a2a = sh.transfers[k]
+        g = ring.blocks
+        pos = lane = None
+        if rank in ring.ranks:
+            pos, lane = divmod(ring.ranks.index(rank), ring.a2a)
         part = RingPart(ring=k, ranks=ring.ranks, placement=ring.placement, seqs=ring.seqs,
-                        lengths=tuple(plan.sequences[s].length for s in ring.seqs), position=pos, layout=layout)
+                        lengths=tuple(plan.sequences[s].length for s in ring.seqs), position=pos, layout=layout,
+                        a2a=ring.a2a, lane=lane if ring.a2a > 1 else None)
         rings.append(part)
-        transfers.update({t.id: t for t in kv + acc})
+        transfers.update({t.id: t for t in kv + acc + a2a})
+        to_heads: list[RankOp] = [Post(a2a[0].id), Wait(a2a[0].id)] if a2a else []
+        to_tokens: list[RankOp] = [Post(a2a[1].id), Wait(a2a[1].id)] if a2a else []
+        fwd += to_heads
+        bwd += to_heads
         calls: list[RingCall | None] = list(_ring_calls(part)) if pos is not None else [None] * g
         for j, call in enumerate(calls):
             slot: list[RankOp] = [LocalCall(chunk=slot_of[(k, j)], ring=k, step=j)] if (k, j) in slot_of else []
@@ -428,8 +326,12 @@ def _rank_program(plan: StepPlan, rank: int, routing: bool, sh: _Shared) -> Rank
             wait_kv: list[RankOp] = [Wait(kv[j].id)] if j < g - 1 else []
             me: list[RankOp] = [call] if call is not None else []
             fwd += post_kv + me + slot + wait_kv
-            bwd += post_kv + me + ([Wait(acc[j - 1].id)] if j else []) + [Post(acc[j].id)] + slot + wait_kv
-        bwd.append(Wait(acc[g - 1].id))
+            post_acc: list[RankOp] = [Post(acc[j].id)] if acc else []
+            bwd += post_kv + me + ([Wait(acc[j - 1].id)] if j else []) + post_acc + slot + wait_kv
+        if acc:
+            bwd.append(Wait(acc[g - 1].id))
+        fwd += to_tokens
+        bwd += to_tokens
     if len(chunks) > len(mine):  # the sequences in no slot, after the rings
         fwd.append(LocalCall(chunk=len(chunks) - 1))
         bwd.append(LocalCall(chunk=len(chunks) - 1))
@@ -437,36 +339,11 @@ def _rank_program(plan: StepPlan, rank: int, routing: bool, sh: _Shared) -> Rank
                        transfers=transfers, tokens=plan.tokens(rank, "attention"))
 
 
-def lower_remaps(plan: StepPlan) -> tuple[RemapExchange, RemapExchange] | None:
-    """The plan's two :class:`RemapExchange` s (None when the layouts move no row)."""
-    moved: dict[tuple[int, int], int] = {}
-    for seg in plan.remap.segments:
-        if seg.lin_rank != seg.att_rank:
-            key = (seg.lin_rank, seg.att_rank)
-            moved[key] = moved.get(key, 0) + seg.length
-    if not moved:
-        return None
-    fwd = tuple((a, b, n) for (a, b), n in sorted(moved.items()))
-    back = tuple(sorted((b, a, n) for a, b, n in fwd))
-    return (RemapExchange(direction="to_attention", proxies=plan.remap_proxies, pair_rows=fwd),
-            RemapExchange(direction="to_linear", proxies=plan.remap_proxies, pair_rows=back))
-
-
-def rank_remap(plan: StepPlan, rank: int, direction: Direction) -> tuple[RankExchange, RoutedExchange | None]:
-    """``rank``'s remap in ``direction``: the direct ``all_to_all`` lists (:meth:`~.remap.RemapPlan.exchange`:
-    counts, gather and scatter indices) and, when the plan routes its remap (``remap_proxies`` on more
-    than one rank), the three routed phases (:func:`~.remap_routing.routed_exchange`), else None."""
-    direct = plan.remap.exchange(rank, direction)
-    if not plan.remap_proxies or plan.world_size == 1:
-        return direct, None
-    return direct, routed_exchange(plan.remap, direction, plan.gpus_per_node, plan.remap_proxies)[rank]
-
-
 def lower(plan: StepPlan, *, routing: bool = True) -> StepProgram:
     """Every rank's program for ``plan`` (``routing=False``: every hop direct, the plan's routes ignored)."""
     sh = _shared(plan, routing)
     ranks = tuple(_rank_program(plan, r, routing, sh) for r in range(plan.world_size))
-    transfers = {t.id: t for k in sorted(sh.transfers) for t in sh.transfers[k][0] + sh.transfers[k][1]}
+    transfers = {t.id: t for k in sorted(sh.transfers) for t in sum(sh.transfers[k], [])}
     return StepProgram(ranks=ranks, transfers=transfers, remaps=lower_remaps(plan), routing=routing)
 
 

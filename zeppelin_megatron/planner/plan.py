@@ -31,6 +31,7 @@ from dataclasses import InitVar, dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .head_parallel import check_head_parallel
 from .plan_check import check_local_slots, check_routing, validate_plan
 from .plan_json import derive_routing, plan_from_json, plan_to_dict, plan_to_json
 from .plan_parts import (
@@ -80,6 +81,7 @@ class StepPlan:
         else:
             check_routing(self)
         check_local_slots(self)
+        check_head_parallel(self)
         gpn = self.gpus_per_node
         if (len(set(self.remap_proxies)) != len(self.remap_proxies)
                 or not all(isinstance(p, int) and 0 <= p < gpn for p in self.remap_proxies)):
@@ -98,12 +100,14 @@ class StepPlan:
     @cached_property
     def rings(self) -> tuple[Ring, ...]:
         """Rings in the engine's global queue order (:func:`ring_order`): inter-node, then
-        intra-node, by ranks, except that a ring whose members are free starts early."""
-        groups: dict[tuple[int, ...], list[int]] = {}
+        intra-node, by ranks, except that a ring whose members are free starts early. Sequences on the
+        same ranks with different ``a2a`` (head-parallel block width) are different rings."""
+        groups: dict[tuple[tuple[int, ...], int], list[int]] = {}
         for i, s in enumerate(self.sequences):
             if s.placement != "local":
-                groups.setdefault(s.ranks, []).append(i)
-        rings = [Ring(ranks, self.sequences[seqs[0]].placement, tuple(seqs)) for ranks, seqs in groups.items()]
+                groups.setdefault((s.ranks, s.a2a), []).append(i)
+        rings = [Ring(ranks, self.sequences[seqs[0]].placement, tuple(seqs), a2a)
+                 for (ranks, a2a), seqs in groups.items()]
         return ring_order(rings, [s.length for s in self.sequences])
 
     @cached_property

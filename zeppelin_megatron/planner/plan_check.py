@@ -167,11 +167,11 @@ def check_local_slots(plan: "StepPlan") -> None:
         where = f"local_slots[{k}] (rank {x.rank}, ring {x.ring}, step {x.step})"
         if not 0 <= x.ring < len(rings):
             raise PlanError(f"{where}: ring index {x.ring} is outside [0, {len(rings)})")
-        ranks = rings[x.ring].ranks
+        ranks, steps = rings[x.ring].ranks, rings[x.ring].blocks  # a head-parallel ring steps over its blocks
         if x.rank not in ranks:
             raise PlanError(f"{where}: rank {x.rank} is not a member of ring {list(ranks)}")
-        if not 0 <= x.step <= len(ranks) - 2:
-            raise PlanError(f"{where}: step must be in [0, {len(ranks) - 2}] for a ring of {len(ranks)}")
+        if not 0 <= x.step <= steps - 2:
+            raise PlanError(f"{where}: step must be in [0, {steps - 2}] for a ring of {steps} positions")
         if (x.rank, x.ring, x.step) in places:
             raise PlanError(f"{where}: a second slot at the same ring step of the same rank")
         places.add((x.rank, x.ring, x.step))

@@ -36,7 +36,8 @@ def plan_to_dict(plan: "StepPlan") -> dict[str, Any]:
         "nodes": plan.nodes,
         "gpus_per_node": plan.gpus_per_node,
         "sequences": [
-            {"length": s.length, "placement": s.placement, "ranks": list(s.ranks)} for s in plan.sequences
+            {"length": s.length, "placement": s.placement, "ranks": list(s.ranks),
+             **({"a2a": s.a2a} if s.a2a != 1 else {})} for s in plan.sequences
         ],
         "attention_layout": [[list(r) for r in rs] for rs in plan.attention_layout],
         "linear_layout": [[list(r) for r in rs] for rs in plan.linear_layout],
@@ -79,8 +80,8 @@ def _plan_to_json(plan: "StepPlan") -> str:
     def layout(lay: Any) -> str:
         return "[" + ",".join("[" + ",".join(f"[{q},{a},{b}]" for q, a, b in rs) + "]" for rs in lay) + "]"
 
-    seqs = ",".join(f'{{"length":{s.length},"placement":"{s.placement}","ranks":[{",".join(map(str, s.ranks))}]}}'
-                    for s in plan.sequences)
+    seqs = ",".join(f'{{"length":{s.length},"placement":"{s.placement}","ranks":[{",".join(map(str, s.ranks))}]'
+                    + (f',"a2a":{s.a2a}}}' if s.a2a != 1 else "}") for s in plan.sequences)
     rest = _tail(plan)
     head = (f'{{"schema":{json.dumps(PLAN_SCHEMA)},"nodes":{int(plan.nodes)},'
             f'"gpus_per_node":{int(plan.gpus_per_node)},"sequences":[{seqs}],'
@@ -121,7 +122,8 @@ def plan_from_json(
         ranks = _list(s, "ranks", where)
         if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
             raise PlanError(f"{where}.ranks must be integers, got {ranks!r}")
-        sequences.append(SequencePlan(_int(s, "length", where), placement, tuple(ranks)))
+        a2a = _int(s, "a2a", where) if "a2a" in s else 1
+        sequences.append(SequencePlan(_int(s, "length", where), placement, tuple(ranks), a2a))
     att = _layout(doc, "attention_layout")
     lin = _layout(doc, "linear_layout")
     predicted = None
@@ -167,7 +169,7 @@ def derive_routing(
         raise PlanError("derive_routing needs a cost model or a cluster")
     g_bytes = cost.ring_step_bytes if cost is not None else ring_chunk_pair_tokens
     payloads = [(r.ranks, sum(g_bytes(plan.sequences[i].length, len(r.ranks)) for i in r.seqs))
-                for r in plan.rings]
+                for r in plan.rings if r.a2a == 1]  # head-parallel rings: each lane on its own NIC, unrouted
     return plan_routing(payloads, cluster, cost, enabled=enabled)
 
 

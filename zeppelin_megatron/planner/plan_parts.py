@@ -26,18 +26,33 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SequencePlan:
+    """Sequence of ``length`` tokens: ``placement`` and its ``ranks`` (ring order when split);
+    ``a2a``: block width of a head-parallel ring (:mod:`.head_parallel`; 1: a plain ring or local).
+
+    Example: ``SequencePlan(4096, "intra_node", (0, 1, 2, 3), a2a=4)``: one all-to-all over
+    heads among ranks 0-3 (Ulysses), then one causal call per rank on its quarter of the heads.
+    """
+
     length: int
     placement: Placement
     ranks: tuple[int, ...]
+    a2a: int = 1
 
 
 @dataclass(frozen=True, slots=True)
 class Ring:
-    """Split sequences that share one rank tuple; executed as one ring."""
+    """Split sequences that share one rank tuple and block width ``a2a``; executed as one ring
+    (``a2a > 1``: head-parallel, :mod:`.head_parallel`, a ring of :attr:`blocks` blocks)."""
 
     ranks: tuple[int, ...]
     placement: Placement
     seqs: tuple[int, ...]
+    a2a: int = 1
+
+    @property
+    def blocks(self) -> int:
+        """Positions of the ring the K/V travel around: ``len(ranks) / a2a`` (1: Ulysses, no steps)."""
+        return len(self.ranks) // self.a2a
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,12 +14,18 @@ from typing import Literal
 
 from .routing import Route, route_parts
 
-__all__ = ["Message", "Hop", "message_hops", "TransferId", "Transfer", "ROUNDS", "KV_TAG", "ACC_TAG"]
+__all__ = ["Message", "Hop", "message_hops", "TransferId", "Transfer", "TransferKind", "ROUNDS", "KV_TAG", "ACC_TAG",
+           "HEADS_TAG", "TOKENS_TAG"]
 
 ROUNDS = 3  # a routed part: dispatch (round 0), NIC (round 1), combine (round 2)
 KV_TAG = 0
 ACC_TAG = 1 << 20
-"""Tag bases of K/V and dK/dV-accumulator transfers; a hop's tag is the base plus its index in its round."""
+HEADS_TAG = 2 << 20
+TOKENS_TAG = 3 << 20
+"""Tag bases of K/V, dK/dV-accumulator, to-heads and to-tokens transfers; a hop's tag is the base plus
+its index in its round."""
+TransferKind = Literal["kv", "acc", "heads", "tokens"]
+_TAGS: dict[str, int] = {"kv": KV_TAG, "acc": ACC_TAG, "heads": HEADS_TAG, "tokens": TOKENS_TAG}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,16 +77,19 @@ def message_hops(messages: tuple[Message, ...], counts: tuple[int, ...], gpus_pe
 
 @dataclass(frozen=True, order=True)
 class TransferId:
-    """Ring ``ring`` (index into :attr:`StepPlan.rings`), ``step``, ``kind``: ``kv`` or ``acc``."""
+    """Ring ``ring`` (index into :attr:`StepPlan.rings`), ``step``, ``kind``: ``kv`` or ``acc`` (a ring
+    step's K/V or dK/dV accumulator), ``heads`` or ``tokens`` (a head-parallel ring's all-to-all to the
+    head layout and back, :mod:`.head_parallel`; step 0)."""
 
     ring: int
     step: int
-    kind: Literal["kv", "acc"]
+    kind: TransferKind
 
 
 @dataclass(frozen=True, kw_only=True)
 class Transfer:
-    """One ring step's exchange: position ``p`` sends what it holds to ``p + 1`` (message ``p``);
+    """One ring step's exchange: position ``p`` sends what it holds to ``p + 1`` (message ``p``), or a
+    head-parallel ring's all-to-all (one message per ordered pair of lanes of a block);
     :meth:`hops`: the wire hops for ``unit`` elements per token; ``participants``: members and relays."""
 
     id: TransferId
@@ -90,7 +99,7 @@ class Transfer:
 
     @property
     def tag_base(self) -> int:
-        return KV_TAG if self.id.kind == "kv" else ACC_TAG
+        return _TAGS[self.id.kind]
 
     def hops(self, unit: int) -> tuple[Hop, ...]:
         counts = tuple(m.tokens * unit for m in self.messages)
