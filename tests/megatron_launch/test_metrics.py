@@ -118,3 +118,20 @@ def test_writer_validation() -> None:
         MetricsWriter(log_interval=0)
     with pytest.raises(ValueError, match="num_micro_batches"):
         StepMetricsRecorder(num_micro_batches=0)
+
+
+def test_paths_counted_per_sequence(plans) -> None:
+    """Split sequences run as a ring, an all-to-all over heads (a2a = ranks) or a hybrid (1 < a2a < ranks)."""
+    from dataclasses import replace
+    p = plans[0]  # 60k on all 16 ranks of 2 x 8, 30k on ranks 0-8, the rest local
+    seqs = [replace(s, a2a=1) for s in p.sequences]
+    (big,) = [i for i, s in enumerate(seqs) if len(s.ranks) == 16]
+    seqs[big] = replace(seqs[big], a2a=8)  # all-to-all in each node, ring over the 2 nodes
+    m = plan_metrics(replace(p, sequences=tuple(seqs), validate=False))
+    assert (m.ulysses, m.hybrid, m.inter_node) == (0, 1, 2)
+    s = step_metrics(1, [m, plan_metrics(p)])
+    assert s.remapped == m.remapped + plan_metrics(p).remapped
+    line = format_step(s)
+    rings = s.intra_node + s.inter_node - s.ulysses - s.hybrid
+    assert f"split: {rings} ring, {s.ulysses} all-to-all, {s.hybrid} hybrid" in line
+    assert f"remap {s.remapped} of 2" in line

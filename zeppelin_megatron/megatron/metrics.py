@@ -9,7 +9,10 @@ Megatron import: the writers and the print function are passed in.
 
 Numbers (all from the plans' cost-model predictions, except ``measured_ms``):
 
-* ``local`` / ``intra_node`` / ``inter_node``: sequences of the step per placement.
+* ``local`` / ``intra_node`` / ``inter_node``: sequences of the step per placement;
+  ``ulysses`` / ``hybrid``: of the split ones, those run head-parallel (all-to-all over heads in one
+  node; all-to-all in each node and a ring across nodes), the rest run as zigzag rings;
+  ``remapped``: micro-steps whose linear modules run on a layout of their own (a remap every layer).
 * ``predicted_ms``: sum over micro-steps of ``plan.predicted.step_ms``
   (forward + backward, all layers; no optimizer, no data loading).
 * ``measured_ms``: wall time from the start of this step's first micro-step to
@@ -53,6 +56,9 @@ class PlanMetrics:
     local: int
     intra_node: int
     inter_node: int
+    ulysses: int
+    hybrid: int
+    remapped: bool
     routed_hops: int
     predicted_ms: float
     attention_max_ms: float
@@ -72,14 +78,21 @@ def plan_metrics(plan: StepPlan) -> PlanMetrics:
     att = attention_time(pred)
     tokens = [plan.tokens(r, "linear") for r in range(plan.world_size)]
     kinds = {"local": 0, "intra_node": 0, "inter_node": 0}
+    ulysses = hybrid = 0
     for s in plan.sequences:
         kinds[s.placement] += 1
+        if s.a2a > 1:
+            ulysses += s.a2a == len(s.ranks)
+            hybrid += s.a2a < len(s.ranks)
     return PlanMetrics(
         sequences=len(plan.sequences),
         tokens=plan.total_tokens,
         local=kinds["local"],
         intra_node=kinds["intra_node"],
         inter_node=kinds["inter_node"],
+        ulysses=ulysses,
+        hybrid=hybrid,
+        remapped=plan.linear_layout != plan.attention_layout,
         routed_hops=len(plan.routing),
         predicted_ms=pred.step_ms,
         attention_max_ms=max(att),
@@ -103,6 +116,9 @@ class StepMetrics:
     local: int
     intra_node: int
     inter_node: int
+    ulysses: int
+    hybrid: int
+    remapped: int
     routed_hops: int
     predicted_ms: float
     measured_ms: float | None
@@ -135,6 +151,9 @@ def step_metrics(iteration: int, plans: Sequence[PlanMetrics], measured_ms: floa
         local=sum(p.local for p in plans),
         intra_node=sum(p.intra_node for p in plans),
         inter_node=sum(p.inter_node for p in plans),
+        ulysses=sum(p.ulysses for p in plans),
+        hybrid=sum(p.hybrid for p in plans),
+        remapped=sum(p.remapped for p in plans),
         routed_hops=sum(p.routed_hops for p in plans),
         predicted_ms=sum(p.predicted_ms for p in plans),
         measured_ms=measured_ms,
@@ -154,6 +173,9 @@ def scalars(m: StepMetrics) -> dict[str, float]:
         "zeppelin/local_sequences": float(m.local),
         "zeppelin/intra_node_sequences": float(m.intra_node),
         "zeppelin/inter_node_sequences": float(m.inter_node),
+        "zeppelin/ulysses_sequences": float(m.ulysses),
+        "zeppelin/hybrid_sequences": float(m.hybrid),
+        "zeppelin/remapped_micro_steps": float(m.remapped),
         "zeppelin/routed_hops": float(m.routed_hops),
         "zeppelin/predicted_ms": m.predicted_ms,
         "zeppelin/attention_imbalance": m.attention_imbalance,
@@ -171,12 +193,16 @@ def scalars(m: StepMetrics) -> dict[str, float]:
 
 
 def format_step(m: StepMetrics) -> str:
-    """One log line, e.g. ``zeppelin step 12 | seqs 246 (230 local / 12 intra / 4 inter) | ...``."""
+    """One log line, e.g. ``zeppelin step 12 | seqs 246 (230 local / 12 intra / 4 inter; split: 9 ring,
+    5 all-to-all, 2 hybrid), tokens ..., remap 1 of 1 micro-steps, routed hops 3 | ...``."""
     measured = "n/a" if m.measured_ms is None else f"{m.measured_ms:.1f} ms"
     ratio = m.measured_over_predicted
+    rings = m.intra_node + m.inter_node - m.ulysses - m.hybrid
     return (
         f"zeppelin step {m.iteration} | seqs {m.sequences} ({m.local} local / {m.intra_node} intra / "
-        f"{m.inter_node} inter), tokens {m.tokens}, micro-steps {m.micro_steps}, routed hops {m.routed_hops} | "
+        f"{m.inter_node} inter; split: {rings} ring, {m.ulysses} all-to-all, {m.hybrid} hybrid), "
+        f"tokens {m.tokens}, micro-steps {m.micro_steps}, remap {m.remapped} of {m.micro_steps}, "
+        f"routed hops {m.routed_hops} | "
         f"predicted {m.predicted_ms:.1f} ms (cost model), measured {measured}"
         + (f" ({ratio:.2f}x)" if ratio is not None else "")
         + f" | imbalance attn {m.attention_imbalance:.3f} tokens {m.token_imbalance:.3f} | "
