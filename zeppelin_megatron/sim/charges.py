@@ -53,6 +53,13 @@ forward + backward of one layer, as the cost model's kernel times are.
   phase's send buffer from where its rows arrived (the same rules, exact per rank): rows that stay in
   the node are never copied again, no staging buffer is built (before: three ``index_select`` + ``cat``
   of every staged row, ``12 b F' T_src``).
+* head-parallel rings (``a2a = a > 1``; the lowering's ``heads`` / ``tokens`` transfers): every charge above
+  at the lane's shape (:func:`shape_of` ``(cost, a)``: ``Hq / a`` query heads, ``lane_kv_heads`` K/V heads)
+  over the rank's head-buffer rows (its block's tokens), plus each all-to-all's pack and unpack: one read and
+  write of every lane slice the rank sends (before the post) and receives (after the wait),
+  :func:`zeppelin_a2a_bytes`. The runtime's head-parallel path is being written alongside (issue 12); these
+  are the copies the lowering's messages imply (one send buffer per peer lane, the received slices put at
+  ``RingPart.lane_rows`` / ``RingPart.rows``), to be recounted from its code.
 * the router's relays: none. A relay receives into a buffer and sends that buffer on; a message part is
   a view of the payload (``runtime/router.py``). Its bytes are network traffic, charged as such.
 
@@ -79,6 +86,7 @@ from typing import Sequence
 import numpy as np
 
 from ..planner.cost_model import CostModel
+from ..planner.head_parallel import head_split_error, lane_kv_heads
 from ..planner.lowering import RingCall
 from ..planner.plan import StepPlan
 from ..planner.remap import Direction
@@ -87,7 +95,7 @@ from ..planner.remap_staging import Gather, StagingPlan, gather_plan, staging_pl
 
 __all__ = ["hbm_ms", "Shape", "shape_of", "merge_bytes", "zeppelin_call_bytes", "zeppelin_ring_bytes",
            "zeppelin_local_bytes", "zeppelin_remap_bytes", "remap_gathers", "te_step_bytes", "CHARGES",
-           "charges_for"]
+           "charges_for", "a2a_token_bytes", "zeppelin_a2a_bytes"]
 
 CHARGES: tuple[str, ...] = ("zeppelin", "te", "none")
 """Charge models: ``zeppelin`` (this project's engine, counted from its code), ``te`` (TE CP's ring) and
@@ -112,12 +120,21 @@ class Shape:
         self.eq, self.ekv, self.hq, self.b, self.a = eq, ekv, hq, b, a
 
 
-def shape_of(cost: CostModel) -> Shape:
-    """The :class:`Shape` of ``cost``'s model after tensor parallelism, in its profile's dtype."""
+def shape_of(cost: CostModel, a2a: int = 1) -> Shape:
+    """The :class:`Shape` of ``cost``'s model after tensor parallelism, in its profile's dtype; ``a2a > 1``:
+    what one lane of a head-parallel ring of that width holds per token (``Hq / a2a`` query heads,
+    :func:`~zeppelin_megatron.planner.head_parallel.lane_kv_heads` K/V heads). Example (Llama-7B, MHA):
+    ``a2a = 4`` -> ``hq = 8``, ``eq = 1024``, ``ekv = 2048``. Raises ``ValueError`` when the heads do not split."""
     m, tp = cost.model, cost.tensor_parallel
     b = cost.profile.dtype_bytes
-    return Shape(eq=(m.q_heads // tp) * m.head_dim, ekv=2 * (m.kv_heads // tp) * m.head_dim,
-                 hq=m.q_heads // tp, b=b, a=max(4, b))
+    hq, hkv = m.q_heads // tp, m.kv_heads // tp
+    if a2a != 1:
+        why = head_split_error(hq, hkv, a2a)
+        if why is not None:
+            raise ValueError(f"a head-parallel ring of width {a2a} cannot split {hq} query and {hkv} K/V heads "
+                             f"per rank: {why}")
+        hq, hkv = hq // a2a, lane_kv_heads(hkv, a2a)
+    return Shape(eq=hq * m.head_dim, ekv=2 * hkv * m.head_dim, hq=hq, b=b, a=max(4, b))
 
 
 def hbm_ms(cost: CostModel, nbytes: float) -> float:
@@ -266,3 +283,24 @@ def te_step_bytes(sh: Shape, q_rows: float, kv_rows: float) -> float:
     a, b = sh.a, sh.b
     return float(q_rows * sh.eq * (b + 2 * a) + 5 * a * q_rows * sh.hq
                  + 3 * b * q_rows * sh.eq + 3 * b * kv_rows * sh.ekv)
+
+
+def a2a_token_bytes(sh: Shape, charges: str = "zeppelin") -> tuple[int, int]:
+    """Bytes per token of one lane's slice in a head-parallel ring's two all-to-alls, forward + backward
+    merged (``sh``: the lane's :func:`shape_of`): ``heads`` carries the q, k, v slices forward and the
+    output-gradient slice backward, ``b (2 Eq + Ekv)``; ``tokens`` carries the output slice forward
+    (``b Eq``) and dq, dk, dv backward, in the accumulator dtype under ``zeppelin`` charges (the engine sends
+    them so and sums replicated K/V heads in it: ``a (Eq + Ekv)``), in the training dtype otherwise (TE's
+    a2a). Example (Llama-7B bf16, lane of width 4: ``Eq = 1024``, ``Ekv = 2048``): ``(8192, 14336)``."""
+    acc = sh.a if charges == "zeppelin" else sh.b
+    return sh.b * (2 * sh.eq + sh.ekv), sh.b * sh.eq + acc * (sh.eq + sh.ekv)
+
+
+def zeppelin_a2a_bytes(sh: Shape, rows: int, kind: str) -> float:
+    """Pack or unpack copies of one all-to-all (``kind``: ``heads`` or ``tokens``) at one rank: one HBM read
+    and write of each of the ``rows`` lane slices it sends (packed into the send buffers) or receives (put at
+    their rows: the head buffer's :meth:`~zeppelin_megatron.planner.lowering.RingPart.lane_rows`, or the
+    attention buffer's :attr:`~zeppelin_megatron.planner.lowering.RingPart.rows`), forward + backward:
+    ``2 rows x`` :func:`a2a_token_bytes`. Example: 1000 rows of the width-4 lane above, ``heads``: 16.4 MB."""
+    heads, tokens = a2a_token_bytes(sh)
+    return 2.0 * rows * (heads if kind == "heads" else tokens)

@@ -62,11 +62,11 @@ from ..planner.lowering import (
     LocalCall, Post, RankProgram, RemapExchange, RingCall, Transfer, Wait, lower, lower_remaps, message_hops,
 )
 from ..planner.plan import Ring, StepPlan
-from ..planner.zigzag import zigzag_tokens
+from ..planner.zigzag import ring_chunk_pair_tokens, zigzag_tokens
 from .peer_plan import PEER_COMMS, PeerPlan
 from .charges import (
-    CHARGES, Shape, hbm_ms, shape_of, te_step_bytes, zeppelin_call_bytes, zeppelin_local_bytes, zeppelin_remap_bytes,
-    zeppelin_ring_bytes,
+    CHARGES, Shape, a2a_token_bytes, hbm_ms, shape_of, te_step_bytes, zeppelin_a2a_bytes, zeppelin_call_bytes,
+    zeppelin_local_bytes, zeppelin_remap_bytes, zeppelin_ring_bytes,
 )
 
 __all__ = ["Leg", "Traffic", "Op", "LayerProgram", "build_layer_program"]
@@ -186,7 +186,13 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
     call as its sequences' ``local_ms``, each at least the call overhead; posts and waits name the
     ring-step transfers. Local calls go to the queue instead when ``interleave_local`` is off.
     After each call a ``copy`` op charges its merges and row copies (:mod:`.charges`, model ``charges``);
-    a ring's gathers and result copies are charged at its first call."""
+    a ring's gathers and result copies are charged at its first call.
+
+    Head-parallel rings (``a2a = a > 1``): a lane's call has ``1/a`` of the query heads, so its kernel
+    time is ``1/a`` of the full-head time (flops scale with the query heads, the cost model's rates
+    carry over), at least the call overhead; its charges are counted at the lane's shape
+    (``shape_of(cost, a)``); each all-to-all is a ``copy`` op packing what the rank sends before its
+    ``Post`` and one unpacking what it receives after its ``Wait`` (``zeppelin`` charges only)."""
     o = cost.call_overhead_ms
     sh = shape_of(cost)
     started: set[int] = set()
@@ -201,12 +207,14 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
     ops: list[Op] = []
     label: dict[int, str] = {}
     block: dict[int, tuple[float, float]] = {}  # ring -> (diagonal, off-diagonal) step ms
+    lane: dict[int, Shape] = {}  # ring -> the shape a member's calls compute with (its lane's heads)
     for part in rank.rings:
-        g = part.size
-        label[part.ring] = (f"{part.placement} group {list(part.ranks)[:4]}{'...' if g > 4 else ''} "
-                            f"({len(part.lengths)} seqs)")
-        block[part.ring] = (sum(cost.ring_compute_profile(s, g)[0] for s in part.lengths),
-                            sum(cost.ring_compute_profile(s, g)[1] for s in part.lengths))
+        g, a = part.size, part.a2a
+        label[part.ring] = (f"{part.placement} group {list(part.ranks)[:4]}{'...' if len(part.ranks) > 4 else ''} "
+                            f"({len(part.lengths)} seqs{f', a2a {a}' if a > 1 else ''})")
+        block[part.ring] = (sum(cost.ring_compute_profile(s, g)[0] for s in part.lengths) / a,
+                            sum(cost.ring_compute_profile(s, g)[1] for s in part.lengths) / a)
+        lane[part.ring] = shape_of(cost, a)
     for op in rank.forward:
         if isinstance(op, RingCall):
             diag, off = block[op.ring]
@@ -215,9 +223,9 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
             elif charges == "none":  # the simulator before the fit: the largest off-diagonal block, area-averaged
                 ms = off
             else:
-                ms = sum(fitted(q, k) for q, k in zip(op.lens_q, op.lens_k))
+                ms = sum(fitted(q, k) for q, k in zip(op.lens_q, op.lens_k)) / op.part.a2a
             ops.append(Op("compute", max(ms, o), "attention", label=f"{label[op.ring]} step {op.step}"))
-            copy = _call_copy_bytes(sh, op, charges, started)
+            copy = _call_copy_bytes(lane[op.ring], op, charges, started)
             if copy > 0:
                 ops.append(Op("compute", hbm_ms(cost, copy), "copy",
                               label=f"{label[op.ring]} step {op.step} merges and row copies"))
@@ -234,10 +242,22 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
                 ops.append(Op("compute", hbm_ms(cost, zeppelin_local_bytes(sh, sum(lens))), "copy",
                               label="local call row copies"))
         elif isinstance(op, Post):
-            ops.append(Op("post", key=keys[op.transfer]))
+            t = op.transfer
+            if t.kind in ("heads", "tokens") and charges == "zeppelin":
+                sent = sum(m.tokens for m in rank.transfers[t].messages if m.src == rank.rank)
+                ops.append(Op("compute", hbm_ms(cost, zeppelin_a2a_bytes(lane[t.ring], sent, t.kind)), "copy",
+                              label=f"{label[t.ring]} to {t.kind}: pack"))
+            ops.append(Op("post", key=keys[t]))
         else:
             assert isinstance(op, Wait)
             t = op.transfer
+            if t.kind in ("heads", "tokens"):
+                ops.append(Op("wait", key=keys[t], kind="group", label=f"{label[t.ring]} all-to-all to {t.kind}"))
+                if charges == "zeppelin":
+                    got = sum(m.tokens for m in rank.transfers[t].messages if m.dst == rank.rank)
+                    ops.append(Op("compute", hbm_ms(cost, zeppelin_a2a_bytes(lane[t.ring], got, t.kind)), "copy",
+                                  label=f"{label[t.ring]} to {t.kind}: unpack"))
+                continue
             ops.append(Op("wait", key=keys[t], kind="ring", label=f"{label[t.ring]} step {t.step}"))
     return ops
 
@@ -382,12 +402,17 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
         factor = 2 + sh.a / sh.b if charges == "zeppelin" else 3
         keys: dict = {}
         for tid, t in lowered.transfers.items():
-            if tid.kind != "kv":
-                continue
             ring = plan.rings[tid.ring]
-            g = len(ring.ranks)
-            nbytes = factor * sum(cost.ring_step_bytes(plan.sequences[i].length, g) for i in ring.seqs)
-            keys[tid] = add(_ring_transfer(t, ("ring", ring.ranks, tid.step), nbytes, cost))
+            key = ("ring", ring.ranks, tid.step) if ring.a2a == 1 else ("ring", ring.ranks, ring.a2a, tid.kind)
+            if tid.kind in ("heads", "tokens"):  # a head-parallel ring's all-to-alls: one NVLink flow per message
+                per_token = a2a_token_bytes(shape_of(cost, ring.a2a), charges)[tid.kind == "tokens"]
+                keys[tid] = add(Traffic(key, "group", [[_hop(cost, m.src, m.dst, m.tokens * per_token)]
+                                                      for m in t.messages if m.tokens]))
+            elif tid.kind == "kv":  # a lane's K/V: 2 lane_kv_heads D elements per token, chunks of the blocks
+                g, lane = ring.blocks, shape_of(cost, ring.a2a)
+                nbytes = factor * lane.b * lane.ekv * sum(
+                    ring_chunk_pair_tokens(plan.sequences[i].length, g) for i in ring.seqs)
+                keys[tid] = add(_ring_transfer(t, key + (tid.step,) if ring.a2a > 1 else key, nbytes, cost))
         for r in range(world):
             ops[r] += _ring_ops(lowered.ranks[r], plan, cost, keys, interleave_local, charges)
             if not interleave_local:
