@@ -115,8 +115,9 @@ def test_worked_example_of_docs() -> None:
     assert [(s.placement, s.ranks) for s in plan.sequences[:3]] == [
         ("inter_node", tuple(range(8))), ("inter_node", (0, 1, 2, 3, 4)), ("local", (5,))]
     assert all(s.placement == "local" for s in plan.sequences[2:])
+    assert [s.a2a for s in plan.sequences[:2]] == [4, 1]  # sequence 0 head-parallel: two blocks of 4
     att = attention_time(plan.predicted)
-    assert att == pytest.approx([1725.46] * 5 + [1389.42] * 3, abs=0.01)
+    assert att == pytest.approx([1695.52] * 5 + [1359.48] * 3, abs=0.01)
 
 
 def test_all_three_placements_occur() -> None:

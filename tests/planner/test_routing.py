@@ -54,11 +54,13 @@ def test_busy_nics_not_reused() -> None:
 def test_plan_routes_inter_node_rings() -> None:
     # 60k tokens cannot fit on one node of 8 x 4000: the ring must cross nodes, and
     # without routing its network transfer is not hidden (compute/comm ~0.4).
+    # Plain rings (head_parallel off): a head-parallel ring is never routed, and this one would
+    # run at width 8 (two blocks, each lane over its own NIC), test_choose_heads.py.
     cost = make_cost("2x8", tokens_per_gpu=4000)
-    plan = plan_step([60_000, 500, 700], cost)
+    plan = plan_step([60_000, 500, 700], cost, PlannerOptions(head_parallel=False))
     assert plan.sequences[0].placement == "inter_node"
     assert plan.routing and all(r.ring == plan.sequences[0].ranks for r in plan.routing)
-    no = plan_step([60_000, 500, 700], cost, PlannerOptions(routing=False))
+    no = plan_step([60_000, 500, 700], cost, PlannerOptions(routing=False, head_parallel=False))
     assert no.routing == ()
     assert no.predicted.step_ms > plan.predicted.step_ms
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .choose_heads import choose_widths
 from .cluster import Cluster
 from .cost_model import CostModel
 from .gc_pause import gc_paused
@@ -108,7 +109,9 @@ def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOption
     if held > cluster.tokens_per_gpu:  # the partitioner keeps every rank within capacity
         raise PlanError(f"internal: a rank holds {held} attention tokens, more than tokens_per_gpu = "
                         f"{cluster.tokens_per_gpu}")
-    sequences = tuple(SequencePlan(s, a.placement, a.ranks) for s, a in zip(lengths, assignments))  # type: ignore[arg-type]
+    widths = choose_widths(lengths, assignments, cost_model, options)  # head-parallel rings (choose_heads.py)
+    sequences = tuple(SequencePlan(s, a.placement, a.ranks, w)  # type: ignore[arg-type]
+                      for s, a, w in zip(lengths, assignments, widths))
     # Validated once (both layouts); the other candidate's linear layout is the attention
     # layout, already checked as such.
     lin = att if remap is False else linear_layout(att, cluster)

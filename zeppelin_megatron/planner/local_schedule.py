@@ -18,6 +18,10 @@ GPU stream runs what the host queued), so the planner decides in advance:
    unrouted), with no contention. The member's *gap* at step ``j`` is
    ``max(0, done_j - (post[p][j] + c_j))``, where ``done_j`` is when the last
    hop it sends or receives ends. Relays post like members, without kernels.
+   A head-parallel ring (:mod:`.head_parallel`) steps over its blocks (its
+   lanes' hops, :func:`~.cost_heads.lane_hops`), between its two all-to-alls,
+   which each block starts when all its lanes are there; Ulysses (one block)
+   has no step with a transfer and so no gap.
 2. :func:`schedule_local` packs each rank's local sequences into its gaps,
    best fit, largest first: a sequence goes to the gap whose call
    (``max(sum of its sequences' local_ms, overhead)``) still fits with the least
@@ -28,7 +32,8 @@ GPU stream runs what the host queued), so the planner decides in advance:
    call would exceed its gap by the least, among the rank's gaps and step 0 of
    its *filling* ring, a ring none of whose members is in a later ring
    (:func:`filling_rings`; they share no rank, so a rank has at most one); on a
-   tie the filling ring, where the overflow holds up no later ring. Nothing
+   tie the filling ring, where the overflow holds up no later ring (a ring of
+   one block, Ulysses, has no step and fills nothing). Nothing
    else is put in a slot that overflowed. The estimate can be short of the real
    wait (contention, routing relays), so a long sequence often still hides
    there, and the rank starts its share of the layout all-to-all (the remap)
@@ -50,6 +55,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from .cost_heads import head_ring_time, lane_hops
 from .plan import LocalSlot, StepPlan
 from .routing import route_parts
 from .zigzag import next_position
@@ -103,6 +109,9 @@ def ring_timeline(plan: StepPlan, cost: "CostModel") -> tuple[dict[tuple[int, in
     free = [0.0] * plan.world_size
     gaps: dict[tuple[int, int, int], float] = {}
     for k, ring in enumerate(plan.rings):
+        if ring.a2a > 1:
+            _head_timeline(plan, cost, k, free, gaps)
+            continue
         g = len(ring.ranks)
         diag = off = 0.0
         step_bytes = 0
@@ -145,6 +154,42 @@ def ring_timeline(plan: StepPlan, cost: "CostModel") -> tuple[dict[tuple[int, in
     return gaps, free
 
 
+def _head_timeline(plan: StepPlan, cost: "CostModel", k: int, free: list[float],
+                   gaps: dict[tuple[int, int, int], float]) -> None:
+    """:func:`ring_timeline` of head-parallel ring ``k`` (updates ``free`` and ``gaps``): each block
+    starts its ``heads`` all-to-all when all its lanes are free and ends it ``heads_ms`` later; then
+    the steps over the ``m`` blocks as for a plain ring (lane hops :func:`~.cost_heads.lane_hops`, gaps
+    at steps ``0 .. m-2``); after the last kernel each block's ``tokens`` all-to-all starts when all
+    its lanes are done. A ring of one block (Ulysses) has no step with a transfer, hence no gap."""
+    ring = plan.rings[k]
+    ranks, a, m = ring.ranks, ring.a2a, ring.blocks
+    o = cost.call_overhead_ms
+    h = head_ring_time(cost, ranks, [plan.sequences[i].length for i in ring.seqs], a)
+    post = [free[r] for r in ranks]  # by ring position
+    blocks = [range(b * a, (b + 1) * a) for b in range(m)]
+    for blk in blocks:
+        start = max(post[p] for p in blk) + h.heads_ms
+        for p in blk:
+            post[p] = start
+    hops = lane_hops(cost, ranks, a, h.lane_bytes) if m > 1 else []
+    for j in range(m - 1):
+        c = max(h.diag if j == 0 else h.off, o)
+        done = [0.0] * len(ranks)
+        for p, q, ms in hops:
+            end = max(post[p], post[q]) + ms
+            done[p] = max(done[p], end)
+            done[q] = max(done[q], end)
+        for p, r in enumerate(ranks):
+            ready = post[p] + c
+            gaps[(r, k, j)] = done[p] - ready if done[p] > ready else 0.0
+            post[p] = max(done[p], ready)
+    last = max(h.off if m > 1 else h.diag, o)
+    for blk in blocks:
+        end = max(post[p] for p in blk) + last + h.tokens_ms
+        for p in blk:
+            free[ranks[p]] = end
+
+
 def schedule_local(plan: StepPlan, cost: "CostModel") -> tuple[LocalSlot, ...]:
     """Local slots for ``plan`` (see the module docstring), ordered by rank, ring, step."""
     o = cost.call_overhead_ms
@@ -155,7 +200,7 @@ def schedule_local(plan: StepPlan, cost: "CostModel") -> tuple[LocalSlot, ...]:
             by_rank.setdefault(r, []).append((k, j, gap))
     filling: dict[int, int] = {}
     for k, (ring, fills) in enumerate(zip(plan.rings, filling_rings([ring.ranks for ring in plan.rings]))):
-        if fills:
+        if fills and ring.blocks > 1:  # a Ulysses ring (one block) has no step to put a call in
             filling.update(dict.fromkeys(ring.ranks, k))
     local: dict[int, list[int]] = {}
     for i, s in enumerate(plan.sequences):

@@ -60,10 +60,16 @@ class PlannerOptions:
     balance_target: float = 1.05
     """Busiest-GPU over mean attention time a result should reach: results within it win over faster ones
     outside it (a more balanced plan may predict a step a few percent slower, through remap traffic)."""
+    head_parallel: bool = True
+    """Let each ring run head-parallel (:mod:`.choose_heads`): an all-to-all over heads inside blocks of
+    its ranks, then a ring over the blocks (Ulysses when one block spans the ring), where the cost model
+    predicts that ring faster than the plain one; ``False``: every ring plain (``a2a == 1``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.routing, bool):
             raise PlanError(f"routing is {self.routing!r}, expected True or False")
+        if not isinstance(self.head_parallel, bool):
+            raise PlanError(f"head_parallel is {self.head_parallel!r}, expected True or False")
         if not _is_remap(self.remap):
             raise PlanError(f"remap is {self.remap!r}, expected one of {list(REMAP_CHOICES)}")
         if isinstance(self.slack, bool) or not isinstance(self.slack, (int, float)) or not 0 <= self.slack < 1:

@@ -19,6 +19,11 @@ Per layer, forward + backward, for each rank ``r``:
 
       attn_r = sum(ring_ms) + max(0, local_r - sum(wait))
 
+* A head-parallel ring (``ring.a2a = a > 1``, :mod:`.cost_heads`) of ``m`` blocks costs
+  ``heads + max(diag, o) + (m-1) * max(off, o, comm) + tokens`` (the lane's kernels over
+  ``1/a`` of the heads, its lane hop, the two all-to-alls); its all-to-alls are exposed
+  communication that local work does not fill (nothing runs between a ``Post`` and ``Wait`` of
+  one), so they count as the rank's own time in the rule above and as ``exposed_comm_ms``.
 * Linear modules: ``linear_ms(tokens in the linear layout)``.
 * Remap: four all-to-alls a layer (q/k/v in, output back, and their
   gradients); per token moved, each side sends ``2 * q_bytes + kv_bytes``.
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from .cost_heads import head_ring_time
 from .cost_model import CostModel
 from .plan import Prediction, StepPlan
 from .routing import Route
@@ -60,10 +66,25 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
     ring_own = [0.0] * world
     intra_b = [0.0] * world
     inter_b = [0.0] * world
+    fixed = [0.0] * world  # head-parallel all-to-alls: neither kernel time nor a wait local work fills
     for ring in plan.rings:
         g = len(ring.ranks)
+        lengths = [plan.sequences[i].length for i in ring.seqs]
+        if ring.a2a > 1:
+            h = head_ring_time(cost, ring.ranks, lengths, ring.a2a)
+            m = ring.blocks
+            for p, src in enumerate(ring.ranks):
+                b, lane = divmod(p, ring.a2a)
+                dst = ring.ranks[next_position(b, m) * ring.a2a + lane]
+                side = intra_b if cl.node_of(src) == cl.node_of(dst) else inter_b
+                side[src] += (m - 1) * h.lane_bytes
+                intra_b[src] += h.a2a_bytes
+                ring_total[src] += h.total
+                ring_own[src] += h.own + h.a2a_ms
+                fixed[src] += h.a2a_ms
+            continue
         routes = plan.routes_for(ring.ranks)
-        total, own, nbytes = ring_time(cost, ring.ranks, [plan.sequences[i].length for i in ring.seqs], routes)
+        total, own, nbytes = ring_time(cost, ring.ranks, lengths, routes)
         for p, src in enumerate(ring.ranks):
             side = intra_b if cl.node_of(src) == cl.node_of(ring.ranks[next_position(p, g)]) else inter_b
             side[src] += (g - 1) * nbytes
@@ -80,6 +101,7 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
                 t = by_length[s.length] = cost.local_ms(s.length)
             local[s.ranks[0]] += t
     attn, own_compute = rank_attention(ring_total, ring_own, local, o)
+    own_compute = [c - f for c, f in zip(own_compute, fixed)]  # the all-to-alls are communication
     linear = [cost.linear_ms(plan.tokens(r, "linear")) for r in range(world)]
 
     no_remap = plan.linear_layout == plan.attention_layout

@@ -1,0 +1,198 @@
+"""Cost of a head-parallel ring (:mod:`.head_parallel`): all-to-alls over heads, a ring over blocks.
+
+Conventions of :meth:`~.cost_model.CostModel.ring_ms`: milliseconds per layer,
+forward + backward merged, every kernel call at least the profile's call
+overhead ``o``, a transfer ``bytes / bandwidth + latency``. A ring of ``G``
+ranks run head-parallel at block width ``a`` has ``m = G / a`` blocks; lane
+``l`` of block ``b`` is ring position ``b a + l`` and computes ``hq / a`` of
+the rank's ``hq`` query heads (per tensor-parallel rank). Per member::
+
+    total = heads + max(diag, o) + (m - 1) * max(off, o, comm) + tokens
+
+* ``heads`` / ``tokens``: the two all-to-alls inside each block (NVLink). A
+  lane sends each of the ``a - 1`` other lanes of its block the rows it holds,
+  restricted to the receiver's head slice; per token and peer, ``heads``
+  carries forward ``q`` (``hq/a`` heads), ``k`` and ``v`` (``lane_kv_heads``
+  each) and backward ``dout`` (``hq/a``), in the training dtype; ``tokens``
+  carries forward ``out`` (``hq/a``, training dtype) and backward ``dq``,
+  ``dk``, ``dv`` in the accumulator dtype (fp32: ``max(4, dtype)`` bytes).
+  Forward and backward are merged into one transfer each (one latency, as a
+  ring step is). A rank holds at most ``ceil(s / G)`` tokens of each sequence
+  (:func:`~.zigzag.ring_max_tokens`); its time is ``nvlink_ms((a - 1) *
+  held * bytes per token)``: its NVLink egress (and ingress) carries all of it.
+* ``diag`` / ``off``: the lane's kernels, :meth:`~.cost_model.CostModel.ring_compute_profile`
+  at block granularity (``m`` positions) divided by ``a`` (kernel time
+  scales with query heads), summed over the ring's sequences (one call per
+  step). ``m = 1`` (Ulysses): one causal call over whole sequences.
+* ``comm``: one lane ring step, ``3 * ring_chunk_pair_tokens(s, m) * 2 *
+  lane_kv_heads * D * dtype`` bytes per lane hop (forward K/V, backward K/V
+  and dK/dV, as :meth:`~.cost_model.CostModel.ring_step_comm_ms`); lane ``l``
+  of block ``b`` sends to lane ``l`` of block ``b + 1`` over NVLink when both
+  are in one node, else over its own GPU's NIC (``cluster.gpu_nic``), which
+  the block's lanes on the same NIC share (never routed); the slowest hop.
+
+Worked example (Llama-7B: 32 query and 32 K/V heads of 128, bf16; one node of
+8 GPUs, NVLink 450 GB/s, 5 us): one sequence of 8192 tokens on ranks 0-7 at
+``a = 8`` (Ulysses, ``m = 1``): each rank holds 1024 tokens; ``heads`` sends 7
+peers ``1024 * (4 + 8 + 4) * 128 * 2`` bytes each, 29.4 MB in all, 0.070 ms;
+``tokens`` ``1024 * (4 * 128 * 2 + 12 * 128 * 4)`` bytes each, 51.4 MB,
+0.119 ms; the kernel is ``causal_ms(8192) / 8``.
+
+Pure, standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .cost_model import CostModel
+from .head_parallel import head_split_error, lane_kv_heads
+from .zigzag import next_position, ring_chunk_pair_tokens, ring_max_tokens
+
+__all__ = ["HeadRingTime", "head_ring_time", "head_widths", "lane_hops", "a2a_bytes_per_token",
+           "lane_kv_bytes_per_token", "kv_heads_per_rank"]
+
+
+def kv_heads_per_rank(cost: CostModel) -> int:
+    """K/V heads on one Zeppelin rank (one tensor-parallel rank): ``kv_heads / tp``."""
+    return cost.model.kv_heads // cost.tensor_parallel
+
+
+def lane_kv_bytes_per_token(cost: CostModel, a2a: int) -> int:
+    """K and V bytes of one token in one lane's head slice: ``2 * lane_kv_heads * D * dtype``.
+
+    Example: Llama-7B (32 K/V heads, ``D = 128``, bf16), ``a2a = 4``: ``2 * 8 * 128 * 2 = 4096``.
+    """
+    return 2 * lane_kv_heads(kv_heads_per_rank(cost), a2a) * cost.model.head_dim * cost.profile.dtype_bytes
+
+
+def a2a_bytes_per_token(cost: CostModel, a2a: int) -> tuple[int, int]:
+    """``(heads, tokens)``: bytes per token one lane sends one peer lane in each all-to-all, forward +
+    backward (module docstring).
+
+    Example: Llama-7B (32 / 32 heads of 128, bf16), ``a2a = 8``: heads ``(4 + 2 * 4 + 4) * 128 * 2 =
+    4096``; tokens ``4 * 128 * 2 + (4 + 2 * 4) * 128 * 4 = 7168``.
+    """
+    d, b = cost.model.head_dim, cost.profile.dtype_bytes
+    acc = max(4, b)
+    q = cost.heads // a2a
+    kv = 2 * lane_kv_heads(kv_heads_per_rank(cost), a2a)
+    return (2 * q + kv) * d * b, q * d * b + (q + kv) * d * acc
+
+
+def head_widths(cost: CostModel, ranks: Sequence[int]) -> tuple[int, ...]:
+    """Block widths ``a >= 2`` a ring over ``ranks`` (ring order) may run head-parallel at: ``a`` divides
+    ``len(ranks)``, every block of ``a`` consecutive ranks lies in one node, and the rank's heads split
+    over ``a`` lanes (:func:`~.head_parallel.head_split_error`). Ascending.
+
+    Example: 32 / 8 heads, ranks ``(0, 1, 2, 3)`` of one node: ``(2, 4)``; ranks ``(6, 7, 8, 9)`` on
+    nodes of 8: ``(2,)`` (a block of 4 would span two nodes); 12 / 4 heads, 8 ranks: ``(2, 4)``.
+    """
+    cl = cost.cluster
+    g = len(ranks)
+    hq, hkv = cost.heads, kv_heads_per_rank(cost)
+    nodes = [cl.node_of(r) for r in ranks]
+    out = []
+    for a in range(2, g + 1):
+        if g % a or head_split_error(hq, hkv, a) is not None:
+            continue
+        if all(len(set(nodes[b * a:(b + 1) * a])) == 1 for b in range(g // a)):
+            out.append(a)
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class HeadRingTime:
+    """One head-parallel ring's per-layer times (ms) and bytes, per member (module docstring).
+
+    ``total``: what every member spends in the ring; ``own``: its kernel time
+    ``max(diag, o) + (m - 1) * max(off, o)``; ``a2a_ms``: the two all-to-alls
+    (``heads_ms + tokens_ms``, not hidden by anything); ``step_comm_ms``: the
+    slowest lane hop of one step; ``a2a_bytes``: what a rank sends in both
+    all-to-alls (NVLink); ``lane_bytes``: what one lane hop moves per step
+    (``m - 1`` steps).
+    """
+
+    total: float
+    own: float
+    diag: float
+    off: float
+    a2a_ms: float
+    heads_ms: float
+    tokens_ms: float
+    step_comm_ms: float
+    a2a_bytes: float
+    lane_bytes: float
+
+
+def head_ring_time(cost: CostModel, ranks: Sequence[int], lengths: Sequence[int], a2a: int) -> HeadRingTime:
+    """Times of sequences ``lengths`` sharing a ring over ``ranks`` run head-parallel at width ``a2a``.
+
+    Raises ``ValueError`` when ``a2a`` is not one of :func:`head_widths` (the message names the limit).
+    Memoised in the cost model's cache (plans repeat rings).
+    """
+    key = ("hring", tuple(ranks), tuple(lengths), a2a)
+    hit = cost._cache.get(key)
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
+    g = len(ranks)
+    if a2a < 2 or a2a not in head_widths(cost, ranks):
+        raise ValueError(f"block width {a2a} is not allowed for a ring of {g} ranks {list(ranks)[:8]}: allowed "
+                         f"{list(head_widths(cost, ranks))} (divides the ring, blocks inside one node, heads "
+                         f"{cost.heads}/{kv_heads_per_rank(cost)} split)")
+    m = g // a2a
+    o = cost.call_overhead_ms
+    diag = off = 0.0
+    held = step = 0
+    for s in lengths:
+        d, f = cost.ring_compute_profile(s, m)
+        diag += d / a2a
+        off += f / a2a
+        held += ring_max_tokens(s, g)
+        if m > 1:
+            step += ring_chunk_pair_tokens(s, m)
+    heads_b, tokens_b = a2a_bytes_per_token(cost, a2a)
+    heads_ms = cost.nvlink_ms((a2a - 1) * held * heads_b)
+    tokens_ms = cost.nvlink_ms((a2a - 1) * held * tokens_b)
+    lane_bytes = 3 * step * lane_kv_bytes_per_token(cost, a2a)
+    comm = _lane_comm_ms(cost, ranks, a2a, lane_bytes) if m > 1 else 0.0
+    own = max(diag, o) + (m - 1) * max(off, o)
+    a2a_ms = heads_ms + tokens_ms
+    total = a2a_ms + max(diag, o) + (m - 1) * max(off, o, comm)
+    hit = HeadRingTime(total=total, own=own, diag=diag, off=off, a2a_ms=a2a_ms, heads_ms=heads_ms, tokens_ms=tokens_ms,
+                       step_comm_ms=comm, a2a_bytes=(a2a - 1) * held * (heads_b + tokens_b),
+                       lane_bytes=float(lane_bytes))
+    cost._cache[key] = hit
+    return hit
+
+
+def lane_hops(cost: CostModel, ranks: Sequence[int], a2a: int, nbytes: float) -> list[tuple[int, int, float]]:
+    """``(p, q, ms)`` of every lane hop of one step, by ring position: lane ``l`` of block ``b``
+    (``p = b a + l``) to lane ``l`` of block ``b + 1`` (``q``). Example: 4 ranks, ``a = 2``: hops
+    ``0 -> 2``, ``1 -> 3``, ``2 -> 0``, ``3 -> 1``. NVLink inside a node, else the source GPU's NIC,
+    shared by the lanes of its block on that NIC (and the destination's, by the next block's lanes on
+    it): ``nic_ms(nbytes * sharing)``."""
+    cl = cost.cluster
+    g = len(ranks)
+    m = g // a2a
+    nics = [cl.nic_of(r) for r in ranks]
+    share = [0] * g  # lanes of position p's block on p's NIC
+    for b in range(m):
+        block = nics[b * a2a:(b + 1) * a2a]
+        for l, n in enumerate(block):
+            share[b * a2a + l] = block.count(n)
+    out = []
+    for p, src in enumerate(ranks):
+        b, l = divmod(p, a2a)
+        q = next_position(b, m) * a2a + l
+        dst = ranks[q]
+        if cl.node_of(src) == cl.node_of(dst):
+            out.append((p, q, cost.nvlink_ms(nbytes)))
+        else:
+            out.append((p, q, cost.nic_ms(nbytes * max(share[p], share[q]))))
+    return out
+
+
+def _lane_comm_ms(cost: CostModel, ranks: Sequence[int], a2a: int, nbytes: float) -> float:
+    return max(ms for _, _, ms in lane_hops(cost, ranks, a2a, nbytes))
