@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel", type=int, default=1,
                    help="TP size: each Zeppelin rank is a TP group of this many GPUs (heads split over them)")
     p.add_argument("--no-routing", action="store_true", help="plan without NIC-aware routing")
+    p.add_argument("--no-head-parallel", action="store_true",
+                   help="keep every ring plain (no head-parallel rings: all-to-all over heads inside blocks "
+                        "of a ring's GPUs, Ulysses when one block spans it)")
     remap = p.add_mutually_exclusive_group()
     # default None (meaning "on"): argparse's exclusivity check ignores an option given its own default value
     remap.add_argument("--remap", choices=tuple(_REMAP), default=None,
@@ -92,6 +95,7 @@ def _table(plan: StepPlan) -> str:
         "",
         f"sequences: {len(plan.sequences)} ({kinds['local']} local, {kinds['intra_node']} intra_node, "
         f"{kinds['inter_node']} inter_node), tokens: {plan.total_tokens}, routed hops: {len(plan.routing)}",
+        _head_line(plan),
         f"remap: {'off (linear layout = attention layout)' if plan.linear_layout == plan.attention_layout else 'on'}"
         + (f", cross-node rows routed over local GPUs {list(plan.remap_proxies)}" if plan.remap_proxies else ""),
         f"local sequences in ring waits: {sum(len(x.seqs) for x in plan.local_slots)} "
@@ -100,6 +104,15 @@ def _table(plan: StepPlan) -> str:
         f"attention max/mean: {max(att) / mean if mean else 1.0:.3f}",
     ]
     return "\n".join(lines)
+
+
+def _head_line(plan: StepPlan) -> str:
+    """How the rings run: ``rings: 5 (3 plain, 1 Ulysses, 1 head-parallel hybrid)``."""
+    rings = plan.rings
+    uly = sum(1 for r in rings if r.a2a > 1 and r.blocks == 1)
+    hybrid = sum(1 for r in rings if r.a2a > 1 and r.blocks > 1)
+    return (f"rings: {len(rings)} ({len(rings) - uly - hybrid} plain, {uly} Ulysses, {hybrid} head-parallel hybrid; "
+            f"block widths {sorted({r.a2a for r in rings if r.a2a > 1})})")
 
 
 def plot_plan(plan: StepPlan, path: str | Path) -> None:
@@ -142,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
     lengths = read_lengths(args.lengths)
     setup = build_planning(args.cluster, args.model, args.profile, tensor_parallel=args.tensor_parallel,
                            tokens_per_gpu=args.tokens_per_gpu,
-                           options=PlannerOptions(routing=not args.no_routing, remap=_REMAP[args.remap or "on"]))
+                           options=PlannerOptions(routing=not args.no_routing, remap=_REMAP[args.remap or "on"],
+                                                  head_parallel=not args.no_head_parallel))
     warning = profile_range_warning(setup.cost.profile, lengths) if args.profile else None
     if warning:
         print(f"zeppelin plan: {warning}", file=sys.stderr)

@@ -59,6 +59,10 @@ def zeppelin_requested(argv: list[str]) -> bool:
     return "--zeppelin" in argv
 
 
+def _word(on: bool) -> str:
+    return "on" if on else "off"
+
+
 def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``--zeppelin*`` flags (an ``extra_args_provider``; returns ``parser``)."""
     from ..runtime.kernels import BACKENDS
@@ -83,6 +87,10 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "--no-zeppelin-remap: the linear layout is the attention layout (no remap traffic).")
     g.add_argument("--zeppelin-remap-auto", action="store_true",
                    help="Decide remapping per micro-step: remap only when the planner predicts a faster step.")
+    g.add_argument("--zeppelin-head-parallel", choices=("on", "off"), default=_word(_PLANNER.head_parallel),
+                   help="Let the planner run a ring head-parallel (an all-to-all over heads inside blocks of its "
+                        "GPUs, a ring across the blocks; Ulysses when one block spans it) where the cost model "
+                        f"predicts it faster (default: {_word(_PLANNER.head_parallel)}; off: every ring plain).")
     g.add_argument("--zeppelin-backend", type=str, default=None, choices=sorted(BACKENDS),
                    help="Attention kernel backend (default: the best usable one).")
     g.add_argument("--zeppelin-check-plan", action=argparse.BooleanOptionalAction, default=False,
@@ -155,12 +163,14 @@ def _remap_from_args(args: argparse.Namespace) -> Remap:
 
 
 _PLANNER_FLAGS = {"routing": "--zeppelin-routing", "remap": "--zeppelin-remap", "slack": "--zeppelin-slack",
-                  "min_ratio": "--zeppelin-min-ratio", "placements": "--zeppelin-placements"}
+                  "min_ratio": "--zeppelin-min-ratio", "placements": "--zeppelin-placements",
+                  "head_parallel": "--zeppelin-head-parallel"}
 """PlannerOptions field -> the flag that sets it (errors name the flag)."""
 
 
 def planner_options_from_args(args: argparse.Namespace) -> PlannerOptions:
-    """The planner's settings from ``--zeppelin-routing/-remap/-remap-auto/-slack/-min-ratio/-placements``.
+    """The planner's settings from ``--zeppelin-routing/-remap/-remap-auto/-slack/-min-ratio/-placements``
+    and ``--zeppelin-head-parallel {on,off}``.
 
     :class:`PlannerOptions` validates the values; its error is re-raised naming
     the flag, e.g. ``--zeppelin-slack 2.0: slack is 2.0, expected a fraction in [0, 1)``.
@@ -169,6 +179,10 @@ def planner_options_from_args(args: argparse.Namespace) -> PlannerOptions:
         routing=args.zeppelin_routing, remap=_remap_from_args(args), slack=args.zeppelin_slack,
         min_ratio=args.zeppelin_min_ratio,
         placements=tuple(p.strip() for p in args.zeppelin_placements.split(",") if p.strip()))
+    hp = getattr(args, "zeppelin_head_parallel", _word(_PLANNER.head_parallel))
+    if hp not in ("on", "off"):
+        raise ZeppelinArgsError(f"--zeppelin-head-parallel {hp}: expected on or off")
+    values["head_parallel"] = hp == "on"
     for name, flag in _PLANNER_FLAGS.items():
         try:
             PlannerOptions(**{name: values[name]})
