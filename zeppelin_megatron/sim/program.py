@@ -54,14 +54,14 @@ runtime's messages and wire hops; a ring transfer becomes one ``Traffic``.)
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Literal, Mapping
 
 from ..planner.cost_model import CostModel
 from ..planner.lowering import (
     LocalCall, Post, RankProgram, RemapExchange, RingCall, Transfer, Wait, lower, lower_remaps, message_hops,
 )
-from ..planner.plan import Ring, StepPlan
+from ..planner.plan import LocalSlot, Ring, StepPlan
 from ..planner.zigzag import ring_chunk_pair_tokens, zigzag_tokens
 from .peer_plan import PEER_COMMS, PeerPlan
 from .charges import (
@@ -69,7 +69,7 @@ from .charges import (
     zeppelin_local_bytes, zeppelin_remap_bytes, zeppelin_ring_bytes,
 )
 
-__all__ = ["Leg", "Traffic", "Op", "LayerProgram", "build_layer_program"]
+__all__ = ["Leg", "Traffic", "Op", "LayerProgram", "build_layer_program", "plain_rings"]
 
 Link = Literal["nvl", "nic"]
 
@@ -332,6 +332,25 @@ def _group_ops(plan: StepPlan, ring: Ring, cost: CostModel, attention_comm: str,
                    Op("wait", key=tag, kind="group", label=f"{label} all-gather K/V"),
                    Op("compute", max(rest[r], o), "attention", label=f"{label} gathered K/V"),
                    Op("post", key=trs), Op("wait", key=trs, kind="group", label=f"{label} reduce-scatter dK/dV")]
+
+
+def plain_rings(plan: StepPlan) -> StepPlan:
+    """``plan`` with every head-parallel ring run as a plain ring (``a2a = 1``; same ranks, layouts and local
+    sequences): the simulator's same-plan ablation of head-parallel rings (``simulate(..., head_parallel=False)``).
+    Local slots follow their ring (by ranks; slots that land on one step of a merged ring join); a plan
+    without head-parallel rings is returned as is. Example: a Ulysses ring over ranks (0, 1, 2, 3) becomes
+    the 4-position zigzag ring over the same ranks."""
+    if all(s.a2a == 1 for s in plan.sequences):
+        return plan
+    old = plan.rings
+    plain = replace(plan, sequences=tuple(replace(s, a2a=1) if s.a2a != 1 else s for s in plan.sequences),
+                    local_slots=())
+    index = {r.ranks: k for k, r in enumerate(plain.rings)}
+    slots: dict[tuple[int, int, int], tuple[int, ...]] = {}
+    for x in plan.local_slots:
+        at = (x.rank, index[old[x.ring].ranks], x.step)
+        slots[at] = slots.get(at, ()) + x.seqs
+    return replace(plain, local_slots=tuple(LocalSlot(r, k, j, seqs) for (r, k, j), seqs in sorted(slots.items())))
 
 
 def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "ring",

@@ -27,7 +27,7 @@ from typing import Any
 from ..planner.cost_model import CostModel
 from ..planner.plan import StepPlan
 from .network import EPS_MS, Flow, FluidNetwork
-from .program import Leg, LayerProgram, build_layer_program
+from .program import Leg, LayerProgram, build_layer_program, plain_rings
 
 __all__ = ["Event", "SimResult", "simulate", "simulate_program", "link_capacities"]
 
@@ -117,7 +117,8 @@ ENGINES: tuple[str, ...] = ("runtime", "fill")
 
 
 def simulate(plan: StepPlan, cost: CostModel, *, attention_comm: str = "ring", routing: bool = True,
-             engine: str = "runtime", keep_events: bool = True, charges: str = "zeppelin") -> SimResult:
+             engine: str = "runtime", keep_events: bool = True, charges: str = "zeppelin",
+             head_parallel: bool = True) -> SimResult:
     """Simulate one step of ``plan`` (see module docstring). Deterministic.
 
     ``engine="runtime"``: the order ``zeppelin_megatron.runtime`` executes:
@@ -130,12 +131,18 @@ def simulate(plan: StepPlan, cost: CostModel, *, attention_comm: str = "ring", r
     ``charges``: whose merges and copies ring plans pay (:mod:`.charges`): ``zeppelin`` (this project's
     engine) or ``te`` (TE CP's ring; what the ring baselines run); :func:`~.charges.charges_for` maps a
     strategy name to it.
+
+    ``head_parallel=False`` runs the plan's head-parallel rings as plain rings over the same ranks
+    (:func:`~.program.plain_rings`): the same-plan ablation (the planner's ``PlannerOptions.head_parallel``
+    instead plans without them).
     """
     if plan.nodes != cost.cluster.nodes or plan.gpus_per_node != cost.cluster.gpus_per_node:
         raise ValueError(f"the plan is for {plan.nodes}x{plan.gpus_per_node} GPUs but the cost model's cluster is "
                          f"{cost.cluster.nodes}x{cost.cluster.gpus_per_node}")
     if engine not in ENGINES:
         raise ValueError(f"engine is {engine!r}, expected one of {list(ENGINES)}")
+    if not head_parallel:
+        plan = plain_rings(plan)
     program = build_layer_program(plan, cost, attention_comm, routing, interleave_local=engine == "runtime",
                                   charges=charges)
     return simulate_program(program, cost, engine=engine, keep_events=keep_events)
