@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from .gc_pause import gc_paused
+from .layout_check import attention_in_planner_order
 from .plan_parts import PlanError, TokenRange
 from .zigzag import chunk_bounds, next_position
 
@@ -63,6 +64,11 @@ def _validate_plan(plan: "StepPlan") -> None:
                 f"{where}: too short to split over {len(s.ranks)} ranks "
                 f"(zigzag needs >= {2 * len(s.ranks)} tokens)"
             )
+    if attention_in_planner_order(plan):  # both attention checks below hold (layout_check.py)
+        if plan.linear_layout != plan.attention_layout:  # equal: covered as well
+            _check_cover(plan, plan.linear_layout, "linear_layout")
+        check_routing(plan)
+        return
     att = _check_cover(plan, plan.attention_layout, "attention_layout")
     _check_cover(plan, plan.linear_layout, "linear_layout")
     # Attention layout must follow each sequence's placement.
