@@ -15,7 +15,6 @@ from zeppelin_megatron.planner.plan import LocalSlot, SequencePlan, StepPlan
 from zeppelin_megatron.planner.zigzag import zigzag_ranges
 from zeppelin_megatron.sim.charges import (
     Shape, a2a_token_bytes, hbm_ms, shape_of, zeppelin_a2a_bytes, zeppelin_call_bytes, zeppelin_remap_bytes,
-    zeppelin_ring_bytes,
 )
 from zeppelin_megatron.sim.program import build_layer_program, plain_rings
 from zeppelin_megatron.sim.simulator import simulate
@@ -71,12 +70,19 @@ def test_ulysses_ring_by_hand() -> None:
       5 us + 3 x 29 360 128 / 4e8 = 0.22520096 ms (TE-charged / uncharged: 16 777 216 B, as heads);
     * one causal call over the whole sequence with 8 of 32 heads: causal_ms(8192) / 4 (>= call overhead);
       no K/V transfer (one block);
-    * charges (bf16, fp32 accumulators a = 4): pack and unpack of heads 2 x 6144 rows x 8192 B =
-      100 663 296 B each, of tokens 2 x 6144 x 14336 = 176 160 768 B each; the ring's gathers at the lane's
-      shape over 8192 head-buffer rows: forward 2 b n (Eq' + Ekv') + n Eq' (a + 3b) = 184 549 376, backward
-      2 b n (2 Eq' + Ekv') + a n Eq' + n (Eq' + Ekv')(a + 3b) = 419 430 400; the diagonal call: o.to(fp32)
-      n Eq' (a + b) = 50 331 648, dq += n Eq' (2a + b) = 83 886 080, lse copy 2 a n Hq' = 524 288, the dK/dV
-      block becomes the accumulator n Ekv' (a + b) = 100 663 296.
+    * charges (bf16 b = 2, fp32 accumulators a = 4; n = 2048 own rows, N = 8192 head-buffer rows;
+      runtime/heads.py): heads pack: q select + copy into the send buffer 4 b n Eq = 67 108 864, k, v
+      selects 2 b n Ekv = 67 108 864 and copies 67 108 864, own slot 2 b n (Eq' + Ekv') = 25 165 824,
+      dout select + copy 67 108 864, its own slot 2 b n Eq' = 8 388 608: 301 989 888 B; heads unpack:
+      the permutation into the head buffer 2 b N (Eq' + Ekv') = 100 663 296, dout's 2 b N Eq' = 33 554 432,
+      dq zeros a N Eq' = 33 554 432: 167 772 160 B; tokens pack: out .to N Eq' (a + b) = 50 331 648, its
+      lane-order select 2 b N Eq' = 33 554 432, own slot 2 b n Eq' = 8 388 608, the gradients' select and
+      own slot 2 a (N + n)(Eq' + Ekv') = 251 658 240: 343 932 928 B; tokens unpack: out index_copy_ per lane
+      2 b n Eq = 33 554 432, dK/dV zeros a n Ekv = 67 108 864, dq .to + index_copy_ n Eq (a + 3b) =
+      83 886 080, dK/dV index_add_ 3 a n Ekv = 201 326 592, their .to + index_copy_ n Ekv (a + 3b) =
+      167 772 160: 553 648 128 B; the diagonal call (sim/charges.py at the lane's shape): o.to(fp32)
+      N Eq' (a + b) = 50 331 648, dq += N Eq' (2a + b) = 83 886 080, lse copy 2 a N Hq' = 524 288, the dK/dV
+      block becomes the accumulator N Ekv' (a + b) = 100 663 296.
     """
     cl = _cluster(1, 4)
     cost = _cost(cl)
@@ -96,13 +102,16 @@ def test_ulysses_ring_by_hand() -> None:
     assert _legs(prog, "tokens") == sorted((x, y, 29_360_128.0, "nvl") for x in range(4) for y in range(4) if x != y)
     assert not [k for k in prog.transfers if "kv" in k]
     copies = {op.label.rsplit(") ", 1)[-1]: op.ms for op in prog.ops[0] if op.kind == "copy"}
-    pack_h, pack_t = 100_663_296, 176_160_768
-    ring, call = 184_549_376 + 419_430_400, 50_331_648 + 83_886_080 + 524_288 + 100_663_296
-    assert copies["to heads: pack"] == copies["to heads: unpack"] == pytest.approx(hbm_ms(cost, pack_h))
-    assert copies["to tokens: pack"] == copies["to tokens: unpack"] == pytest.approx(hbm_ms(cost, pack_t))
-    assert copies["step 0 merges and row copies"] == pytest.approx(hbm_ms(cost, ring + call))
+    hand = {"heads pack": 301_989_888, "heads unpack": 167_772_160, "tokens pack": 343_932_928,
+            "tokens unpack": 553_648_128}
+    call = 50_331_648 + 83_886_080 + 524_288 + 100_663_296
+    assert zeppelin_a2a_bytes(shape_of(cost), 4, 2048, 8192) == hand
+    for part, nbytes in hand.items():
+        kind, which = part.split()
+        assert copies[f"to {kind}: {which}"] == pytest.approx(hbm_ms(cost, nbytes), rel=1e-12)
+    assert copies["step 0 merges and row copies"] == pytest.approx(hbm_ms(cost, call), rel=1e-12)
     remap = zeppelin_remap_bytes(shape_of(cost), plan)[0]  # the remap_parts the runtime runs even unmoved
-    layer = lin + hbm_ms(cost, remap + 2 * pack_h + 2 * pack_t + ring + call) + heads + tokens + kernel
+    layer = lin + hbm_ms(cost, remap + sum(hand.values()) + call) + heads + tokens + kernel
     assert simulate(plan, cost).layer_ms == pytest.approx(layer, rel=1e-12)
 
 
@@ -120,8 +129,11 @@ def test_hybrid_ring_by_hand() -> None:
     * step 0: the block's diagonal, causal_ms(8192) / 2; step 1: block 0 is ``late`` (its 4096 late rows
       against block 1's 8192 keys: block_fitted_ms(4096, 8192) / 2), block 1 ``early`` (8192 rows against
       block 0's 4096 early keys: block_fitted_ms(8192, 4096) / 2); uncharged: block_ms(8192, 4096) / 2 both;
-    * charges: pack and unpack of heads 2 x 4096 x 16384 = 134 217 728 B each, of tokens 2 x 4096 x 28672
-      = 234 881 024 B each; the ring's gathers and each call's merges at the lane's shape.
+    * charges (n = 4096 own rows, N = 8192 head-buffer rows; the terms of the Ulysses case): heads pack
+      134 217 728 + 134 217 728 + 134 217 728 + 100 663 296 + 134 217 728 + 33 554 432 = 671 088 640 B,
+      unpack 201 326 592 + 67 108 864 + 67 108 864 = 335 544 320 B; tokens pack 100 663 296 + 67 108 864 +
+      33 554 432 + 603 979 776 = 805 306 368 B, unpack 67 108 864 + 134 217 728 + 167 772 160 + 402 653 184 +
+      335 544 320 = 1 107 296 256 B; each call's merges and copies at the lane's shape.
     """
     cl = _cluster(2, 2)
     cost = _cost(cl)
@@ -145,17 +157,21 @@ def test_hybrid_ring_by_hand() -> None:
     assert (got.eq, got.ekv, got.hq, got.b, got.a) == (lane.eq, lane.ekv, lane.hq, lane.b, lane.a)
     low = lower(plan)
     remap = zeppelin_remap_bytes(shape_of(cost), plan)
-    pack_h, pack_t = 134_217_728, 234_881_024
+    hand = {"heads pack": 671_088_640, "heads unpack": 335_544_320, "tokens pack": 805_306_368,
+            "tokens unpack": 1_107_296_256}
+    assert zeppelin_a2a_bytes(shape_of(cost), 2, 4096, 8192) == hand
     finish = []
     for r in range(4):
         d0, d1 = [op for op in low.ranks[r].forward if isinstance(op, RingCall)]
         assert (d0.kind, d1.kind) == ("diag", "late" if r < 2 else "early")
         step1 = cost.block_fitted_ms(4096, 8192) / 2 if r < 2 else cost.block_fitted_ms(8192, 4096) / 2
-        copy0 = zeppelin_ring_bytes(lane, 8192) + zeppelin_call_bytes(lane, d0, first_late=False)
+        copy0 = zeppelin_call_bytes(lane, d0, first_late=False)
         copy1 = zeppelin_call_bytes(lane, d1, first_late=d1.kind == "late")
-        start = lin / 2 + hbm_ms(cost, remap[r]) / 2 + hbm_ms(cost, 2 * pack_h) + heads
+        start = lin / 2 + hbm_ms(cost, remap[r]) / 2 + hbm_ms(cost, hand["heads pack"]) + heads
+        start += hbm_ms(cost, hand["heads unpack"])
         ring = max(start + max(diag, o) + hbm_ms(cost, copy0), start + kv) + max(step1, o) + hbm_ms(cost, copy1)
-        finish.append(ring + hbm_ms(cost, 2 * pack_t) + tokens + hbm_ms(cost, remap[r]) / 2 + lin / 2)
+        end = hbm_ms(cost, hand["tokens pack"]) + tokens + hbm_ms(cost, hand["tokens unpack"])
+        finish.append(ring + end + hbm_ms(cost, remap[r]) / 2 + lin / 2)
         labels = [op.label.rsplit(") ", 1)[-1] for op in prog.ops[r] if op.kind == "copy" and "a2a" in op.label]
         assert labels == ["to heads: pack", "to heads: unpack", "step 0 merges and row copies",
                           "step 1 merges and row copies", "to tokens: pack", "to tokens: unpack"]
@@ -172,7 +188,13 @@ def test_lane_bytes_per_token_and_gqa_replication() -> None:
     heads, tokens = a2a_token_bytes(sh)
     assert (heads, tokens) == (2 * (2 * 128 + 128), 2 * 128 + 4 * (128 + 128))
     assert a2a_token_bytes(sh, "te") == (768, 2 * 128 + 2 * 256)
-    assert zeppelin_a2a_bytes(sh, 10, "heads") == 2 * 10 * 768 and zeppelin_a2a_bytes(sh, 10, "tokens") == 2 * 10 * 1280
+    # a sender packs 4 lanes x 1 K/V head = 4 x 64 x 2 K/V elements per token (its 2 x 2 x 64 picked first):
+    # heads pack 40 960 + 10 240 + pick 20 480 + copy 20 480 + own 10 240 + dout 40 960 + 5 120 (n = 10);
+    # tokens unpack: out 20 480, dK/dV zeros 10 240, dq 51 200, index_add_ 61 440, dK/dV home 25 600
+    got = zeppelin_a2a_bytes(shape_of(cost), 4, 10, 40)
+    assert (got["heads pack"], got["tokens unpack"]) == (148_480, 168_960)
+    mha = zeppelin_a2a_bytes(shape_of(_cost(_cluster(1, 4), replace(gqa, kv_heads=8))), 4, 10, 40)
+    assert mha["heads pack"] == 40_960 + 40_960 + 40_960 + 15_360 + 40_960 + 5_120  # Hkv = 8: no pick
     with pytest.raises(ValueError, match="width 3 cannot split 8 query and 2 K/V heads.*3 lanes do not divide 8"):
         shape_of(cost, 3)
     plan = _plan([(4000, (0, 1, 2, 3), 4)], 1, 4)
@@ -185,8 +207,9 @@ def test_lane_bytes_per_token_and_gqa_replication() -> None:
 
 def test_each_new_op_pays_its_charge_and_rings_of_one_rank_tuple_stay_apart() -> None:
     """Two rings on the same ranks (a plain one and a hybrid one of width 2) and a local sequence in a slot
-    of the hybrid: distinct transfers; every rank pays pack + unpack for each all-to-all (its lowered sent /
-    received rows), a lane-shaped copy per lane call, the slot's local call; TE charges drop the packs."""
+    of the hybrid: distinct transfers; every rank pays pack + unpack for each all-to-all (its own rows = its
+    lowered sent and received rows, its block's rows), a lane call's kernel at half the heads, the slot's
+    local call; TE charges drop the packs."""
     cl = _cluster(2, 2)
     cost = _cost(cl)
     base = _plan([(6000, (0, 1, 2, 3), 1), (9000, (0, 1, 2, 3), 2)], 2, 2, local=((300, 1),))
@@ -197,16 +220,20 @@ def test_each_new_op_pays_its_charge_and_rings_of_one_rank_tuple_stay_apart() ->
     assert ("ring", (0, 1, 2, 3), 0) in keys and ("ring", (0, 1, 2, 3), 2, "kv", 0) in keys
     assert {("ring", (0, 1, 2, 3), 2, "heads"), ("ring", (0, 1, 2, 3), 2, "tokens")} <= keys
     low = lower(plan)
-    lane = shape_of(cost, 2)
     for r in range(4):
         rp = low.ranks[r]
         for kind in ("heads", "tokens"):
             (tid,) = [t for t in rp.transfers if t.kind == kind]
             sent = sum(m.tokens for m in rp.transfers[tid].messages if m.src == r)
             got = sum(m.tokens for m in rp.transfers[tid].messages if m.dst == r)
-            assert sent == got == sum(b - a for a, b in zigzag_ranges(9000, 4, r))
-            ms = [op.ms for op in prog.ops[r] if op.label.endswith(f"to {kind}: pack")]
-            assert ms == [pytest.approx(hbm_ms(cost, zeppelin_a2a_bytes(lane, sent, kind)))]
+            own = sum(b - a for a, b in zigzag_ranges(9000, 4, r))
+            assert sent == got == own  # width 2: one peer lane
+            block = next(p for p in rp.rings if p.ring == hybrid).tokens(r // 2)
+            assert block == own + sum(b - a for a, b in zigzag_ranges(9000, 4, r ^ 1))
+            copies = zeppelin_a2a_bytes(shape_of(cost), 2, own, block)
+            for which in ("pack", "unpack"):
+                ms = [op.ms for op in prog.ops[r] if op.label.endswith(f"to {kind}: {which}")]
+                assert ms == [pytest.approx(hbm_ms(cost, copies[f"{kind} {which}"]), rel=1e-12)]
         calls = [op for op in rp.forward if isinstance(op, RingCall) and op.ring == hybrid]
         att = [op for op in prog.ops[r] if op.kind == "attention" and "a2a 2" in op.label]
         assert len(calls) == len(att) == 2 and att[0].ms == pytest.approx(

@@ -53,13 +53,12 @@ forward + backward of one layer, as the cost model's kernel times are.
   phase's send buffer from where its rows arrived (the same rules, exact per rank): rows that stay in
   the node are never copied again, no staging buffer is built (before: three ``index_select`` + ``cat``
   of every staged row, ``12 b F' T_src``).
-* head-parallel rings (``a2a = a > 1``; the lowering's ``heads`` / ``tokens`` transfers): every charge above
-  at the lane's shape (:func:`shape_of` ``(cost, a)``: ``Hq / a`` query heads, ``lane_kv_heads`` K/V heads)
-  over the rank's head-buffer rows (its block's tokens), plus each all-to-all's pack and unpack: one read and
-  write of every lane slice the rank sends (before the post) and receives (after the wait),
-  :func:`zeppelin_a2a_bytes`. The runtime's head-parallel path is being written alongside (issue 12); these
-  are the copies the lowering's messages imply (one send buffer per peer lane, the received slices put at
-  ``RingPart.lane_rows`` / ``RingPart.rows``), to be recounted from its code.
+* head-parallel rings (``a2a = a > 1``; the lowering's ``heads`` / ``tokens`` transfers; ``runtime/heads.py``):
+  every per-call charge above at the lane's shape (:func:`shape_of` ``(cost, a)``: ``Hq / a`` query heads,
+  ``lane_kv_heads`` K/V heads) over the rank's head-buffer rows (its block's tokens); instead of the per-ring
+  gathers, the copies around the two all-to-alls (``HeadIndex``: the send buffers' row and head selects, the
+  own slot, the head buffer's permutation, the result and gradient casts, the per-lane ``index_copy_`` /
+  ``index_add_`` home), :func:`zeppelin_a2a_bytes`, charged before each post and after each wait.
 * the router's relays: none. A relay receives into a buffer and sends that buffer on; a message part is
   a view of the payload (``runtime/router.py``). Its bytes are network traffic, charged as such.
 
@@ -95,7 +94,7 @@ from ..planner.remap_staging import Gather, StagingPlan, gather_plan, staging_pl
 
 __all__ = ["hbm_ms", "Shape", "shape_of", "merge_bytes", "zeppelin_call_bytes", "zeppelin_ring_bytes",
            "zeppelin_local_bytes", "zeppelin_remap_bytes", "remap_gathers", "te_step_bytes", "CHARGES",
-           "charges_for", "a2a_token_bytes", "zeppelin_a2a_bytes"]
+           "charges_for", "a2a_token_bytes", "zeppelin_a2a_bytes", "A2A_PARTS"]
 
 CHARGES: tuple[str, ...] = ("zeppelin", "te", "none")
 """Charge models: ``zeppelin`` (this project's engine, counted from its code), ``te`` (TE CP's ring) and
@@ -127,14 +126,9 @@ def shape_of(cost: CostModel, a2a: int = 1) -> Shape:
     ``a2a = 4`` -> ``hq = 8``, ``eq = 1024``, ``ekv = 2048``. Raises ``ValueError`` when the heads do not split."""
     m, tp = cost.model, cost.tensor_parallel
     b = cost.profile.dtype_bytes
-    hq, hkv = m.q_heads // tp, m.kv_heads // tp
-    if a2a != 1:
-        why = head_split_error(hq, hkv, a2a)
-        if why is not None:
-            raise ValueError(f"a head-parallel ring of width {a2a} cannot split {hq} query and {hkv} K/V heads "
-                             f"per rank: {why}")
-        hq, hkv = hq // a2a, lane_kv_heads(hkv, a2a)
-    return Shape(eq=hq * m.head_dim, ekv=2 * hkv * m.head_dim, hq=hq, b=b, a=max(4, b))
+    sh = Shape(eq=(m.q_heads // tp) * m.head_dim, ekv=2 * (m.kv_heads // tp) * m.head_dim, hq=m.q_heads // tp,
+               b=b, a=max(4, b))
+    return sh if a2a == 1 else _lane(sh, a2a)
 
 
 def hbm_ms(cost: CostModel, nbytes: float) -> float:
@@ -296,11 +290,59 @@ def a2a_token_bytes(sh: Shape, charges: str = "zeppelin") -> tuple[int, int]:
     return sh.b * (2 * sh.eq + sh.ekv), sh.b * sh.eq + acc * (sh.eq + sh.ekv)
 
 
-def zeppelin_a2a_bytes(sh: Shape, rows: int, kind: str) -> float:
-    """Pack or unpack copies of one all-to-all (``kind``: ``heads`` or ``tokens``) at one rank: one HBM read
-    and write of each of the ``rows`` lane slices it sends (packed into the send buffers) or receives (put at
-    their rows: the head buffer's :meth:`~zeppelin_megatron.planner.lowering.RingPart.lane_rows`, or the
-    attention buffer's :attr:`~zeppelin_megatron.planner.lowering.RingPart.rows`), forward + backward:
-    ``2 rows x`` :func:`a2a_token_bytes`. Example: 1000 rows of the width-4 lane above, ``heads``: 16.4 MB."""
-    heads, tokens = a2a_token_bytes(sh)
-    return 2.0 * rows * (heads if kind == "heads" else tokens)
+A2A_PARTS: tuple[str, ...] = ("heads pack", "heads unpack", "tokens pack", "tokens unpack")
+"""Where :func:`zeppelin_a2a_bytes` splits a head-parallel ring's own copies: before / after each all-to-all."""
+
+
+def zeppelin_a2a_bytes(sh: Shape, a2a: int, own: int, block: int) -> dict[str, float]:
+    """A head-parallel ring member's copies around its two all-to-alls, forward + backward (module docstring),
+    by :data:`A2A_PARTS`; they replace :func:`zeppelin_ring_bytes` (the ring's gathers, zeros and results).
+
+    ``sh``: the rank's full :func:`shape_of` (``Eq``, ``Ekv``); ``a2a``: the width ``a``; ``own``: ``n``
+    tokens the rank holds of the ring; ``block``: ``N`` rows of its head buffer. Lane ``Eq' = Eq / a``,
+    ``Ekv' = 2 lane_kv_heads D``; ``P = a Ekv'`` K/V elements a sender packs per token (``Ekv`` when
+    ``a | Hkv``; more when lanes share a K/V head, which the runtime also picks first: ``kv_pick``).
+    Counted from ``runtime/heads.py`` (``HeadIndex``) and ``runtime/engine.py``:
+
+    * heads pack: forward ``qkv_to_heads``: ``q.index_select`` and its copy into the send buffer
+      (``4 b n Eq``), ``k``, ``v`` row selects (``2 b n Ekv``), [``kv_pick`` select ``2 b n P``], copies into
+      the send buffer (``2 b n P``), ``_to_heads``' own slot (``2 b n (Eq' + Ekv')``); backward
+      ``dout_to_heads`` (``4 b n Eq + 2 b n Eq'``);
+    * heads unpack: ``heads_qkv`` (``2 b N (Eq' + Ekv')``), ``heads_dout`` (``2 b N Eq'``), the ``dq``
+      accumulator's zeros (``a N Eq'``; q, k, v stay in the head buffer for backward: no gathers);
+    * tokens pack: forward the result's ``.to`` (``N Eq' (a + b)``), ``out_to_tokens`` (``2 b N Eq'``) and
+      its own slot (``2 b n Eq'``); backward ``grads_to_tokens`` (``2 a (N + n)(Eq' + Ekv')``);
+    * tokens unpack: forward ``tokens_out`` (one ``index_copy_`` per lane: ``2 b n Eq``); backward
+      ``tokens_grads``: ``dkv`` zeros (``a n Ekv``), per lane dq ``.to`` + ``index_copy_`` (``n Eq (a +
+      3b)``), dK/dV ``index_add_`` (``3 a n P``), their ``.to`` + ``index_copy_`` (``n Ekv (a + 3b)``).
+
+    The router sends and receives the slices in place (no copies). Example (Llama-7B bf16, ``a = 4``,
+    ``n = 2048``, ``N = 8192``): heads pack 302 MB, unpack 168 MB, tokens pack 344 MB, unpack 554 MB.
+    """
+    a, b, eq, ekv = sh.a, sh.b, sh.eq, sh.ekv
+    lane = _lane(sh, a2a)
+    eql, ekvl = lane.eq, lane.ekv
+    n, big = own, block
+    packed = a2a * ekvl
+    pick = 2 * b * n * packed if packed != ekv else 0
+    return {
+        "heads pack": float(4 * b * n * eq + 2 * b * n * ekv + pick + 2 * b * n * packed + 2 * b * n * (eql + ekvl)
+                            + 4 * b * n * eq + 2 * b * n * eql),
+        "heads unpack": float(2 * b * big * (eql + ekvl) + 2 * b * big * eql + a * big * eql),
+        "tokens pack": float(big * eql * (a + b) + 2 * b * big * eql + 2 * b * n * eql
+                             + 2 * a * (big + n) * (eql + ekvl)),
+        "tokens unpack": float(2 * b * n * eq + a * n * ekv + n * eq * (a + 3 * b) + 3 * a * n * packed
+                               + n * ekv * (a + 3 * b)),
+    }
+
+
+def _lane(sh: Shape, a2a: int) -> Shape:
+    """The lane :class:`Shape` of full shape ``sh`` at width ``a2a`` (as :func:`shape_of` ``(cost, a2a)``)."""
+    d = sh.eq // sh.hq
+    hkv = sh.ekv // (2 * d)
+    why = head_split_error(sh.hq, hkv, a2a)
+    if why is not None:
+        raise ValueError(f"a head-parallel ring of width {a2a} cannot split {sh.hq} query and {hkv} K/V heads "
+                         f"per rank: {why}")
+    hq = sh.hq // a2a
+    return Shape(eq=hq * d, ekv=2 * lane_kv_heads(hkv, a2a) * d, hq=hq, b=sh.b, a=sh.a)

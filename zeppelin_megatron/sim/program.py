@@ -191,8 +191,8 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
     Head-parallel rings (``a2a = a > 1``): a lane's call has ``1/a`` of the query heads, so its kernel
     time is ``1/a`` of the full-head time (flops scale with the query heads, the cost model's rates
     carry over), at least the call overhead; its charges are counted at the lane's shape
-    (``shape_of(cost, a)``); each all-to-all is a ``copy`` op packing what the rank sends before its
-    ``Post`` and one unpacking what it receives after its ``Wait`` (``zeppelin`` charges only)."""
+    (``shape_of(cost, a)``); the ring's own copies (:func:`~.charges.zeppelin_a2a_bytes`) are ``copy`` ops
+    before each all-to-all's ``Post`` (pack) and after its ``Wait`` (unpack) (``zeppelin`` charges only)."""
     o = cost.call_overhead_ms
     sh = shape_of(cost)
     started: set[int] = set()
@@ -208,6 +208,7 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
     label: dict[int, str] = {}
     block: dict[int, tuple[float, float]] = {}  # ring -> (diagonal, off-diagonal) step ms
     lane: dict[int, Shape] = {}  # ring -> the shape a member's calls compute with (its lane's heads)
+    a2a_copies: dict[int, dict[str, float]] = {}  # head-parallel ring -> its copies around the all-to-alls
     for part in rank.rings:
         g, a = part.size, part.a2a
         label[part.ring] = (f"{part.placement} group {list(part.ranks)[:4]}{'...' if len(part.ranks) > 4 else ''} "
@@ -215,6 +216,10 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
         block[part.ring] = (sum(cost.ring_compute_profile(s, g)[0] for s in part.lengths) / a,
                             sum(cost.ring_compute_profile(s, g)[1] for s in part.lengths) / a)
         lane[part.ring] = shape_of(cost, a)
+        if a > 1 and part.position is not None:
+            started.add(part.ring)  # no per-ring gathers: the all-to-alls' copies instead
+            own = part.fine_tokens(part.position * a + (part.lane or 0))
+            a2a_copies[part.ring] = zeppelin_a2a_bytes(sh, a, own, part.tokens(part.position))
     for op in rank.forward:
         if isinstance(op, RingCall):
             diag, off = block[op.ring]
@@ -244,8 +249,7 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
         elif isinstance(op, Post):
             t = op.transfer
             if t.kind in ("heads", "tokens") and charges == "zeppelin":
-                sent = sum(m.tokens for m in rank.transfers[t].messages if m.src == rank.rank)
-                ops.append(Op("compute", hbm_ms(cost, zeppelin_a2a_bytes(lane[t.ring], sent, t.kind)), "copy",
+                ops.append(Op("compute", hbm_ms(cost, a2a_copies[t.ring][f"{t.kind} pack"]), "copy",
                               label=f"{label[t.ring]} to {t.kind}: pack"))
             ops.append(Op("post", key=keys[t]))
         else:
@@ -254,8 +258,7 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
             if t.kind in ("heads", "tokens"):
                 ops.append(Op("wait", key=keys[t], kind="group", label=f"{label[t.ring]} all-to-all to {t.kind}"))
                 if charges == "zeppelin":
-                    got = sum(m.tokens for m in rank.transfers[t].messages if m.dst == rank.rank)
-                    ops.append(Op("compute", hbm_ms(cost, zeppelin_a2a_bytes(lane[t.ring], got, t.kind)), "copy",
+                    ops.append(Op("compute", hbm_ms(cost, a2a_copies[t.ring][f"{t.kind} unpack"]), "copy",
                                   label=f"{label[t.ring]} to {t.kind}: unpack"))
                 continue
             ops.append(Op("wait", key=keys[t], kind="ring", label=f"{label[t.ring]} step {t.step}"))
