@@ -14,6 +14,7 @@ from zeppelin_megatron.measure import format_comparison, format_replay, rank_wor
 from zeppelin_megatron.measure.replay import measure_ideal, plan_works
 from zeppelin_megatron.measure.attention import call_pairs
 from zeppelin_megatron.planner import CostModel, StepPlan, load_cluster, load_model, plan_step
+from zeppelin_megatron.planner.model import ModelShape
 from zeppelin_megatron.runtime.kernels import get_kernel
 from zeppelin_megatron.sim.planbuild import build_plan
 from zeppelin_megatron.sim.strategies import plan_with
@@ -279,3 +280,63 @@ def test_routed_inter_node_rings_in_any_rank_order(setup: tuple[Any, CostModel])
     # then (5, 0, 7, 2), position 0: sources 0, 3, 2, 1 (all later positions -> late-chunk calls)
     assert [c.kind for c in work5.calls] == ["ring_diag", "ring_early", "ring_late", "ring_late",
                                              "ring_diag", "ring_late", "ring_late", "ring_late"]
+
+
+def _head_plan() -> StepPlan:
+    """2 nodes x 4 GPUs: sequence 0 (64 tokens) Ulysses over ranks (0, 1, 2, 3) (a2a 4), sequence 1 (96)
+    hybrid over (4, 5, 0, 1) (a2a 2: block 0 = ranks 4, 5 on node 1, block 1 = ranks 0, 1), sequence 2 (40)
+    a plain ring over (6, 7), locals 10 on rank 2 and 7 on rank 6; linear layout = attention layout."""
+    from zeppelin_megatron.planner.plan import SequencePlan
+    from zeppelin_megatron.planner.zigzag import zigzag_ranges
+
+    items = [(64, (0, 1, 2, 3), 4, "intra_node"), (96, (4, 5, 0, 1), 2, "inter_node"), (40, (6, 7), 1, "intra_node")]
+    att: list[list[tuple[int, int, int]]] = [[] for _ in range(8)]
+    seqs = []
+    for i, (n, ranks, a2a, place) in enumerate(items):
+        seqs.append(SequencePlan(n, place, ranks, a2a))  # type: ignore[arg-type]
+        for p, r in enumerate(ranks):
+            att[r] += [(i, a, b) for a, b in zigzag_ranges(n, len(ranks), p)]
+    for n, r in ((10, 2), (7, 6)):
+        att[r].append((len(seqs), 0, n))
+        seqs.append(SequencePlan(n, "local", (r,)))
+    lay = tuple(tuple(x) for x in att)
+    return StepPlan(nodes=2, gpus_per_node=4, sequences=tuple(seqs), attention_layout=lay, linear_layout=lay)
+
+
+def test_head_parallel_rings_replay_each_lanes_calls_with_its_heads() -> None:
+    """GQA 8 query / 2 K/V heads per rank: a Ulysses lane (width 4) calls with 2 query heads and one
+    replicated K/V head, a hybrid lane (width 2) with 4 and 1, the plain ring with all 8 and 2. Every lane
+    computes each causal pair of its ring once over its heads, so all ranks together compute 8 x the
+    causal pairs of every sequence."""
+    plan = _head_plan()
+    works = {r: rank_work(plan, r, q_heads=8, kv_heads=2, device=CPU) for r in range(8)}
+    calls = {r: [(c.kind, c.batch.lens_q, c.batch.lens_k, c.q_heads, c.kv_heads) for c in w.calls]
+             for r, w in works.items()}
+    # rank 1: hybrid ring first (inter-node rings first in queue order): block 1, lane 1, tokens [24, 72);
+    # its step 1 holds block 0's K/V ([0, 24) + [72, 96)) -> early: all 48 rows against 24 early keys;
+    # then the Ulysses ring: one causal call over the whole 64-token sequence
+    assert calls[1] == [("ring_diag", (48,), (48,), 4, 1), ("ring_early", (48,), (24,), 4, 1),
+                        ("ring_diag", (64,), (64,), 2, 1)]
+    # rank 4: block 0, lane 0 of the hybrid: diagonal over [0, 24) + [72, 96), then its 24 late rows
+    # against block 1's 48 keys
+    assert calls[4] == [("ring_diag", (48,), (48,), 4, 1), ("ring_late", (24,), (48,), 4, 1)]
+    assert calls[2] == [("ring_diag", (64,), (64,), 2, 1), ("local", (10,), (10,), 8, 2)]
+    assert calls[6] == [("ring_diag", (20,), (20,), 8, 2), ("ring_late", (10,), (20,), 8, 2),
+                        ("local", (7,), (7,), 8, 2)]
+    total = sum(call_pairs(c.batch) * c.q_heads for w in works.values() for c in w.calls)
+    assert total == 8 * sum(s.length * (s.length + 1) // 2 for s in plan.sequences)
+    # replay runs those calls with those shapes (the kernel sees [T, heads, D] views of each call's heads)
+    model = ModelShape(layers=2, hidden=128, q_heads=8, kv_heads=2, ffn=256, head_dim=16, name="gqa-tiny")
+    rec = Recorder()
+    res = replay_plan(plan, model=model, kernel=rec, dtype=torch.float32, device=CPU, warmup=0, repeats=1,
+                      ranks=[1, 4])
+    fwd = [e for e in rec.log if e[0] == "fwd"]
+    assert [(f[2], f[3]) for f in fwd] == [((48, 4, 16), (48, 1, 16)), ((48, 4, 16), (24, 1, 16)),
+                                           ((64, 2, 16), (64, 1, 16)), ((48, 4, 16), (48, 1, 16)),
+                                           ((24, 4, 16), (48, 1, 16))]
+    assert [r.head_pairs for r in res.ranks] == [
+        sum(call_pairs(c.batch) * c.q_heads for c in works[r].calls) for r in (1, 4)]
+    assert [r.a2a for r in plan.rings] == [2, 1, 4]  # queue order: inter-node first, then by ranks
+    with pytest.raises(ValueError, match=r"ring 2 \(ranks \[0, 1, 2, 3\]\) is head-parallel of width 4, but 6 query "
+                                         r"and 2 K/V heads cannot split over it: 4 lanes do not divide 6"):
+        rank_work(plan, 0, q_heads=6, kv_heads=2, device=CPU)

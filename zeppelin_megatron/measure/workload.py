@@ -17,6 +17,14 @@ Rank 4 (position 0, tokens [0, 2) + [6, 8)): step 0 ``ring_diag`` (4 x 4
 causal), step 1 src = 1 > 0, ``ring_late`` (q = its late chunk, 2 tokens,
 against src's 4 keys).
 
+Head-parallel rings (``a2a = a > 1``, :mod:`zeppelin_megatron.planner.head_parallel`): a member's
+calls are its lane's, at block granularity (``lens_q`` / ``lens_k`` of the head buffer: its block's
+tokens), with ``Hq / a`` query heads and ``lane_kv_heads(Hkv, a)`` K/V heads (one replicated K/V head
+when ``Hkv < a``); a ring of one block (Ulysses) is one ``ring_diag`` call over whole sequences. E.g.
+length 16 over ranks (0, 1, 2, 3), ``a = 2``, ``Hq = 8``, ``Hkv = 2``: rank 1 (block 0, lane 1) calls
+``ring_diag`` (q = k = [0, 4) + [12, 16), causal) and ``ring_late`` (q = [12, 16) against block 1's 8
+keys), each with 4 query heads and 1 K/V head. Heads that do not split over ``a`` raise ``ValueError``.
+
 Plans of other strategies (:mod:`zeppelin_megatron.sim.strategies`) keep the
 zigzag attention layout but communicate differently inside a group of ranks
 sharing sequences; their kernel calls, one per group:
@@ -37,13 +45,14 @@ from dataclasses import dataclass
 
 import torch
 
+from ..planner.head_parallel import head_split_error, lane_kv_heads
 from ..planner.lowering import LocalCall, RingCall, RingPart, lower_rank
 from ..planner.plan import StepPlan
 from ..planner.zigzag import zigzag_ranges
 from ..runtime.kernels import VarlenBatch
 from .attention import KernelCall
 
-__all__ = ["RankWork", "rank_work", "ATTENTION_COMMS"]
+__all__ = ["RankWork", "rank_work", "lane_heads_of", "ATTENTION_COMMS"]
 
 ATTENTION_COMMS: tuple[str, ...] = ("ring", "allgather", "ulysses")
 
@@ -73,11 +82,13 @@ def rank_work(
     local_queue = len(members)
     calls: list[KernelCall] = []
     if attention_comm == "ring":
+        heads = {p.ring: lane_heads_of(p, q_heads, kv_heads) for p in members}
         for op in program.forward:
             if isinstance(op, RingCall):
                 batch = VarlenBatch(lens_q=op.lens_q, lens_k=op.lens_k, causal=op.causal, device=device)
+                hq, hkv = heads[op.ring]
                 calls.append(KernelCall(queue=queue_of[op.ring], kind=f"ring_{op.kind}", step=op.step, batch=batch,
-                                        q_heads=q_heads, kv_heads=kv_heads))
+                                        q_heads=hq, kv_heads=hkv))
             elif isinstance(op, LocalCall):  # local chunk c: queue ``local_queue``, step c
                 lens = program.local_chunks[op.chunk].lens
                 calls.append(KernelCall(queue=local_queue, kind="local", step=op.chunk, batch=VarlenBatch(
@@ -94,6 +105,20 @@ def rank_work(
                                     kv_heads=kv_heads))
     return RankWork(rank=rank, calls=tuple(calls), attention_tokens=program.tokens,
                     linear_tokens=plan.tokens(rank, "linear"))
+
+
+def lane_heads_of(part: RingPart, q_heads: int, kv_heads: int) -> tuple[int, int]:
+    """(query, K/V) heads of a member's calls in ring ``part``: all of them for a plain ring, its lane's
+    for a head-parallel one (``q_heads / a``, ``lane_kv_heads``); ``(32, 8)`` at ``a = 4`` -> ``(8, 2)``,
+    ``(8, 2)`` at ``a = 4`` -> ``(2, 1)``."""
+    a = part.a2a
+    if a == 1:
+        return q_heads, kv_heads
+    why = head_split_error(q_heads, kv_heads, a)
+    if why is not None:
+        raise ValueError(f"ring {part.ring} (ranks {list(part.ranks)}) is head-parallel of width {a}, but "
+                         f"{q_heads} query and {kv_heads} K/V heads cannot split over it: {why}")
+    return q_heads // a, lane_kv_heads(kv_heads, a)
 
 
 def _allgather_call(part: RingPart, queue: int, q_heads: int, kv_heads: int, device: torch.device) -> KernelCall:
