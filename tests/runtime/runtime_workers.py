@@ -21,6 +21,7 @@ from zeppelin_megatron.runtime import (
     to_linear,
     zeppelin_attention,
 )
+from zeppelin_megatron.planner.head_parallel import lane_heads
 from zeppelin_megatron.planner.lowering import LocalCall, Message, Post, RingCall, Wait, lower, message_hops
 from zeppelin_megatron.runtime.comm import CommStream, all_to_all_uneven
 from zeppelin_megatron.runtime.router import Router, rank_rounds
@@ -114,19 +115,25 @@ def _payload(msg_idx: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def check_router(group: ZeppelinGroup, messages: Sequence[Message], unit: int = 1,
-                 dtype: torch.dtype = torch.float64) -> None:
-    """Every message (``tokens * unit`` elements, direct or over its route) arrives intact."""
+                 dtype: torch.dtype = torch.float64, into: bool = False) -> None:
+    """Every message (``tokens * unit`` elements, direct or over its route) arrives intact; with
+    ``into``, every other message this rank receives lands in its slice of one given buffer."""
     rank = group.rank
     router = Router(group, stream=CommStream(torch.device("cpu")))
     sizes = tuple(m.tokens * unit for m in messages)
     hops = message_hops(tuple(messages), sizes, group.gpus_per_node)
     payloads = {i: _payload(i, sizes[i], dtype) for i, m in enumerate(messages) if m.src == rank}
+    mine = [i for i, m in enumerate(messages) if m.dst == rank]
+    buf = torch.full((sum(sizes[i] for i in mine),), -1.0, dtype=dtype)
+    offsets = [sum(sizes[j] for j in mine[:x]) for x in range(len(mine))]
+    given = {i: buf[o:o + sizes[i]] for x, (i, o) in enumerate(zip(mine, offsets)) if into and x % 2 == 0}
     got = router.start(rank_rounds(hops, rank), [(m.src, m.dst) for m in messages], sizes, payloads,
-                       dtype=dtype, device=torch.device("cpu")).wait()
-    mine = {i for i, m in enumerate(messages) if m.dst == rank}
-    assert set(got) == mine, f"rank {rank}: received messages {sorted(got)}, expected {sorted(mine)}"
+                       dtype=dtype, device=torch.device("cpu"), into=given).wait()
+    assert set(got) == set(mine), f"rank {rank}: received messages {sorted(got)}, expected {sorted(mine)}"
     for i in mine:
         assert torch.equal(got[i], _payload(i, sizes[i], dtype)), f"rank {rank}: message {i} corrupted"
+        if i in given:
+            assert got[i] is given[i], f"rank {rank}: message {i} did not land in the given buffer"
 
 
 def random_router_case(seed: int, group: ZeppelinGroup) -> list[Message]:
@@ -187,26 +194,48 @@ def check_errors(group: ZeppelinGroup, plan: StepPlan, other_plan: StepPlan) -> 
     assert out.shape == q.shape
 
 
-def _lowered_events(plan: StepPlan, rank: int, ops: Sequence[object], prog: object, unit: int,
-                    data: list[tuple[torch.Tensor, ...]]) -> list[tuple[object, ...]]:
-    """What executing ``ops`` must do on gloo, derived from the lowered program alone: per kernel
-    call ``(lens_q, lens_k, causal, q, k, v)`` with q/k/v the float64 rows of its token ranges; per
-    ``Post`` the rank's round-0 hops, per ``Wait`` its round-1 and round-2 hops (gloo posts later
-    rounds while waiting), each as ``(peer, send, tag, elements)``."""
-    def rows(ranges: Sequence[tuple[int, int, int]], i: int) -> torch.Tensor:
-        return torch.cat([data[s][i][a:b] for s, a, b in ranges])
+def _unit(kind: str, backward: bool, a2a: int, hq: int, hkv: int, d: int) -> int:
+    """Elements per token row of a transfer, from what it carries: K/V (or dK/dV) of the lane's K/V
+    heads; forward ``heads`` q, k, v and backward ``tokens`` dq, dk, dv of a lane's heads; forward
+    ``tokens`` out and backward ``heads`` dout of a lane's query heads."""
+    kv = hkv if a2a == 1 else (hkv // a2a if hkv % a2a == 0 else 1)
+    q = hq // a2a
+    if kind in ("kv", "acc"):
+        return 2 * kv * d
+    return q * d if (kind == "heads") == backward else (q + 2 * kv) * d
 
+
+def _lowered_events(plan: StepPlan, rank: int, ops: Sequence[object], prog: object, heads: tuple[int, int, int],
+                    data: list[tuple[torch.Tensor, ...]], backward: bool) -> list[tuple[object, ...]]:
+    """What executing ``ops`` must do on gloo, derived from the lowered program alone: per kernel
+    call ``(lens_q, lens_k, causal, q, k, v)`` with q/k/v the float64 rows of its token ranges (a
+    head-parallel ring's calls: its lane's heads only); per ``Post`` the rank's round-0 hops, per
+    ``Wait`` its round-1 and round-2 hops (gloo posts later rounds while waiting), each as ``(peer,
+    send, tag, elements)``, ``heads = (hq, hkv, d)`` giving each transfer's elements per token."""
+    hq, hkv, d = heads
+
+    def rows(ranges: Sequence[tuple[int, int, int]], i: int, cols: tuple[int, int] | None = None) -> torch.Tensor:
+        x = torch.cat([data[s][i][a:b] for s, a, b in ranges])
+        return x if cols is None else x[:, cols[0]:cols[1]]
+
+    a2a = {p.ring: p.a2a for p in prog.rings}  # type: ignore[attr-defined]
     ev: list[tuple[object, ...]] = []
     for op in ops:
         if isinstance(op, RingCall):
-            ev.append(("kernel", op.lens_q, op.lens_k, op.causal, rows(op.q, 0), rows(op.kv, 1), rows(op.kv, 2)))
+            qc = kc = None
+            if op.part.a2a > 1:
+                assert op.part.lane is not None
+                qc, kc = lane_heads(hq, hkv, op.part.a2a, op.part.lane)
+            ev.append(("kernel", op.lens_q, op.lens_k, op.causal, rows(op.q, 0, qc), rows(op.kv, 1, kc),
+                       rows(op.kv, 2, kc)))
         elif isinstance(op, LocalCall):
             c = prog.local_chunks[op.chunk]  # type: ignore[attr-defined]
             ranges = [(s, 0, n) for s, n in zip(c.seqs, c.lens)]
             ev.append(("kernel", c.lens, c.lens, True, rows(ranges, 0), rows(ranges, 1), rows(ranges, 2)))
         else:
             assert isinstance(op, (Post, Wait))
-            hops = prog.transfers[op.transfer].hops(unit)  # type: ignore[attr-defined]
+            tid = op.transfer
+            hops = prog.transfers[tid].hops(_unit(tid.kind, backward, a2a[tid.ring], hq, hkv, d))  # type: ignore[attr-defined]
             for r in ((0,) if isinstance(op, Post) else (1, 2)):
                 ev += [("p2p", h.receiver if h.sender == rank else h.sender, h.sender == rank, h.tag, h.count)
                        for h in hops if h.round == r and rank in (h.sender, h.receiver)]
@@ -252,7 +281,7 @@ def check_trace(group: ZeppelinGroup, plan: StepPlan, *, routing: bool, hq: int 
     router_mod.post = recording_post
     try:
         eng = AttentionEngine(plan, group, kernel=Recording(), scale=0.3, routes=plan.routing if routing else (),  # type: ignore[arg-type]
-                              hkv=hkv, head_dim=d, dtype=torch.float64, device=cpu)
+                              hkv=hkv, head_dim=d, dtype=torch.float64, device=cpu, hq=hq)
         _, saved = eng.forward(q, k, v)
         fwd = list(log)
         log.clear()
@@ -260,14 +289,14 @@ def check_trace(group: ZeppelinGroup, plan: StepPlan, *, routing: bool, hq: int 
         bwd = list(log)
     finally:
         router_mod.post = real_post
-    unit = 2 * hkv * d
-    what = f"rank {rank} plan {plan.nodes}x{plan.gpus_per_node} routing={routing}"
+    what = f"rank {rank} plan {plan.nodes}x{plan.gpus_per_node} routing={routing} Hq={hq} Hkv={hkv}"
     for name, got, ops in (("forward", fwd, prog.forward), ("backward", bwd, prog.backward)):
-        want = _lowered_events(plan, rank, ops, prog, unit, data)
+        want = _lowered_events(plan, rank, ops, prog, (hq, hkv, d), data, name == "backward")
         assert len(got) == len(want), f"{what}: {name} executed {len(got)} events, lowered {len(want)}"
         for i, (a, b) in enumerate(zip(got, want)):
             same = a[:4] == b[:4] and (a[0] == "p2p" or all(torch.equal(x, y) for x, y in zip(a[4:], b[4:])))
-            assert same, f"{what}: {name} event {i} is {a[:4]}, the lowered program says {b[:4]}"
+            rows = " (the same call, other q/k/v rows)" if a[:4] == b[:4] else ""
+            assert same, f"{what}: {name} event {i} is {a[:4]}, the lowered program says {b[:4]}{rows}"
     assert any(x[0] == "kernel" for x in fwd) or not prog.forward, what
 
 
@@ -328,7 +357,7 @@ def check_local_interleaving(rank: int) -> None:
 
     def engine(p: StepPlan = plan) -> AttentionEngine:
         e = AttentionEngine(p, group, kernel=Recording(), scale=0.3, routes=(), hkv=2, head_dim=8,
-                            dtype=torch.float64, device=cpu)
+                            dtype=torch.float64, device=cpu, hq=4)
         start = e.router.start
 
         def logged_start(*a, **kw):  # type: ignore[no-untyped-def]
@@ -397,7 +426,10 @@ def topologies(world: int) -> list[tuple[int, int]]:
     return {1: [(1, 1)], 2: [(1, 2), (2, 1)], 4: [(2, 2)], 8: [(2, 4), (4, 2)]}[world]
 
 
-def run_all(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0) -> None:
+def run_all(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0, heads: int = 0,
+            heads_full: bool = False) -> None:
+    """Every check on random plans (``n_plans`` per topology), then ``heads`` plans per topology with
+    head-parallel rings (:func:`heads_workers.run_heads`, every head case when ``heads_full``)."""
     seen: set[str] = set()
     for nodes, gpn in topologies(world):
         group = ZeppelinGroup(process_group=None, gpus_per_node=gpn)
@@ -445,3 +477,6 @@ def run_all(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0) -> 
         assert torch.equal(all_to_all_uneven(x, [5], [5], g1), x)
     expected = {"local", "intra_node", "inter_node"} if world >= 4 else {"local", "intra_node", "inter_node"}
     assert seen >= expected, f"plans covered only {seen}"
+    if heads:  # head-parallel rings in this spawn too (heads_workers.py)
+        import heads_workers
+        heads_workers.run_heads(rank, world, heads, heads_full, seed0)

@@ -7,7 +7,10 @@ checking: remap round trip (values and gradients), router delivery (random
 messages and every ring step of the plans, routed and direct), attention output
 and dq/dk/dv against per-sequence causal SDPA (float64 to 1e-9, float32 to
 1e-5; routing on/off; with and without GQA), plan-mismatch detection and input
-errors.
+errors. Then head-parallel rings (``heads_workers.run_heads``) in the same spawns, and world 6
+(2x3, 3x2) in its own: random plans mixing head-parallel rings (Ulysses and hybrid) with plain
+rings and local sequences, trace and exactness as above for MHA and GQA heads (K/V heads
+replicated over lanes too), heads that cannot split rejected before any work.
 """
 
 from __future__ import annotations
@@ -16,28 +19,39 @@ import pytest
 import torch.distributed as dist
 
 from dist_harness import spawn
+import heads_workers
 import runtime_workers
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
 
 def test_world_2() -> None:
-    spawn(2, runtime_workers.run_all, 3, True)
+    spawn(2, runtime_workers.run_all, 3, True, 0, 2)
 
 
 def test_world_4() -> None:
-    spawn(4, runtime_workers.run_all, 3, True)
+    spawn(4, runtime_workers.run_all, 3, True, 0, 2)
+
+
+def test_heads_world_6() -> None:
+    spawn(6, heads_workers.run_heads, 1, False)
 
 
 def test_world_8() -> None:
-    spawn(8, runtime_workers.run_all, 1, True)
+    spawn(8, runtime_workers.run_all, 1, True, 0, 1)
 
 
 @pytest.mark.slow
 def test_world_8_more_plans() -> None:
-    spawn(8, runtime_workers.run_all, 3, True, 1000)
+    spawn(8, runtime_workers.run_all, 3, True, 1000, 3, True)
 
 
 @pytest.mark.slow
 def test_world_4_more_plans() -> None:
-    spawn(4, runtime_workers.run_all, 6, True, 1000)
+    spawn(4, runtime_workers.run_all, 6, True, 1000, 6, True)
+
+
+@pytest.mark.slow
+def test_heads_world_6_and_2_more_plans() -> None:
+    spawn(6, heads_workers.run_heads, 6, True, 1000)
+    spawn(2, heads_workers.run_heads, 6, True, 1000)

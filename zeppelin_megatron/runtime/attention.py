@@ -25,6 +25,7 @@ from .agreement import CallTerms, check_agreement
 from .engine import AttentionEngine, EngineFunction
 from .errors import BackendUnavailableError, RuntimeInputError
 from .group import ZeppelinGroup
+from .heads import heads_problem
 from .kernels import get_kernel
 from .remap import qkv_to_attention, to_linear
 
@@ -54,6 +55,9 @@ def validate_inputs(
     hq, hkv = q.shape[1], k.shape[1]
     if hkv < 1 or hq % hkv:
         return f"the query heads Hq={hq} must be a multiple of the key/value heads Hkv={hkv}"
+    heads = heads_problem(plan, hq, hkv)
+    if heads is not None:
+        return heads
     if group.size != plan.world_size or group.gpus_per_node != plan.gpus_per_node:
         return (
             f"the plan is for {plan.nodes} x {plan.gpus_per_node} = {plan.world_size} ranks but the "
@@ -148,6 +152,7 @@ def zeppelin_attention(
     engine = AttentionEngine(
         plan, group, kernel=kernel, scale=scale,
         routes=plan.routing if routing else (), hkv=hkv, head_dim=d, dtype=q.dtype, device=q.device,
+        hq=q.shape[1],
     )
     q_a, k_a, v_a = qkv_to_attention(q, k, v, plan, group)  # one packed exchange, contiguous parts
     out_a = EngineFunction.apply(q_a, k_a, v_a, engine)

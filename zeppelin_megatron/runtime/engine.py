@@ -39,6 +39,7 @@ from ..planner.plan import StepPlan
 from ..planner.routing import Route
 from .comm import CommStream
 from .group import ZeppelinGroup
+from .heads import Exchange, HeadIndex, HeadShape, head_index, heads_problem, transfer_unit
 from .kernels import AttentionKernel, VarlenBatch, acc_dtype
 from .ring import RingGrad, RingState, StepIndex, add_block, backward_step, finish, forward_step
 from .router import InFlight, Router, rank_rounds
@@ -60,44 +61,53 @@ def cached_program(plan: StepPlan, rank: int, routed: bool) -> RankProgram:
 
 @dataclass(frozen=True, kw_only=True)
 class Wire:
-    """A transfer as this rank runs it for ``unit`` elements per token: its hops per round,
-    every message's ``(src, dst)`` and element count."""
+    """A transfer as this rank runs it for ``unit`` elements per token (:func:`~.heads.transfer_unit`):
+    its hops per round, every message's ``(src, dst)`` and element count."""
 
     rounds: tuple[tuple[Any, ...], ...]
     ends: tuple[tuple[int, int], ...]
     sizes: tuple[int, ...]
+    unit: int
 
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceProgram:
     """A program's index tensors on one device: ``rows[ring]`` (the rank's ring rows in its attention
-    buffer), ``steps[(ring, step)]``, ``local[chunk]`` ``(rows, batch)``, and ``wires[transfer id]``."""
+    buffer), ``steps[(ring, step)]``, ``local[chunk]`` ``(rows, batch)``, ``heads[ring]`` (head-parallel
+    rings, :class:`~.heads.HeadIndex`), and ``wires[(transfer id, backward)]`` (the ``heads`` and
+    ``tokens`` all-to-alls carry other tensors forward and backward, so other sizes)."""
 
     program: RankProgram
+    shape: HeadShape
     rows: dict[int, torch.Tensor]
     steps: dict[tuple[int, int], StepIndex]
     local: tuple[tuple[torch.Tensor, VarlenBatch], ...]
-    wires: dict[TransferId, Wire]
+    heads: dict[int, HeadIndex]
+    wires: dict[tuple[TransferId, bool], Wire]
 
 
-_DEVICE: "weakref.WeakKeyDictionary[StepPlan, dict[tuple[int, bool, int, torch.device], DeviceProgram]]" = (
+_DEVICE: "weakref.WeakKeyDictionary[StepPlan, dict[tuple[int, bool, HeadShape, torch.device], DeviceProgram]]" = (
     weakref.WeakKeyDictionary()
 )
 
 
 def _wire(t: Transfer, rank: int, unit: int) -> Wire:
     return Wire(rounds=rank_rounds(t.hops(unit), rank), ends=tuple((m.src, m.dst) for m in t.messages),
-                sizes=tuple(m.tokens * unit for m in t.messages))
+                sizes=tuple(m.tokens * unit for m in t.messages), unit=unit)
 
 
-def device_program(plan: StepPlan, rank: int, routed: bool, unit: int, device: torch.device) -> DeviceProgram:
-    """Rank ``rank``'s program with its index tensors on ``device`` and its transfers for ``unit``
-    elements per token, built once per plan (every layer of a step shares it)."""
+def device_program(plan: StepPlan, rank: int, routed: bool, shape: HeadShape, device: torch.device) -> DeviceProgram:
+    """Rank ``rank``'s program with its index tensors on ``device`` and its transfers for inputs of
+    ``shape`` (heads, head dim), built once per plan (every layer of a step shares it). Raises
+    ``ValueError`` (:func:`~.heads.heads_problem`) when a head-parallel ring's lanes cannot split the heads."""
     per_plan = _DEVICE.setdefault(plan, {})
-    key = (rank, routed, unit, device)
+    key = (rank, routed, shape, device)
     hit = per_plan.get(key)
     if hit is not None:
         return hit
+    why = heads_problem(plan, shape.hq, shape.hkv)
+    if why is not None:
+        raise ValueError(why)
     program = cached_program(plan, rank, routed)
     as_t = lambda rows: torch.tensor(rows, dtype=torch.long, device=device)  # noqa: E731
     rows = {p.ring: as_t(p.rows) for p in program.rings if p.position is not None}
@@ -116,9 +126,25 @@ def device_program(plan: StepPlan, rank: int, routed: bool, unit: int, device: t
                 q_index=None if op.q_all else index(op.q_rows), kv_index=None if op.kv_all else index(op.kv_rows))
     local = tuple((as_t(c.rows), VarlenBatch(lens_q=c.lens, lens_k=c.lens, causal=True, device=device))
                   for c in program.local_chunks)
-    wires = {tid: _wire(t, rank, unit) for tid, t in program.transfers.items()}
-    hit = per_plan[key] = DeviceProgram(program=program, rows=rows, steps=steps, local=local, wires=wires)
+    heads = {p.ring: head_index(program, p, shape, device) for p in program.rings
+             if p.a2a > 1 and p.position is not None}
+    a2a = {p.ring: p.a2a for p in program.rings}
+    made: dict[tuple[TransferId, int], Wire] = {}
+    wires: dict[tuple[TransferId, bool], Wire] = {}
+    for backward, ops in ((False, program.forward), (True, program.backward)):
+        for op in ops:
+            if isinstance(op, Post):
+                tid = op.transfer
+                unit = transfer_unit(tid.kind, backward, a2a[tid.ring], shape)
+                if (tid, unit) not in made:
+                    made[(tid, unit)] = _wire(program.transfers[tid], rank, unit)
+                wires[(tid, backward)] = made[(tid, unit)]
+    hit = per_plan[key] = DeviceProgram(program=program, shape=shape, rows=rows, steps=steps, local=local,
+                                        heads=heads, wires=wires)
     return hit
+
+
+_WHAT = {"kv": "K/V", "acc": "dK/dV", "heads": "all-to-all to heads", "tokens": "all-to-all to tokens"}
 
 
 def _ring_kv(k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -134,7 +160,10 @@ def _ring_kv(k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> torch.Tens
 class AttentionEngine:
     """Executes a :class:`RankProgram` forward and backward with one kernel backend.
 
-    ``routes``: the plan's routes to use (``plan.routing``, or empty: every hop direct).
+    ``routes``: the plan's routes to use (``plan.routing``, or empty: every hop direct). ``hq``: query
+    heads per rank; given, the device program is built (and the heads checked against the plan's
+    head-parallel rings, ``ValueError`` naming the ring, its width and the heads) here, before any
+    work; None: at the first :meth:`forward`, from ``q``.
     """
 
     def __init__(
@@ -149,105 +178,156 @@ class AttentionEngine:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        hq: int | None = None,
     ) -> None:
         if routes and tuple(routes) != plan.routing:
             raise ValueError("routes must be the plan's own routes (plan.routing) or empty")
-        self.group, self.kernel, self.scale = group, kernel, scale
+        self.plan, self.group, self.kernel, self.scale = plan, group, kernel, scale
         self.hkv, self.head_dim, self.dtype, self.device = hkv, head_dim, dtype, device
         self.stream = CommStream(device)
         self.router = Router(group, stream=self.stream)
-        self.dev = device_program(plan, group.rank, bool(routes), 2 * hkv * head_dim, device)
-        self.program = self.dev.program
+        self.routed = bool(routes)
+        self.program = cached_program(plan, group.rank, self.routed)
         self._parts = {p.ring: p for p in self.program.rings}
+        self._dev: DeviceProgram | None = None
+        if hq is not None:
+            self._dev = device_program(plan, group.rank, self.routed, HeadShape(hq, hkv, head_dim), device)
 
-    def _start(self, tid: TransferId, payload: torch.Tensor | None, dtype: torch.dtype) -> InFlight:
-        w = self.dev.wires[tid]
-        payloads = {}
-        if payload is not None:
-            payloads = {i: payload.reshape(-1) for i, (src, _) in enumerate(w.ends) if src == self.group.rank}
-        what = f"ring {tid.ring} step {tid.step} {'K/V' if tid.kind == 'kv' else 'dK/dV'}"
-        return self.router.start(w.rounds, w.ends, w.sizes, payloads, dtype=dtype, device=self.device, what=what)
+    @property
+    def dev(self) -> DeviceProgram:
+        """The device program (built at construction when ``hq`` was given, else by :meth:`forward`)."""
+        if self._dev is None:
+            raise RuntimeError("the engine was built without hq and has not run forward yet")
+        return self._dev
 
-    def _received(self, tid: TransferId, got: dict[int, torch.Tensor]) -> torch.Tensor | None:
-        """The one message of a ring transfer this member receives, as [n, 2*Hkv, D]; None for relays."""
+    def _device(self, hq: int) -> DeviceProgram:
+        if self._dev is None or self._dev.shape.hq != hq:
+            self._dev = device_program(self.plan, self.group.rank, self.routed,
+                                       HeadShape(hq, self.hkv, self.head_dim), self.device)
+        return self._dev
+
+    def _start(self, tid: TransferId, backward: bool, payloads: dict[int, torch.Tensor], dtype: torch.dtype,
+               into: dict[int, torch.Tensor] | None = None) -> InFlight:
+        w = self.dev.wires[(tid, backward)]
+        what = f"ring {tid.ring} step {tid.step} {_WHAT[tid.kind]}"
+        return self.router.start(w.rounds, w.ends, w.sizes, payloads, dtype=dtype, device=self.device, what=what,
+                                 into=into)
+
+    def _send_all(self, tid: TransferId, backward: bool, payload: torch.Tensor | None) -> dict[int, torch.Tensor]:
+        """``payload`` (what a ring member holds) for every message of ``tid`` this rank sends."""
+        if payload is None:
+            return {}
+        flat = payload.reshape(-1)
+        ends = self.dev.wires[(tid, backward)].ends
+        return {i: flat for i, (src, _) in enumerate(ends) if src == self.group.rank}
+
+    def _received(self, tid: TransferId, backward: bool, got: dict[int, torch.Tensor]) -> torch.Tensor | None:
+        """The one message of a ring transfer this member receives, as [n, 2*Hkv_l, D]; None for relays."""
         if not got:
             return None
         (i, flat), = got.items()
-        n = self.dev.wires[tid].sizes[i] // (2 * self.hkv * self.head_dim)
-        return flat.view(n, 2 * self.hkv, self.head_dim)
+        w = self.dev.wires[(tid, backward)]
+        return flat.view(w.sizes[i] // w.unit, w.unit // self.head_dim, self.head_dim)
 
-    def _local(self, op: LocalCall) -> tuple[torch.Tensor, VarlenBatch]:
-        return self.dev.local[op.chunk]
+    def _hkv(self, ring: int) -> int:
+        """K/V heads of ring ``ring``'s packed buffers: ``Hkv``, or the lane's on a head-parallel ring."""
+        hx = self.dev.heads.get(ring)
+        return self.hkv if hx is None else hx.hkv_l
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, dict[Any, Any]]:
-        """-> ``(out [T_a, Hq, D], saved)``; ``saved``: each member ring's and local chunk's ``(out, lse)``."""
+        """-> ``(out [T_a, Hq, D], saved)``; ``saved``: each member ring's and local chunk's ``(out, lse)``
+        (head-parallel rings: in their head buffer, with its ``(q_h, kv_h)`` under ``("heads", ring)``)."""
+        dev = self._device(q.shape[1])
         out = torch.zeros_like(q)
         saved: dict[Any, Any] = {}
         state: dict[int, RingState] = {}
         flying: dict[TransferId, InFlight] = {}
+        exchanges: dict[TransferId, Exchange] = {}
+
+        def ring_state(ring: int) -> RingState | None:  # plain rings: from the attention buffer
+            s = state.get(ring)
+            if s is None and ring in dev.rows and ring not in dev.heads:
+                rows = dev.rows[ring]
+                s = state[ring] = RingState(q=q.index_select(0, rows), kv=_ring_kv(k, v, rows))
+            return s
+
         for op in self.program.forward:
             if isinstance(op, RingCall):
-                s = state.get(op.ring)
-                if s is None:
-                    rows = self.dev.rows[op.ring]
-                    s = state[op.ring] = RingState(
-                        q=q.index_select(0, rows), kv=_ring_kv(k, v, rows))
-                forward_step(self.kernel, self.scale, self.hkv, self.dev.steps[(op.ring, op.step)], s)
+                s = ring_state(op.ring)
+                assert s is not None
+                forward_step(self.kernel, self.scale, self._hkv(op.ring), dev.steps[(op.ring, op.step)], s)
                 if op.step == self._parts[op.ring].size - 1:
                     finish(s)
                     assert s.out is not None and s.lse is not None
                     res = s.out.to(q.dtype)
-                    out.index_copy_(0, self.dev.rows[op.ring], res)
+                    if op.ring not in dev.heads:  # head-parallel: out goes home in the tokens exchange
+                        out.index_copy_(0, dev.rows[op.ring], res)
                     saved[("ring", op.ring)] = (res, s.lse)
             elif isinstance(op, LocalCall):
-                rows, batch = self._local(op)
+                rows, batch = dev.local[op.chunk]
                 o, lse = self.kernel.forward(q.index_select(0, rows), k.index_select(0, rows),
                                              v.index_select(0, rows), batch, self.scale)
                 out.index_copy_(0, rows, o)
                 saved[("local", op.chunk)] = (o, lse)
             elif isinstance(op, Post):
                 t = op.transfer
-                if t.ring not in state and t.ring in self.dev.rows:
-                    rows = self.dev.rows[t.ring]
-                    state[t.ring] = RingState(
-                        q=q.index_select(0, rows), kv=_ring_kv(k, v, rows))
-                held = state[t.ring].kv if t.ring in state else None
-                flying[t] = self._start(t, held, self.dtype)
+                hx = dev.heads.get(t.ring)
+                if t.kind == "heads" and hx is not None:
+                    ex = exchanges[t] = hx.qkv_to_heads(q, k, v)
+                    flying[t] = self._start(t, False, ex.payloads, self.dtype, ex.into)
+                elif t.kind == "tokens" and hx is not None:
+                    ex = exchanges[t] = hx.out_to_tokens(saved[("ring", t.ring)][0])
+                    flying[t] = self._start(t, False, ex.payloads, self.dtype, ex.into)
+                else:
+                    s = ring_state(t.ring)
+                    flying[t] = self._start(t, False, self._send_all(t, False, s.kv if s else None), self.dtype)
             else:
                 assert isinstance(op, Wait)
-                got = self._received(op.transfer, flying.pop(op.transfer).wait())
-                if got is not None:
-                    state[op.transfer.ring].kv = got
+                t = op.transfer
+                got = flying.pop(t).wait()
+                hx = dev.heads.get(t.ring)
+                if t.kind == "heads" and hx is not None:
+                    q_h, kv_h = hx.heads_qkv(exchanges.pop(t))
+                    state[t.ring] = RingState(q=q_h, kv=kv_h)
+                    saved[("heads", t.ring)] = (q_h, kv_h)
+                elif t.kind == "tokens" and hx is not None:
+                    hx.tokens_out(exchanges.pop(t), out)
+                else:
+                    kv = self._received(t, False, got)
+                    if kv is not None:
+                        state[t.ring].kv = kv
         return out, saved
 
     def backward(
         self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, saved: dict[Any, Any]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        dev = self._device(q.shape[1])
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        hkv = self.hkv
         acc_t = acc_dtype(self.dtype)
         state: dict[int, RingGrad] = {}
         flying: dict[TransferId, InFlight] = {}
+        exchanges: dict[TransferId, Exchange] = {}
 
-        def ring_state(ring: int) -> RingGrad | None:
+        def grad_state(ring: int, q_r: torch.Tensor, kv: torch.Tensor, dout_r: torch.Tensor) -> RingGrad:
+            out_r, lse_r = saved[("ring", ring)]
+            s = state[ring] = RingGrad(dout=dout_r, q=q_r, out=out_r, lse=lse_r, kv=kv,
+                                       dq=torch.zeros(q_r.shape, dtype=acc_t, device=q.device))
+            return s
+
+        def ring_state(ring: int) -> RingGrad | None:  # plain rings: from the attention buffer
             s = state.get(ring)
-            if s is None and ring in self.dev.rows:
-                rows = self.dev.rows[ring]
-                out_r, lse_r = saved[("ring", ring)]
-                q_r = q.index_select(0, rows)
-                s = state[ring] = RingGrad(
-                    dout=dout.index_select(0, rows), q=q_r, out=out_r, lse=lse_r,
-                    kv=_ring_kv(k, v, rows),
-                    dq=torch.zeros(q_r.shape, dtype=acc_t, device=q.device))
+            if s is None and ring in dev.rows and ring not in dev.heads:
+                rows = dev.rows[ring]
+                s = grad_state(ring, q.index_select(0, rows), _ring_kv(k, v, rows), dout.index_select(0, rows))
             return s
 
         for op in self.program.backward:
             if isinstance(op, RingCall):
                 s = ring_state(op.ring)
                 assert s is not None
-                backward_step(self.kernel, self.scale, hkv, self.dev.steps[(op.ring, op.step)], s)
+                backward_step(self.kernel, self.scale, self._hkv(op.ring), dev.steps[(op.ring, op.step)], s)
             elif isinstance(op, LocalCall):
-                rows, batch = self._local(op)
+                rows, batch = dev.local[op.chunk]
                 o, lse = saved[("local", op.chunk)]
                 g = self.kernel.backward(dout.index_select(0, rows), q.index_select(0, rows),
                                          k.index_select(0, rows), v.index_select(0, rows), o, lse, batch, self.scale)
@@ -255,30 +335,50 @@ class AttentionEngine:
                     acc.index_copy_(0, rows, part)
             elif isinstance(op, Post):
                 t = op.transfer
-                s = ring_state(t.ring)
-                if s is None:
-                    payload, dtype = None, (self.dtype if t.kind == "kv" else acc_t)
-                elif t.kind == "kv":
-                    payload, dtype = s.kv, self.dtype
+                hx = dev.heads.get(t.ring)
+                if t.kind == "heads" and hx is not None:
+                    ex = exchanges[t] = hx.dout_to_heads(dout)
+                    flying[t] = self._start(t, True, ex.payloads, self.dtype, ex.into)
+                elif t.kind == "tokens" and hx is not None:
+                    s = state[t.ring]
+                    home = s.acc if self._parts[t.ring].size > 1 else add_block(s)  # one block: dK/dV are home
+                    assert home is not None
+                    ex = exchanges[t] = hx.grads_to_tokens(s.dq, home)
+                    flying[t] = self._start(t, True, ex.payloads, acc_t, ex.into)
                 else:
-                    payload, dtype = add_block(s), acc_t
-                flying[t] = self._start(t, payload, dtype)
+                    s = ring_state(t.ring)
+                    if s is None:
+                        payload, dtype = None, (self.dtype if t.kind == "kv" else acc_t)
+                    elif t.kind == "kv":
+                        payload, dtype = s.kv, self.dtype
+                    else:
+                        payload, dtype = add_block(s), acc_t
+                    flying[t] = self._start(t, True, self._send_all(t, True, payload), dtype)
             else:
                 assert isinstance(op, Wait)
                 t = op.transfer
-                got = self._received(t, flying.pop(t).wait())
+                got = flying.pop(t).wait()
+                hx = dev.heads.get(t.ring)
+                if t.kind == "heads" and hx is not None:
+                    q_h, kv_h = saved[("heads", t.ring)]
+                    grad_state(t.ring, q_h, kv_h, hx.heads_dout(exchanges.pop(t)))
+                    continue
+                if t.kind == "tokens" and hx is not None:
+                    hx.tokens_grads(exchanges.pop(t), dq, dk, dv)
+                    continue
+                recv = self._received(t, True, got)
                 s = state.get(t.ring)
-                if got is None or s is None:
+                if recv is None or s is None:
                     continue
                 if t.kind == "kv":
-                    s.kv = got
+                    s.kv = recv
                     continue
-                s.acc = got
-                if t.step == self._parts[t.ring].size - 1:  # own dK/dV, home after g hops
-                    rows = self.dev.rows[t.ring]
+                s.acc = recv
+                if t.step == self._parts[t.ring].size - 1 and hx is None:  # own dK/dV, home after g hops
+                    rows, hkv = dev.rows[t.ring], self.hkv
                     dq.index_copy_(0, rows, s.dq.to(self.dtype))
-                    dk.index_copy_(0, rows, got[:, :hkv].to(self.dtype))
-                    dv.index_copy_(0, rows, got[:, hkv:].to(self.dtype))
+                    dk.index_copy_(0, rows, recv[:, :hkv].to(self.dtype))
+                    dv.index_copy_(0, rows, recv[:, hkv:].to(self.dtype))
         return dq, dk, dv
 
 

@@ -12,7 +12,9 @@ message is one round-0 hop; a routed one (proxies ``(p0 = local(src), p1,
 receiver agree on each hop's tag.
 
 This module only executes: :meth:`Router.start` posts this rank's round-0
-hops in one ``batch_isend_irecv``; a relay forwards in round ``r + 1`` what it
+hops in one ``batch_isend_irecv`` (a rank may send and receive several messages of one
+transfer, e.g. a head-parallel ring's all-to-all, each to its own buffer: ``payloads`` and
+``into`` are keyed by message); a relay forwards in round ``r + 1`` what it
 received in round ``r``. When waits do not block the host (NCCL) all rounds
 are posted at once on the comm stream, so the whole routed transfer runs under
 the caller's compute; on gloo rounds 1 and 2 are posted by :meth:`InFlight.wait`.
@@ -42,7 +44,9 @@ class InFlight:
     ``rounds``: this rank's hops per round (:func:`rank_rounds`); ``sizes[i]``:
     elements of message ``i`` (its ``dst`` gets a buffer of that size);
     ``payloads[i]``: flat contiguous tensor of every message ``i`` this rank
-    sends. :meth:`wait` returns ``{i: flat tensor}`` for every message it receives.
+    sends; ``into[i]``: flat contiguous tensor to receive message ``i`` in (e.g. a slice of one
+    receive buffer; others are allocated). :meth:`wait` returns ``{i: flat tensor}`` for every
+    message it receives.
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class InFlight:
         device: torch.device,
         stream: CommStream,
         what: str = "",
+        into: Mapping[int, torch.Tensor] | None = None,
     ) -> None:
         me = group.rank
         self._group, self._stream, self._rounds, self._payloads = group, stream, rounds, payloads
@@ -65,13 +70,24 @@ class InFlight:
         self._outputs: dict[int, torch.Tensor] = {}
         for i, ((src, dst), n) in enumerate(zip(ends, sizes)):
             if dst == me:
-                self._outputs[i] = torch.empty(n, dtype=dtype, device=device)
+                self._outputs[i] = self._buffer(i, n, into, dtype, device)
             if src == me and i not in payloads:
                 raise ValueError(f"rank {me} sends message {i} ({src} -> {dst}) but has no payload for it")
         self._relay: dict[tuple[int, int], torch.Tensor] = {}
         self._dtype, self._device = dtype, device
         self._next = 0
         self._posted: Posted | None = None
+
+    @staticmethod
+    def _buffer(i: int, n: int, into: Mapping[int, torch.Tensor] | None, dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor:
+        t = into.get(i) if into else None
+        if t is None:
+            return torch.empty(n, dtype=dtype, device=device)
+        if t.dim() != 1 or t.numel() != n or t.dtype != dtype or not t.is_contiguous():
+            raise ValueError(f"receive buffer of message {i} must be flat, contiguous, {n} elements of {dtype}; "
+                             f"got shape {tuple(t.shape)} of {t.dtype}")
+        return t
 
     def _ops(self, r: int) -> list[P2P]:
         me = self._group.rank
@@ -134,8 +150,10 @@ class Router:
         dtype: torch.dtype,
         device: torch.device,
         what: str = "",
+        into: Mapping[int, torch.Tensor] | None = None,
     ) -> InFlight:
         """Post this rank's hops ``rounds`` of messages ``ends`` (``(src, dst)``) of ``sizes`` elements;
-        ``what`` names the step in a timeout error (e.g. ``"ring 2 step 1 K/V"``)."""
+        ``what`` names the step in a timeout error (e.g. ``"ring 2 step 1 K/V"``); ``into``: receive
+        buffers per message (:class:`InFlight`)."""
         return InFlight(rounds, ends, sizes, self.group, payloads, dtype=dtype, device=device,
-                        stream=self.stream, what=what).start()
+                        stream=self.stream, what=what, into=into).start()

@@ -1,0 +1,93 @@
+"""Head-parallel rings on gloo: checks that run inside spawned ranks (module-level so spawn can pickle them).
+
+Random plans (``random_plan(..., n_head_rings=, head_widths=)``) mix head-parallel rings (Ulysses: one
+block; hybrid: blocks on several nodes) with plain intra- and inter-node rings and local sequences, so
+ranks sit in several rings of both kinds. Per plan: the all-to-all transfers' messages through the
+router, the engine's trace against the lowered program (routing on and off), outputs and dq/dk/dv
+against float64 per-sequence SDPA (float64 to 1e-9, float32 to 1e-5) for MHA and GQA head counts,
+including K/V heads replicated over lanes (``Hkv < a2a``). Then heads that cannot split over a
+ring's width: every rank raises before any work, naming the ring, the width and the heads.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from plan_factory import random_plan
+from runtime_workers import check_attention, check_router, check_trace, expect_error
+from zeppelin_megatron.planner.head_parallel import head_split_error
+from zeppelin_megatron.planner.lowering import lower
+from zeppelin_megatron.planner.plan import StepPlan
+from zeppelin_megatron.runtime import RuntimeInputError, ZeppelinGroup, zeppelin_attention
+from zeppelin_megatron.runtime.engine import AttentionEngine
+from zeppelin_megatron.runtime.kernels import get_kernel
+
+# world -> ((nodes, gpus per node, block widths, (Hq, Hkv) cases), ...); every case splits over every width
+TOPOLOGIES: dict[int, tuple[tuple[int, int, tuple[int, ...], tuple[tuple[int, int], ...]], ...]] = {
+    2: ((1, 2, (2,), ((8, 8), (8, 2), (8, 1))),),
+    4: ((2, 2, (2,), ((8, 8), (8, 2), (8, 1))), (1, 4, (2, 4), ((8, 8), (8, 2), (8, 1)))),
+    6: ((2, 3, (3,), ((6, 3), (12, 3), (6, 1))), (3, 2, (2,), ((8, 2), (8, 1), (4, 4)))),
+    8: ((2, 4, (2, 4), ((8, 8), (8, 2), (8, 1))), (4, 2, (2,), ((8, 8), (8, 1), (4, 2)))),
+}
+BAD_HEADS = ((12, 4), (3, 1), (6, 2), (5, 5))  # (12, 4): 3 lanes and 4 K/V heads; (3, 1): 2 or 4 lanes
+
+
+def head_plan(seed: int, nodes: int, gpn: int, widths: tuple[int, ...], max_len: int = 40) -> StepPlan:
+    return random_plan(seed, nodes, gpn, n_local=4, n_intra_rings=1, n_inter_rings=1, n_head_rings=2,
+                       head_widths=widths, max_len=max_len)
+
+
+def shared_ranks(plan: StepPlan) -> bool:
+    """Some rank is a member of a head-parallel ring and of another ring."""
+    return any(sum(r in ring.ranks for ring in plan.rings) >= 2 and any(r in ring.ranks for ring in plan.rings
+                                                                      if ring.a2a > 1)
+               for r in range(plan.world_size))
+
+
+def check_head_errors(group: ZeppelinGroup, plan: StepPlan, good: tuple[int, int]) -> None:
+    """Heads that a head-parallel ring's lanes cannot split: every rank raises before any work
+    (through the start-of-call check, and with it off), naming the first such ring, its width and the
+    heads; the engine raises ``ValueError`` on construction. A good call (``good`` heads) works afterwards."""
+    rank, cpu = group.rank, torch.device("cpu")
+    widths = {r.a2a for r in plan.rings if r.a2a > 1}
+    hq, hkv = next(h for h in BAD_HEADS if any(head_split_error(*h, a) for a in widths))
+    k, ring = next((k, r) for k, r in enumerate(plan.rings) if r.a2a > 1 and head_split_error(hq, hkv, r.a2a))
+    named = (f"ring {k} (ranks {list(ring.ranks)}, sequences {list(ring.seqs)}) is head-parallel over {ring.a2a} "
+             f"lanes, but the heads Hq={hq}, Hkv={hkv} cannot split")
+    n = plan.tokens(rank, "linear")
+    q = torch.randn(n, hq, 4, dtype=torch.float64)
+    kv = torch.randn(n, hkv, 4, dtype=torch.float64)
+    expect_error(RuntimeInputError, named, lambda: zeppelin_attention(q, kv, kv, plan, group))
+    expect_error(RuntimeInputError, named, lambda: zeppelin_attention(q, kv, kv, plan, group, check_plan=False))
+    kernel = get_kernel("reference", cpu, torch.float64)
+    expect_error(ValueError, named, lambda: AttentionEngine(
+        plan, group, kernel=kernel, scale=0.5, routes=(), hkv=hkv, head_dim=4, dtype=torch.float64, device=cpu,
+        hq=hq))
+    q, kv = torch.randn(n, good[0], 4, dtype=torch.float64), torch.randn(n, good[1], 4, dtype=torch.float64)
+    assert zeppelin_attention(q, kv, kv, plan, group, backend="reference").shape == q.shape
+
+
+def run_heads(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0) -> None:
+    shared = False
+    for nodes, gpn, widths, heads in TOPOLOGIES[world]:
+        assert all(head_split_error(hq, hkv, a) is None for hq, hkv in heads for a in widths), (widths, heads)
+        group = ZeppelinGroup(process_group=None, gpus_per_node=gpn)
+        for p_idx in range(n_plans):
+            plan = head_plan(seed0 + 1000 * world + 10 * nodes + p_idx, nodes, gpn, widths)
+            assert any(r.a2a > 1 for r in plan.rings), "no head-parallel ring in the plan"
+            shared |= shared_ranks(plan)
+            for t in lower(plan).transfers.values():  # the all-to-alls: several messages per rank
+                if t.id.kind in ("heads", "tokens"):
+                    check_router(group, t.messages, unit=3, into=True)
+            hq, hkv = heads[p_idx % len(heads)]
+            check_trace(group, plan, routing=True, hq=hq, hkv=hkv)
+            check_trace(group, plan, routing=False, hq=hq, hkv=hkv)
+            # every head case in float32 (routing on and off by turns), one in float64
+            cases = [(torch.float64, p_idx % 2 == 0, *heads[p_idx % len(heads)])]
+            cases += [(torch.float32, (i + p_idx) % 2 == 0, hq, hkv) for i, (hq, hkv) in enumerate(heads)]
+            if full:
+                cases += [(torch.float64, r, hq, hkv) for hq, hkv in heads for r in (True, False)]
+            for dtype, routing, hq, hkv in cases:
+                check_attention(group, plan, dtype=dtype, routing=routing, hq=hq, hkv=hkv, d=4, seed=p_idx)
+        check_head_errors(group, head_plan(seed0 + 7, nodes, gpn, widths), heads[0])
+    assert shared, "no plan put a rank in a head-parallel ring and another ring"

@@ -1,0 +1,261 @@
+"""Head-parallel rings: the all-to-all tensor plumbing between token rows and lane head slices.
+
+A member of a head-parallel ring (``a2a = a > 1``, :mod:`zeppelin_megatron.planner.head_parallel`)
+is lane ``l`` of block ``b``. It holds ``n_own`` tokens of the ring in its attention buffer
+(:attr:`~zeppelin_megatron.planner.lowering.RingPart.rows`, all ``Hq`` / ``Hkv`` heads) and runs
+the ring's kernel calls on its *head buffer*: the ``n_b`` tokens of its block (block seq-major
+order, the rows :class:`~zeppelin_megatron.planner.lowering.RingCall` names) for its lane's
+``hq_l = Hq / a`` query heads and ``hkv_l`` K/V heads (:func:`~zeppelin_megatron.planner.head_parallel.lane_heads`).
+The lowering's ``heads`` transfer carries lane ``x``'s tokens to lane ``y`` (``y``'s heads), the
+``tokens`` transfer carries them back; this module builds the send buffers and turns what arrives
+into the head buffer (and back), one :class:`Exchange` per transfer.
+
+Buffers (``w`` columns of ``D`` elements per token row; one contiguous slice per message, so the
+router sends and receives in place, :class:`~.router.InFlight` ``into``):
+
+* to heads, sender: ``S`` [a, n_own, w, D], slot ``y`` = own tokens, lane ``y``'s heads;
+  receiver: ``R`` [n_b, w, D] in *lane order* (lane ``x``'s tokens at rows ``off[x] ..
+  off[x] + n[x]``, its own slot copied from ``S[l]``), then one ``index_select`` per part by
+  ``perm`` (lane order -> head-buffer order);
+* to tokens, sender: the head-buffer rows in lane order (one ``index_select`` by ``order``),
+  message to lane ``x`` = rows ``off[x] .. off[x] + n[x]``; receiver: ``T`` [a, n_own, w, D],
+  slot ``y`` = own tokens, lane ``y``'s heads, written into the attention-buffer rows.
+
+What each carries (``w``): forward ``heads`` q, k, v (``hq_l + 2 hkv_l``, model dtype), forward
+``tokens`` out (``hq_l``, model dtype), backward ``heads`` dout (``hq_l``, model dtype), backward
+``tokens`` dq, dk, dv (``hq_l + 2 hkv_l``, accumulator dtype: K/V heads that several lanes share,
+``Hkv < a``, are summed in it, then every gradient is cast once). :func:`transfer_unit` gives the
+elements per token of every transfer kind.
+
+Worked example: ``Hq = 8``, ``Hkv = 2``, ``a = 4`` (K/V heads replicated): lane 1 takes query heads
+``[2, 4)`` and K/V head 0 (``hkv_l = 1``); forward ``heads`` rows carry ``(2 + 2) D`` elements,
+``tokens`` rows ``2 D``; lanes 0 and 1 both return a dK for K/V head 0, summed in float32 (bf16
+inputs) before the cast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from ..planner.head_parallel import head_split_error, lane_heads, lane_kv_heads
+from ..planner.lowering import RankProgram, RingPart, TransferId
+from ..planner.plan import StepPlan
+
+__all__ = ["HeadShape", "transfer_unit", "heads_problem", "Exchange", "HeadIndex", "head_index"]
+
+
+class HeadShape(NamedTuple):
+    """Heads and head dim of the engine's inputs: ``q`` [T, hq, d], ``k``, ``v`` [T, hkv, d]."""
+
+    hq: int
+    hkv: int
+    d: int
+
+
+def transfer_unit(kind: str, backward: bool, a2a: int, shape: HeadShape) -> int:
+    """Elements per token of a ``kind`` transfer of a ring of block width ``a2a``.
+
+    ``kv`` / ``acc``: ``2 hkv_l d`` (``hkv_l = hkv`` on a plain ring); ``heads``: ``(hq_l + 2 hkv_l) d``
+    forward (q, k, v), ``hq_l d`` backward (dout); ``tokens``: ``hq_l d`` forward (out),
+    ``(hq_l + 2 hkv_l) d`` backward (dq, dk, dv). Example: ``HeadShape(8, 2, 4)``, ``a2a = 4``:
+    ``kv`` 8, forward ``heads`` 16, forward ``tokens`` 8.
+    """
+    hq, hkv, d = shape
+    hkv_l = hkv if a2a == 1 else lane_kv_heads(hkv, a2a)
+    hq_l = hq // a2a
+    if kind in ("kv", "acc"):
+        return 2 * hkv_l * d
+    full = (hq_l + 2 * hkv_l) * d
+    if kind == "heads":
+        return hq_l * d if backward else full
+    if kind == "tokens":
+        return full if backward else hq_l * d
+    raise ValueError(f"unknown transfer kind {kind!r}; known: kv, acc, heads, tokens")
+
+
+def heads_problem(plan: StepPlan, hq: int, hkv: int) -> str | None:
+    """Why ``plan``'s head-parallel rings cannot run with ``hq`` / ``hkv`` heads per rank (None: they can).
+
+    Names the first ring that fails, its width and the head counts, e.g. ``"ring 1 (ranks [0, 1, 2],
+    sequences [4]) is head-parallel over 3 lanes, but the heads Hq=8, Hkv=2 cannot split: 3 lanes do
+    not divide 8 query heads"``. Every rank gets the same answer (the plan and heads agree).
+    """
+    for k, ring in enumerate(plan.rings):
+        if ring.a2a == 1:
+            continue
+        why = head_split_error(hq, hkv, ring.a2a)
+        if why is not None:
+            return (f"ring {k} (ranks {list(ring.ranks)}, sequences {list(ring.seqs)}) is head-parallel over "
+                    f"{ring.a2a} lanes, but the heads Hq={hq}, Hkv={hkv} cannot split: {why}")
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exchange:
+    """One all-to-all as this rank runs it: ``payloads`` (message -> flat send tensor), ``into``
+    (message -> flat receive tensor, a slice of ``recv``), ``recv`` the whole receive buffer."""
+
+    payloads: dict[int, torch.Tensor]
+    into: dict[int, torch.Tensor]
+    recv: torch.Tensor
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadIndex:
+    """A member's head-parallel ring on one device (module docstring), built once per plan.
+
+    ``rows`` [n_own]: own attention-buffer rows; ``counts[x]`` / ``offsets[x]``: lane ``x``'s tokens
+    and first lane-order row; ``order`` [n_b]: head-buffer row of each lane-order row, ``perm`` its
+    inverse; ``kv_cols[x]``: lane ``x``'s dK then dV columns (``2 hkv_l``) of a [*, 2 Hkv, D]
+    buffer; ``kv_pick`` [a hkv_l]: the K/V head of every lane's slot (None when ``a | Hkv``: the
+    identity); message maps ``(message, lane)`` of the ``heads`` (send: receiver lane, receive:
+    sender lane) and ``tokens`` transfers.
+    """
+
+    ring: int
+    a2a: int
+    lane: int
+    hq_l: int
+    hkv_l: int
+    shape: HeadShape
+    rows: torch.Tensor
+    counts: tuple[int, ...]
+    offsets: tuple[int, ...]
+    order: torch.Tensor
+    perm: torch.Tensor
+    kv_cols: tuple[torch.Tensor, ...]
+    kv_pick: torch.Tensor | None
+    heads_send: tuple[tuple[int, int], ...]
+    heads_recv: tuple[tuple[int, int], ...]
+    tokens_send: tuple[tuple[int, int], ...]
+    tokens_recv: tuple[tuple[int, int], ...]
+
+    @property
+    def own(self) -> int:
+        """Tokens this rank holds of the ring (its attention-buffer rows)."""
+        return self.counts[self.lane]
+
+    def _lane_slice(self, buf: torch.Tensor, x: int) -> torch.Tensor:
+        return buf[self.offsets[x]:self.offsets[x] + self.counts[x]]
+
+    # -- forward ----------------------------------------------------------------------------------
+
+    def qkv_to_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Exchange:
+        """Forward ``heads``: ``q`` [T_a, Hq, D], ``k``, ``v`` [T_a, Hkv, D] -> the exchange
+        (receive buffer ``R`` [n_b, hq_l + 2 hkv_l, D], lane order, own slot filled)."""
+        a, n, hq_l, hkv_l, d = self.a2a, self.own, self.hq_l, self.hkv_l, self.shape.d
+        send = q.new_empty((a, n, hq_l + 2 * hkv_l, d))
+        send[:, :, :hq_l].copy_(q.index_select(0, self.rows).view(n, a, hq_l, d).transpose(0, 1))
+        for c, x in ((hq_l, k), (hq_l + hkv_l, v)):
+            xs = x.index_select(0, self.rows)
+            if self.kv_pick is not None:
+                xs = xs.index_select(1, self.kv_pick)
+            send[:, :, c:c + hkv_l].copy_(xs.view(n, a, hkv_l, d).transpose(0, 1))
+        return self._to_heads(send)
+
+    def heads_qkv(self, ex: Exchange) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head buffers after the forward ``heads`` exchange: ``q_h`` [n_b, hq_l, D] and the packed
+        ``kv_h`` [n_b, 2 hkv_l, D] (K heads first), head-buffer (block seq-major) order."""
+        return ex.recv[:, :self.hq_l].index_select(0, self.perm), ex.recv[:, self.hq_l:].index_select(0, self.perm)
+
+    def out_to_tokens(self, out_h: torch.Tensor) -> Exchange:
+        """Forward ``tokens``: ``out_h`` [n_b, hq_l, D] -> the exchange (``T`` [a, n_own, hq_l, D])."""
+        return self._to_tokens(out_h.index_select(0, self.order))
+
+    def tokens_out(self, ex: Exchange, out: torch.Tensor) -> None:
+        """Write the received output rows into ``out`` [T_a, Hq, D] (own rows, every lane's heads)."""
+        for y in range(self.a2a):
+            q0 = y * self.hq_l
+            out[:, q0:q0 + self.hq_l].index_copy_(0, self.rows, ex.recv[y])
+
+    # -- backward ---------------------------------------------------------------------------------
+
+    def dout_to_heads(self, dout: torch.Tensor) -> Exchange:
+        """Backward ``heads``: ``dout`` [T_a, Hq, D] -> the exchange (``R`` [n_b, hq_l, D])."""
+        a, n, hq_l, d = self.a2a, self.own, self.hq_l, self.shape.d
+        send = dout.new_empty((a, n, hq_l, d))
+        send.copy_(dout.index_select(0, self.rows).view(n, a, hq_l, d).transpose(0, 1))
+        return self._to_heads(send)
+
+    def heads_dout(self, ex: Exchange) -> torch.Tensor:
+        """``dout_h`` [n_b, hq_l, D] in head-buffer order."""
+        return ex.recv.index_select(0, self.perm)
+
+    def grads_to_tokens(self, dq_h: torch.Tensor, dkv_h: torch.Tensor) -> Exchange:
+        """Backward ``tokens``: ``dq_h`` [n_b, hq_l, D] and ``dkv_h`` [n_b, 2 hkv_l, D] (accumulator
+        dtype) -> the exchange (``T`` [a, n_own, hq_l + 2 hkv_l, D], accumulator dtype)."""
+        send = dq_h.new_empty((dq_h.shape[0], self.hq_l + 2 * self.hkv_l, self.shape.d))
+        torch.index_select(dq_h, 0, self.order, out=send[:, :self.hq_l])
+        torch.index_select(dkv_h, 0, self.order, out=send[:, self.hq_l:])
+        return self._to_tokens(send)
+
+    def tokens_grads(self, ex: Exchange, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+        """Write the received gradients into ``dq`` [T_a, Hq, D], ``dk``, ``dv`` [T_a, Hkv, D] (own rows):
+        every lane's dq heads cast once; dK/dV summed over the lanes in the accumulator dtype (lanes
+        that share a K/V head add up), then cast once."""
+        hq_l, hkv = self.hq_l, self.shape.hkv
+        recv = ex.recv
+        dkv = recv.new_zeros((self.own, 2 * hkv, self.shape.d))
+        for y in range(self.a2a):
+            q0 = y * hq_l
+            dq[:, q0:q0 + hq_l].index_copy_(0, self.rows, recv[y, :, :hq_l].to(dq.dtype))
+            dkv.index_add_(1, self.kv_cols[y], recv[y, :, hq_l:])
+        dk.index_copy_(0, self.rows, dkv[:, :hkv].to(dk.dtype))
+        dv.index_copy_(0, self.rows, dkv[:, hkv:].to(dv.dtype))
+
+    # -- buffers ----------------------------------------------------------------------------------
+
+    def _to_heads(self, send: torch.Tensor) -> Exchange:
+        """``send`` [a, n_own, w, D] -> payloads per receiver lane, receive buffer [n_b, w, D] (lane order)."""
+        recv = send.new_empty((sum(self.counts), *send.shape[2:]))
+        self._lane_slice(recv, self.lane).copy_(send[self.lane])
+        return Exchange(payloads={i: send[y].view(-1) for i, y in self.heads_send},
+                        into={i: self._lane_slice(recv, x).view(-1) for i, x in self.heads_recv}, recv=recv)
+
+    def _to_tokens(self, send: torch.Tensor) -> Exchange:
+        """``send`` [n_b, w, D] (lane order) -> payloads per lane, receive buffer [a, n_own, w, D]."""
+        recv = send.new_empty((self.a2a, self.own, *send.shape[1:]))
+        recv[self.lane].copy_(self._lane_slice(send, self.lane))
+        return Exchange(payloads={i: self._lane_slice(send, x).view(-1) for i, x in self.tokens_send},
+                        into={i: recv[y].view(-1) for i, y in self.tokens_recv}, recv=recv)
+
+
+def head_index(program: RankProgram, part: RingPart, shape: HeadShape, device: torch.device) -> HeadIndex:
+    """The :class:`HeadIndex` of member ``part`` of a head-parallel ring (``part.a2a > 1``).
+
+    Example: one sequence of 16 over ranks (0, 1, 2, 3), ``a2a = 2``, rank 1 (block 0, lane 1):
+    lane 0 fills head-buffer rows (0, 1, 6, 7), lane 1 rows (2, 3, 4, 5), so ``order`` is
+    ``[0, 1, 6, 7, 2, 3, 4, 5]`` and ``counts`` ``(4, 4)``.
+    """
+    a, b, lane = part.a2a, part.position, part.lane
+    assert b is not None and lane is not None and a > 1, "head_index needs a member of a head-parallel ring"
+    hq, hkv, d = shape
+    heads = [lane_heads(hq, hkv, a, x) for x in range(a)]
+    hq_l, hkv_l = hq // a, lane_kv_heads(hkv, a)
+    lane_rows = [part.lane_rows(x) for x in range(a)]
+    order = [r for rows in lane_rows for r in rows]
+    perm = [0] * len(order)
+    for i, r in enumerate(order):
+        perm[r] = i
+    counts = tuple(len(rows) for rows in lane_rows)
+    offsets = tuple(sum(counts[:x]) for x in range(a))
+    as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+    pick = [h for _, (k0, k1) in heads for h in range(k0, k1)]
+    lane_of = {r: i % a for i, r in enumerate(part.ranks)}
+    me = part.ranks[b * a + lane]
+
+    def maps(kind: str) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+        msgs = program.transfers[TransferId(part.ring, 0, kind)].messages  # type: ignore[arg-type]
+        return (tuple((i, lane_of[m.dst]) for i, m in enumerate(msgs) if m.src == me),
+                tuple((i, lane_of[m.src]) for i, m in enumerate(msgs) if m.dst == me))
+
+    (hs, hr), (ts, tr) = maps("heads"), maps("tokens")
+    return HeadIndex(
+        ring=part.ring, a2a=a, lane=lane, hq_l=hq_l, hkv_l=hkv_l, shape=shape, rows=as_t(part.rows),
+        counts=counts, offsets=offsets, order=as_t(order), perm=as_t(perm),
+        kv_cols=tuple(as_t([*range(k0, k1), *range(hkv + k0, hkv + k1)]) for _, (k0, k1) in heads),
+        kv_pick=None if pick == list(range(hkv)) else as_t(pick),
+        heads_send=hs, heads_recv=hr, tokens_send=ts, tokens_recv=tr)
