@@ -12,11 +12,11 @@ from zeppelin_megatron.planner import Cluster, CostModel, load_cluster, load_mod
 from zeppelin_megatron.planner.lowering import RingCall, lower
 from zeppelin_megatron.planner.model import ModelShape
 from zeppelin_megatron.planner.plan import LocalSlot, SequencePlan, StepPlan
-from zeppelin_megatron.planner.zigzag import zigzag_ranges
+from zeppelin_megatron.planner.zigzag import ring_chunk_pair_tokens, zigzag_ranges
 from zeppelin_megatron.sim.charges import (
     Shape, a2a_token_bytes, hbm_ms, shape_of, zeppelin_a2a_bytes, zeppelin_call_bytes, zeppelin_remap_bytes,
 )
-from zeppelin_megatron.sim.program import build_layer_program, plain_rings
+from zeppelin_megatron.sim.program import Traffic, build_layer_program, plain_rings
 from zeppelin_megatron.sim.simulator import simulate
 from zeppelin_megatron.sim.te_cp_a2a_p2p import a2a_p2p_plan
 
@@ -319,3 +319,53 @@ def test_zeppelin_hybrid_is_charged_no_less_than_te_a2a_p2p(spec: str, lens: lis
     assert sum(z_att) >= sum(t_att) * (1 - 1e-12)
     assert all(abs(z - t) <= 0.01 * t for z, t in zip(z_att, t_att))
     assert simulate(zep, cost).layer_ms > simulate(te, cost, attention_comm="a2a_p2p").layer_ms
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_plans_with_head_parallel_rings_simulate_op_for_op(seed: int) -> None:
+    """Random plans (plain, Ulysses and hybrid rings, local slots, routes, remap proxies; MHA and GQA heads):
+    every all-to-all message is one NVLink flow of its lowered tokens x the lane's bytes per token, every
+    lane K/V message one flow (NIC across nodes) of the block chunk bytes, each member pays the four
+    all-to-all copies once per head-parallel ring, and the layer simulates to the end under every charge
+    model and engine, and as plain rings."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+    from plan_factory import random_plan
+
+    nodes, gpn = [(1, 4), (2, 2), (2, 4), (3, 2)][seed % 4]
+    plan = random_plan(seed, nodes, gpn, n_local=6, n_head_rings=3, max_len=4096)
+    heads = (32, 8) if seed % 2 else (32, 32)
+    model = ModelShape(layers=1, hidden=4096, q_heads=heads[0], kv_heads=heads[1], ffn=14336, name="m")
+    cost = _cost(_cluster(nodes, gpn), model)
+    low = lower(plan)
+    prog = build_layer_program(plan, cost)
+    wide = [k for k, r in enumerate(plan.rings) if r.a2a > 1]
+    assert wide
+    for k in wide:
+        ring = plan.rings[k]
+        lane = shape_of(cost, ring.a2a)
+        per = dict(zip(("heads", "tokens"), a2a_token_bytes(lane)))
+        for tid, t in low.transfers.items():
+            if tid.ring != k:
+                continue
+            key = ("ring", ring.ranks, ring.a2a, tid.kind) + ((tid.step,) if tid.kind == "kv" else ())
+            chains = prog.transfers.get(key, Traffic(key, "")).chains
+            legs = sorted((leg.src, leg.dst, leg.nbytes, leg.link) for c in chains for leg in c)
+            if tid.kind in per:
+                assert legs == sorted((m.src, m.dst, float(m.tokens * per[tid.kind]), "nvl") for m in t.messages)
+            elif tid.kind == "kv":
+                nbytes = 4 * lane.b * lane.ekv * sum(
+                    ring_chunk_pair_tokens(plan.sequences[i].length, ring.blocks) for i in ring.seqs)
+                assert legs == sorted((m.src, m.dst, float(nbytes), "nvl" if m.src // gpn == m.dst // gpn else "nic")
+                                      for m in t.messages)
+        for r in ring.ranks:
+            mine = [op.label for op in prog.ops[r] if op.kind == "copy" and f"a2a {ring.a2a})" in op.label
+                    and op.label.startswith(f"{ring.placement} group {list(ring.ranks)[:4]}") and ": " in op.label]
+            assert [x.rsplit(") ", 1)[-1] for x in mine] == ["to heads: pack", "to heads: unpack", "to tokens: pack",
+                                                             "to tokens: unpack"]
+    for charges in ("zeppelin", "te", "none"):
+        for engine in ("runtime", "fill"):
+            assert simulate(plan, cost, charges=charges, engine=engine, keep_events=False).layer_ms > 0
+    assert simulate(plan, cost, head_parallel=False, keep_events=False).layer_ms > 0
