@@ -82,7 +82,11 @@ def check_replay_matches_engine(rank: int) -> None:
                       cluster, cost)
     routed = replace(base, routing=(Route((3, 0), 0, 3, (0, 1)), Route((3, 0, 2, 1), 3, 0, (1, 0))),
                      validate=False)
-    plans = [routed, plan_step([300, 120, 40, 30, 20, 9, 5, 3, 1], cost)]
+    # head-parallel rings: a hybrid over (0, 1 | 2, 3) and a Ulysses ring over (2, 3) (lane heads 2 and 1)
+    heads = build_plan([96, 40, 9, 5], [(0, 1, 2, 3), (2, 3), (0,), (1,)], cluster, cost)
+    heads = replace(heads, sequences=tuple(replace(s, a2a=2) if s.placement != "local" else s
+                                           for s in heads.sequences))
+    plans = [routed, plan_step([300, 120, 40, 30, 20, 9, 5, 3, 1], cost), heads]
     group = ZeppelinGroup(process_group=None, gpus_per_node=2)
     gen = torch.Generator().manual_seed(rank)
     for plan in plans:
@@ -97,8 +101,10 @@ def check_replay_matches_engine(rank: int) -> None:
         out, saved = engine.forward(q, k, v)
         engine.backward(torch.randn_like(out), q, k, v, saved)
         calls = rank_work(plan, rank, q_heads=4, kv_heads=2, device=CPU).calls
-        want = [(c.batch.lens_q, c.batch.lens_k, c.batch.causal, (c.q_tokens, 4, 8), (c.k_tokens, 2, 8))
-                for c in calls]
+        want = [(c.batch.lens_q, c.batch.lens_k, c.batch.causal, (c.q_tokens, c.q_heads, 8),
+                 (c.k_tokens, c.kv_heads, 8)) for c in calls]
+        if plan is heads:  # every ring call is a lane's: 2 of the 4 query heads, 1 of the 2 K/V heads
+            assert {(c.q_heads, c.kv_heads) for c in calls if c.kind != "local"} == {(2, 1)}, rank
         assert [e[1:] for e in rec.log if e[0] == "fwd"] == want, (rank, rec.log, want)
         assert [e[1:] for e in rec.log if e[0] == "bwd"] == want, rank
         assert [e[0] for e in rec.log] == ["fwd"] * len(want) + ["bwd"] * len(want)
