@@ -81,7 +81,7 @@ def run_heads(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0) -
                     check_router(group, t.messages, unit=3, into=True)
             hq, hkv = heads[p_idx % len(heads)]
             check_trace(group, plan, routing=True, hq=hq, hkv=hkv)
-            check_trace(group, plan, routing=False, hq=hq, hkv=hkv)
+            check_trace(group, plan, routing=False, hq=hq, hkv=hkv, dtype=torch.bfloat16)  # wire dtypes
             # every head case in float32 (routing on and off by turns), one in float64
             cases = [(torch.float64, p_idx % 2 == 0, *heads[p_idx % len(heads)])]
             cases += [(torch.float32, (i + p_idx) % 2 == 0, hq, hkv) for i, (hq, hkv) in enumerate(heads)]

@@ -211,8 +211,12 @@ def _lowered_events(plan: StepPlan, rank: int, ops: Sequence[object], prog: obje
     call ``(lens_q, lens_k, causal, q, k, v)`` with q/k/v the float64 rows of its token ranges (a
     head-parallel ring's calls: its lane's heads only); per ``Post`` the rank's round-0 hops, per
     ``Wait`` its round-1 and round-2 hops (gloo posts later rounds while waiting), each as ``(peer,
-    send, tag, elements)``, ``heads = (hq, hkv, d)`` giving each transfer's elements per token."""
+    send, tag, elements, dtype)``, ``heads = (hq, hkv, d)`` giving each transfer's elements per token;
+    dK/dV accumulators and the backward ``tokens`` exchange (dq, dk, dv) travel in float32 for
+    half-precision inputs, everything else in the inputs' dtype."""
     hq, hkv, d = heads
+    dtype = data[0][0].dtype if data else torch.float64
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
 
     def rows(ranges: Sequence[tuple[int, int, int]], i: int, cols: tuple[int, int] | None = None) -> torch.Tensor:
         x = torch.cat([data[s][i][a:b] for s, a, b in ranges])
@@ -236,29 +240,30 @@ def _lowered_events(plan: StepPlan, rank: int, ops: Sequence[object], prog: obje
             assert isinstance(op, (Post, Wait))
             tid = op.transfer
             hops = prog.transfers[tid].hops(_unit(tid.kind, backward, a2a[tid.ring], hq, hkv, d))  # type: ignore[attr-defined]
+            wire = acc if tid.kind == "acc" or (tid.kind == "tokens" and backward) else dtype
             for r in ((0,) if isinstance(op, Post) else (1, 2)):
-                ev += [("p2p", h.receiver if h.sender == rank else h.sender, h.sender == rank, h.tag, h.count)
+                ev += [("p2p", h.receiver if h.sender == rank else h.sender, h.sender == rank, h.tag, h.count, wire)
                        for h in hops if h.round == r and rank in (h.sender, h.receiver)]
     return ev
 
 
 def check_trace(group: ZeppelinGroup, plan: StepPlan, *, routing: bool, hq: int = 4, hkv: int = 2,
-                d: int = 4) -> None:
+                d: int = 4, dtype: torch.dtype = torch.float64) -> None:
     """The engine executes the lowered program op for op, forward and backward: each kernel call
     (lengths, mask, and the exact token rows of q, k and v it is given) and each point-to-point
-    op (peer, send/receive, tag, element count), in order, recorded at the kernel and at
-    :func:`~zeppelin_megatron.runtime.comm.post`."""
+    op (peer, send/receive, tag, element count, dtype: accumulators in the accumulation dtype), in
+    order, recorded at the kernel and at :func:`~zeppelin_megatron.runtime.comm.post`."""
     import zeppelin_megatron.runtime.router as router_mod
     from zeppelin_megatron.runtime.engine import AttentionEngine
     from zeppelin_megatron.runtime.kernels import get_kernel
 
     rank, cpu = group.rank, torch.device("cpu")
-    data = global_data(plan, hq, hkv, d, seed=11)
+    data = [tuple(t.to(dtype) for t in x) for x in global_data(plan, hq, hkv, d, seed=11)]
     prog = lower(plan, routing=routing).ranks[rank]
     att = plan.attention_layout[rank]
-    e = lambda h: torch.zeros(0, h, d, dtype=torch.float64)  # noqa: E731
+    e = lambda h: torch.zeros(0, h, d, dtype=dtype)  # noqa: E731
     q, k, v, dout = (gather(att, [x[i] for x in data], e(hkv if i in (1, 2) else hq)) for i in range(4))
-    ref = get_kernel("reference", cpu, torch.float64)
+    ref = get_kernel("reference", cpu, dtype)
     log: list[tuple[object, ...]] = []
 
     class Recording:
@@ -275,13 +280,13 @@ def check_trace(group: ZeppelinGroup, plan: StepPlan, *, routing: bool, hq: int 
     real_post = router_mod.post
 
     def recording_post(ops, grp, *rest):  # type: ignore[no-untyped-def]
-        log.extend(("p2p", op.peer, op.send, op.tag, op.tensor.numel()) for op in ops)
+        log.extend(("p2p", op.peer, op.send, op.tag, op.tensor.numel(), op.tensor.dtype) for op in ops)
         return real_post(ops, grp, *rest)
 
     router_mod.post = recording_post
     try:
         eng = AttentionEngine(plan, group, kernel=Recording(), scale=0.3, routes=plan.routing if routing else (),  # type: ignore[arg-type]
-                              hkv=hkv, head_dim=d, dtype=torch.float64, device=cpu, hq=hq)
+                              hkv=hkv, head_dim=d, dtype=dtype, device=cpu, hq=hq)
         _, saved = eng.forward(q, k, v)
         fwd = list(log)
         log.clear()
@@ -289,12 +294,15 @@ def check_trace(group: ZeppelinGroup, plan: StepPlan, *, routing: bool, hq: int 
         bwd = list(log)
     finally:
         router_mod.post = real_post
-    what = f"rank {rank} plan {plan.nodes}x{plan.gpus_per_node} routing={routing} Hq={hq} Hkv={hkv}"
+    what = f"rank {rank} plan {plan.nodes}x{plan.gpus_per_node} routing={routing} Hq={hq} Hkv={hkv} {dtype}"
     for name, got, ops in (("forward", fwd, prog.forward), ("backward", bwd, prog.backward)):
         want = _lowered_events(plan, rank, ops, prog, (hq, hkv, d), data, name == "backward")
         assert len(got) == len(want), f"{what}: {name} executed {len(got)} events, lowered {len(want)}"
         for i, (a, b) in enumerate(zip(got, want)):
-            same = a[:4] == b[:4] and (a[0] == "p2p" or all(torch.equal(x, y) for x, y in zip(a[4:], b[4:])))
+            if a[0] == "p2p":
+                assert a == b, f"{what}: {name} event {i} is {a}, the lowered program says {b}"
+                continue
+            same = a[:4] == b[:4] and all(torch.equal(x, y) for x, y in zip(a[4:], b[4:]))
             rows = " (the same call, other q/k/v rows)" if a[:4] == b[:4] else ""
             assert same, f"{what}: {name} event {i} is {a[:4]}, the lowered program says {b[:4]}{rows}"
     assert any(x[0] == "kernel" for x in fwd) or not prog.forward, what
