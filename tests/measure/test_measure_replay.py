@@ -15,6 +15,7 @@ from zeppelin_megatron.measure.replay import measure_ideal, plan_works
 from zeppelin_megatron.measure.attention import call_pairs
 from zeppelin_megatron.planner import CostModel, StepPlan, load_cluster, load_model, plan_step
 from zeppelin_megatron.planner.model import ModelShape
+from zeppelin_megatron.planner.zigzag import zigzag_ranges
 from zeppelin_megatron.runtime.kernels import get_kernel
 from zeppelin_megatron.sim.planbuild import build_plan
 from zeppelin_megatron.sim.strategies import plan_with
@@ -32,9 +33,28 @@ def setup() -> tuple[Any, CostModel]:
     return cluster, CostModel(model=load_model(str(TINY)), cluster=cluster)
 
 
+def _computed(plan: StepPlan, rank: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Independent of the engine: per sequence the rank computes, ``(divisor of the heads, query token
+    ranges)``: its attention-layout tokens with all heads (local sequences, plain rings), or, in a
+    head-parallel ring of width ``a``, every token of its block (zigzag positions ``b a .. b a + a - 1``)
+    with ``1/a`` of the heads."""
+    out = []
+    for i, s in enumerate(plan.sequences):
+        if rank not in s.ranks:
+            continue
+        if s.a2a == 1:
+            out.append((1, [(a, b) for q, a, b in plan.attention_layout[rank] if q == i]))
+        else:
+            blk = s.ranks.index(rank) // s.a2a
+            out.append((s.a2a, [r for p in range(blk * s.a2a, (blk + 1) * s.a2a)
+                                for r in zigzag_ranges(s.length, len(s.ranks), p)]))
+    return out
+
+
 def expected_head_pairs(plan: StepPlan, rank: int, heads: int) -> int:
-    """Independent of the engine: each held query token t attends keys 0..t of its sequence (t + 1 pairs)."""
-    return heads * sum((end * (end + 1) - start * (start + 1)) // 2 for _, start, end in plan.attention_layout[rank])
+    """Each query token t the rank computes attends keys 0..t of its sequence (t + 1 pairs), per query head."""
+    return sum(heads // d * sum((end * (end + 1) - start * (start + 1)) // 2 for start, end in ranges)
+               for d, ranges in _computed(plan, rank))
 
 
 def check_ring_work(plan: StepPlan, heads: int, kv_heads: int) -> None:
@@ -48,7 +68,7 @@ def check_ring_work(plan: StepPlan, heads: int, kv_heads: int) -> None:
         leftover = len(local) > sum(len(seqs) for seqs in slots.values())
         n_chunks = len(slots) + leftover
         # one call per ring step of every ring the rank is in, plus one call per local chunk
-        assert len(work.calls) == sum(len(ring.ranks) for ring in rings) + n_chunks
+        assert len(work.calls) == sum(ring.blocks for ring in rings) + n_chunks  # blocks: head-parallel
         chunks = [c for c in work.calls if c.kind == "local"]
         assert len(chunks) == n_chunks and sorted(c.step for c in chunks) == list(range(n_chunks))
         assert sorted(n for c in chunks for n in c.batch.lens_q) == local  # whole sequences, each once
@@ -65,9 +85,11 @@ def check_ring_work(plan: StepPlan, heads: int, kv_heads: int) -> None:
             else:
                 assert leftover and i == len(work.calls) - 1, (r, i, prev)
         assert placed == len(slots)
-        # diagonal steps + the local calls cover the rank's attention-layout tokens exactly once
+        # diagonal steps + the local calls cover the tokens the rank computes exactly once (its attention-layout
+        # tokens; its block's in a head-parallel ring)
         own = [c for c in work.calls if c.kind in ("ring_diag", "local")]
-        assert sum(c.q_tokens for c in own) == plan.tokens(r, "attention") == work.attention_tokens
+        assert sum(c.q_tokens for c in own) == sum(b - a for _, ranges in _computed(plan, r) for a, b in ranges)
+        assert plan.tokens(r, "attention") == work.attention_tokens
         assert work.linear_tokens == plan.tokens(r, "linear")
         # all steps together compute exactly the causal (query, key) pairs of the rank's tokens
         head_pairs = sum(call_pairs(c.batch) * c.q_heads for c in work.calls)
@@ -155,7 +177,7 @@ def test_replay_runs_each_ranks_calls_forward_then_backward(setup: tuple[Any, Co
         for call, f, b in zip(work.calls, fwd, bwd):
             assert f[1].lens_q == b[1].lens_q == call.batch.lens_q
             assert f[1].lens_k == b[1].lens_k == call.batch.lens_k and f[1].causal == call.batch.causal
-            assert f[2] == (call.q_tokens, 2, 16) and f[3] == (call.k_tokens, 1, 16)
+            assert f[2] == (call.q_tokens, call.q_heads, 16) and f[3] == (call.k_tokens, call.kv_heads, 16)
         assert row.calls == n and row.attention_tokens == plan.tokens(row.rank, "attention")
         assert row.linear_tokens == plan.tokens(row.rank, "linear")
         assert row.head_pairs == expected_head_pairs(plan, row.rank, 2)
@@ -287,7 +309,6 @@ def _head_plan() -> StepPlan:
     hybrid over (4, 5, 0, 1) (a2a 2: block 0 = ranks 4, 5 on node 1, block 1 = ranks 0, 1), sequence 2 (40)
     a plain ring over (6, 7), locals 10 on rank 2 and 7 on rank 6; linear layout = attention layout."""
     from zeppelin_megatron.planner.plan import SequencePlan
-    from zeppelin_megatron.planner.zigzag import zigzag_ranges
 
     items = [(64, (0, 1, 2, 3), 4, "intra_node"), (96, (4, 5, 0, 1), 2, "inter_node"), (40, (6, 7), 1, "intra_node")]
     att: list[list[tuple[int, int, int]]] = [[] for _ in range(8)]
@@ -325,6 +346,7 @@ def test_head_parallel_rings_replay_each_lanes_calls_with_its_heads() -> None:
                         ("local", (7,), (7,), 8, 2)]
     total = sum(call_pairs(c.batch) * c.q_heads for w in works.values() for c in w.calls)
     assert total == 8 * sum(s.length * (s.length + 1) // 2 for s in plan.sequences)
+    check_ring_work(plan, 8, 2)  # per rank: its block's pairs with its lane's heads, derived from the zigzag
     # replay runs those calls with those shapes (the kernel sees [T, heads, D] views of each call's heads)
     model = ModelShape(layers=2, hidden=128, q_heads=8, kv_heads=2, ffn=256, head_dim=16, name="gqa-tiny")
     rec = Recorder()
