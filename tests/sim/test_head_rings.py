@@ -14,7 +14,8 @@ from zeppelin_megatron.planner.model import ModelShape
 from zeppelin_megatron.planner.plan import LocalSlot, SequencePlan, StepPlan
 from zeppelin_megatron.planner.zigzag import ring_chunk_pair_tokens, zigzag_ranges
 from zeppelin_megatron.sim.charges import (
-    Shape, a2a_token_bytes, hbm_ms, shape_of, zeppelin_a2a_bytes, zeppelin_call_bytes, zeppelin_remap_bytes,
+    Shape, a2a_token_bytes, hbm_ms, shape_of, te_step_bytes, zeppelin_a2a_bytes, zeppelin_call_bytes,
+    zeppelin_remap_bytes,
 )
 from zeppelin_megatron.sim.program import Traffic, build_layer_program, plain_rings
 from zeppelin_megatron.sim.simulator import simulate
@@ -242,6 +243,11 @@ def test_each_new_op_pays_its_charge_and_rings_of_one_rank_tuple_stay_apart() ->
     assert [op.label for op in prog.ops[1] if op.kind == "local"] == [f"local slot (in {ring_label} step 0)"]
     te = build_layer_program(plan, cost, charges="te")
     assert not [op for ops in te.ops for op in ops if "pack" in op.label]
+    for r in range(4):  # TE's fused correction of the lane's step 1, at the lane's heads
+        (step1,) = [op for op in low.ranks[r].forward if isinstance(op, RingCall) and op.ring == hybrid and op.step]
+        (corr,) = [op.ms for op in te.ops[r] if op.kind == "copy" and "a2a 2" in op.label]
+        assert corr == pytest.approx(hbm_ms(cost, te_step_bytes(shape_of(cost, 2), sum(step1.lens_q),
+                                                                sum(step1.lens_k))), rel=1e-12)
     res = simulate(plan, cost)
     assert res.layer_ms > simulate(plan, cost, charges="te").layer_ms > 0
 
