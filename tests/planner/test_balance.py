@@ -26,8 +26,10 @@ def _cost(spec: str) -> CostModel:
 
 @lru_cache(maxsize=None)
 def _plan(spec: str, tokens: int, seed: int) -> StepPlan:
+    # The partitioner's balance, on plain rings: head-parallel rings, chosen after it, only shorten
+    # some rings (max/mean can rise while the step falls; test_choose_heads.py checks the step).
     cost = _cost(spec)
-    return plan_step(long_tailed_batch(tokens, seed), cost)
+    return plan_step(long_tailed_batch(tokens, seed), cost, PlannerOptions(head_parallel=False))
 
 
 def _max_over_mean(plan: StepPlan) -> float:
@@ -77,7 +79,7 @@ def test_plans_are_deterministic() -> None:
     for seed in (22, 50, 74):
         cost = CostModel(model=load_model(None), cluster=load_cluster("4x8"))
         again = plan_step(long_tailed_batch(1 << 20, seed), cost)
-        assert again.to_json() == _plan("4x8", 1 << 20, seed).to_json()
+        assert again.to_json() == plan_step(long_tailed_batch(1 << 20, seed), _cost("4x8")).to_json()  # warm
 
 
 def test_partitioner_scores_plans_as_predict_does() -> None:
@@ -115,9 +117,9 @@ def test_worked_example_of_docs() -> None:
     assert [(s.placement, s.ranks) for s in plan.sequences[:3]] == [
         ("inter_node", tuple(range(8))), ("inter_node", (0, 1, 2, 3, 4)), ("local", (5,))]
     assert all(s.placement == "local" for s in plan.sequences[2:])
-    assert [s.a2a for s in plan.sequences[:2]] == [4, 1]  # sequence 0 head-parallel: two blocks of 4
+    assert [s.a2a for s in plan.sequences[:2]] == [1, 1]  # a = 4 would hold ranks 5-7 back (docs)
     att = attention_time(plan.predicted)
-    assert att == pytest.approx([1695.52] * 5 + [1359.48] * 3, abs=0.01)
+    assert att == pytest.approx([1725.46] * 5 + [1389.42] * 3, abs=0.01)
 
 
 def test_all_three_placements_occur() -> None:

@@ -109,7 +109,7 @@ def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOption
     if held > cluster.tokens_per_gpu:  # the partitioner keeps every rank within capacity
         raise PlanError(f"internal: a rank holds {held} attention tokens, more than tokens_per_gpu = "
                         f"{cluster.tokens_per_gpu}")
-    widths = choose_widths(lengths, assignments, cost_model, options)  # head-parallel rings (choose_heads.py)
+    widths = choose_widths(lengths, assignments, cost_model, options, att)  # head-parallel rings (choose_heads.py)
     sequences = tuple(SequencePlan(s, a.placement, a.ranks, w)  # type: ignore[arg-type]
                       for s, a, w in zip(lengths, assignments, widths))
     # Validated once (both layouts); the other candidate's linear layout is the attention

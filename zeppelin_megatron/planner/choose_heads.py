@@ -30,14 +30,16 @@ from typing import TYPE_CHECKING, Sequence
 
 from .cost_heads import head_ring_time, head_widths
 from .cost_model import CostModel
+from .local_schedule import ring_timeline
 from .options import PlannerOptions
+from .plan import SequencePlan, StepPlan, TokenRange, derive_routing
 from .predict import ring_time
 from .routing import Route, plan_routing
 
 if TYPE_CHECKING:
     from .partition_context import Assignment
 
-__all__ = ["choose_widths", "choose_width", "plain_ring_ms", "fastest_ring_times"]
+__all__ = ["choose_widths", "choose_width", "plain_ring_ms"]
 
 
 def plain_ring_ms(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int], routing: bool) -> float:
@@ -61,24 +63,18 @@ def choose_width(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int]
     return best
 
 
-def fastest_ring_times(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int],
-                       plain: tuple[float, float]) -> tuple[float, float]:
-    """``(total, own)`` of the ring in the width :func:`choose_width` picks, for the partitioner's scores
-    (:func:`~.predict.rank_attention`'s rule): ``plain`` (the plain ring's :func:`~.predict.ring_time`)
-    unless a head-parallel width is faster; then its total, and as ``own`` its kernels plus its
-    all-to-alls (local work fills none of them)."""
-    best = plain
-    for a in head_widths(cost, ranks):
-        h = head_ring_time(cost, ranks, lengths, a)
-        if h.total < best[0]:
-            best = (h.total, h.own + h.a2a_ms)
-    return best
-
-
 def choose_widths(lengths: Sequence[int], assignments: "Sequence[Assignment]", cost: CostModel,
-                  options: PlannerOptions) -> list[int]:
+                  options: PlannerOptions,
+                  attention_layout: Sequence[Sequence[TokenRange]] | None = None) -> list[int]:
     """``a2a`` of every sequence: 1 for local ones (and everywhere when ``options.head_parallel`` is
-    off); for split ones, the width :func:`choose_width` picks for the ring of their rank tuple.
+    off); for split ones, the width chosen for the ring of their rank tuple.
+
+    Without ``attention_layout``: :func:`choose_width` (the ring's own time). With it (what
+    :func:`~.api.plan_step` passes), the choice also counts the local work a member would no longer
+    hide (:func:`_fill_aware`): a plain ring's member idles in its waits, including the wait for
+    partners still busy in earlier rings, and the plan's local slots fill those waits with its local
+    sequences; a head-parallel ring has slots only at its lane steps (none in a Ulysses ring), so
+    local work that filled such a wait would run after the rings instead.
 
     Example: ``[8192, 100]`` on one node of 8 GPUs, sequence 0 on ranks 0-7, sequence 1 local on rank
     0: ``[8, 1]`` (Llama-7B: Ulysses beats the plain ring, see the module docstring).
@@ -90,9 +86,93 @@ def choose_widths(lengths: Sequence[int], assignments: "Sequence[Assignment]", c
     for i, a in enumerate(assignments):
         if a.placement != "local":
             groups.setdefault(a.ranks, []).append(i)
+    if attention_layout is None:
+        widths = {ranks: choose_width(cost, ranks, [lengths[i] for i in seqs], options.routing)
+                  for ranks, seqs in groups.items()}
+    else:
+        widths = _fill_aware(lengths, assignments, groups, cost, options, attention_layout)
     for ranks, seqs in groups.items():
-        width = choose_width(cost, ranks, [lengths[i] for i in seqs], options.routing)
-        if width != 1:
-            for i in seqs:
-                out[i] = width
+        for i in seqs:
+            out[i] = widths[ranks]
     return out
+
+
+def _fill_aware(lengths: Sequence[int], assignments: "Sequence[Assignment]", groups: dict[tuple[int, ...], list[int]],
+                cost: CostModel, options: PlannerOptions,
+                attention_layout: Sequence[Sequence[TokenRange]]) -> dict[tuple[int, ...], int]:
+    """Each ring's width when the local work its members hide counts (see :func:`choose_widths`).
+
+    From the all-plain plan's :func:`~.local_schedule.ring_timeline`: ``G[r, k]``, the waits of member
+    ``r`` in ring ``k`` long enough for a local call (``> o``); ``F_r``, their sum over its rings;
+    ``L_r``, its local work. At width ``a`` the ring's time changes by ``T_a - T_1``, and member ``r``
+    loses the larger of (1) its hidden local work, from ``min(L_r, F_r)`` to ``min(L_r, F_r - G[r, k]
+    + H_a)``, ``H_a`` the waits of the lane steps (``m - 1`` steps of ``max(0, comm - kernel)``; 0 for
+    Ulysses), and (2) when it has work after the ring (a later ring, local sequences), its head
+    start: a member free before its last partner runs its first kernel (``max(diag, o)``) early in
+    a plain ring and ends that much sooner, where the all-to-all holds it back. Rings in queue order
+    each take the width with the lowest worst member change, if below 0 (ties: the smaller width),
+    and update ``F``. Candidates: 1 and :func:`~.cost_heads.head_widths`.
+    """
+    cl, o = cost.cluster, cost.call_overhead_ms
+    times: dict[tuple[int, ...], list[tuple[float, int, float]]] = {}  # ranks -> [(total, width, lane waits)]
+    for ranks, members in groups.items():
+        ls = [lengths[i] for i in members]
+        cands: list[tuple[float, int, float]] = []
+        for a in head_widths(cost, ranks):
+            h = head_ring_time(cost, ranks, ls, a)
+            m = len(ranks) // a
+            waits = sum(max(0.0, h.step_comm_ms - max(h.diag if j == 0 else h.off, o)) for j in range(m - 1))
+            cands.append((h.total, a, waits))
+        if cands:
+            times[ranks] = cands
+    widths = dict.fromkeys(groups, 1)
+    if not times:
+        return widths
+    world = cl.world_size
+    plain_seqs = tuple(SequencePlan(n, x.placement, x.ranks)  # type: ignore[arg-type]
+                       for n, x in zip(lengths, assignments))
+    att = tuple(tuple(rs) for rs in attention_layout)
+    plain = StepPlan(nodes=cl.nodes, gpus_per_node=cl.gpus_per_node, sequences=plain_seqs, attention_layout=att,
+                     linear_layout=att, validate=False)
+    plain = plain.evolve(routing=derive_routing(plain, cost, enabled=options.routing))
+    arrive: dict[tuple[int, int], float] = {}
+    gaps, _ = ring_timeline(plain, cost, arrive)
+    fill: dict[tuple[int, int], float] = {}  # (rank, ring index) -> waits a local call fits in
+    for (r, k, _j), gap in gaps.items():
+        if gap > o:
+            fill[(r, k)] = fill.get((r, k), 0.0) + gap
+    free = [0.0] * world  # F_r
+    for (r, _k), g in fill.items():
+        free[r] += g
+    local = [0.0] * world  # L_r
+    for n, x in zip(lengths, assignments):
+        if x.placement == "local":
+            local[x.ranks[0]] += cost.local_ms(n)
+    local = [max(x, o) if x > 0 else 0.0 for x in local]
+    last = [-1] * world  # the last ring (queue order) each rank is in
+    for k, ring in enumerate(plain.rings):
+        for r in ring.ranks:
+            last[r] = k
+    for k, ring in enumerate(plain.rings):
+        options_k = times.get(ring.ranks)
+        if options_k is None:
+            continue
+        ls = [lengths[i] for i in ring.seqs]
+        t1 = plain_ring_ms(cost, ring.ranks, ls, options.routing)
+        first = max(sum(cost.ring_compute_profile(n, len(ring.ranks))[0] for n in ls), o)
+        start = max(arrive[(r, k)] for r in ring.ranks)
+        # a member that arrives ahead of its partners runs its first kernel early in a plain ring and ends
+        # (and starts what follows) that much sooner; a head-parallel ring's all-to-all holds it back
+        early = {r: min(start - arrive[(r, k)], first) if local[r] > 0 or last[r] > k else 0.0 for r in ring.ranks}
+        best, best_width, best_waits = 0.0, 1, 0.0
+        for total, a, waits in options_k:
+            worst = max(total - t1 + max(early[r], min(local[r], free[r])
+                                         - min(local[r], free[r] - fill.get((r, k), 0.0) + waits))
+                        for r in ring.ranks)
+            if worst < best:
+                best, best_width, best_waits = worst, a, waits
+        if best_width != 1:
+            widths[ring.ranks] = best_width
+            for r in ring.ranks:
+                free[r] += best_waits - fill.get((r, k), 0.0)
+    return widths

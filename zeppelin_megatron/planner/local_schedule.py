@@ -101,14 +101,18 @@ def _hops(plan: StepPlan, ring_ranks: Sequence[int], nbytes: float,
     return out
 
 
-def ring_timeline(plan: StepPlan, cost: "CostModel") -> tuple[dict[tuple[int, int, int], float], list[float]]:
+def ring_timeline(plan: StepPlan, cost: "CostModel", arrive: dict[tuple[int, int], float] | None = None,
+                  ) -> tuple[dict[tuple[int, int, int], float], list[float]]:
     """``(gaps, free)``: ``gaps[(rank, ring index, step)]`` = estimated idle ms of a member after
     its step kernel (steps ``0 .. g-2``); ``free[rank]`` = when its last ring ends. Per layer,
-    no local work (see the module docstring)."""
+    no local work (see the module docstring). ``arrive`` (filled when given): ``arrive[(rank, ring
+    index)]`` = when the member is free of its earlier rings."""
     o = cost.call_overhead_ms
     free = [0.0] * plan.world_size
     gaps: dict[tuple[int, int, int], float] = {}
     for k, ring in enumerate(plan.rings):
+        if arrive is not None:
+            arrive.update({(r, k): free[r] for r in ring.ranks})
         if ring.a2a > 1:
             _head_timeline(plan, cost, k, free, gaps)
             continue

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .choose_heads import fastest_ring_times
 from .cost_model import CostModel
 from .options import PlannerOptions
 from .predict import ring_time
@@ -101,8 +100,7 @@ class PartitionContext:
         return hit
 
     def ring_times(self, ranks: tuple[int, ...], lengths: tuple[int, ...]) -> tuple[float, float]:
-        """:func:`~.predict.ring_time` ``(total, own)`` of one ring, its cross hops routed (memoised); with
-        ``options.head_parallel``, of its fastest block width (:func:`~.choose_heads.fastest_ring_times`).
+        """:func:`~.predict.ring_time` ``(total, own)`` of one ring, its cross hops routed (memoised).
 
         Routes of a ring depend on that ring alone (:func:`~.routing.plan_routing`).
         """
@@ -116,8 +114,6 @@ class PartitionContext:
                 routes = {(rt.src, rt.dst): rt
                           for rt in plan_routing([(ranks, step_bytes)], cl, cost, enabled=self.options.routing)}
             hit = ring_time(cost, ranks, lengths, routes)[:2]
-            if self.options.head_parallel:  # the plan runs the ring in its fastest block width
-                hit = fastest_ring_times(cost, ranks, lengths, hit)
             self._rings[key] = hit
         return hit
 
