@@ -51,3 +51,11 @@ def test_plan_command_flag(tmp_path, capsys: pytest.CaptureFixture[str]) -> None
     assert "rings: 2 (1 plain, 0 Ulysses, 1 head-parallel hybrid; block widths [4])" in capsys.readouterr().out
     assert main(argv + ["--no-head-parallel"]) == 0
     assert "rings: 2 (2 plain, 0 Ulysses, 0 head-parallel hybrid; block widths [])" in capsys.readouterr().out
+
+
+def test_simulate_flag_maps_the_zeppelin_strategy() -> None:
+    from zeppelin_megatron.commands.simulate import no_head_parallel
+    assert no_head_parallel(["zeppelin", "te-cp"]) == ["zeppelin-no-head-parallel", "te-cp"]
+    assert no_head_parallel(["zeppelin", "zeppelin-no-head-parallel"]) == ["zeppelin-no-head-parallel"]
+    with pytest.raises(ValueError, match="--no-head-parallel applies to the zeppelin strategy only"):
+        no_head_parallel(["zeppelin", "zeppelin-no-routing"])

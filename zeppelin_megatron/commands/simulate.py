@@ -10,7 +10,7 @@ from typing import Any
 
 HELP = "simulate Zeppelin and baselines on sampled global batches (cost-model simulator)"
 
-__all__ = ["HELP", "add_arguments", "run", "load_batches", "setup", "format_table"]
+__all__ = ["HELP", "add_arguments", "run", "load_batches", "setup", "format_table", "no_head_parallel"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override the cluster's per-GPU token capacity (a Zeppelin rank of TP GPUs holds TP x this)")
     p.add_argument("--strategies", default="zeppelin,te-cp,lower-bound",
                    help="comma-separated strategies, or 'all' (default: zeppelin,te-cp,lower-bound)")
+    p.add_argument("--no-head-parallel", action="store_true",
+                   help="plan Zeppelin without head-parallel rings: runs the zeppelin strategy as "
+                        "zeppelin-no-head-parallel (every ring plain)")
     p.add_argument("--steps", type=int, default=4, help="global batches to simulate (default 4)")
     p.add_argument("--tokens-per-step", type=int, default=1 << 20, help="tokens per global batch (default 1M)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (--dist)")
@@ -148,6 +151,19 @@ def _timeline(res: Any, path: str, title: str) -> None:
     plt.close(fig)
 
 
+def no_head_parallel(names: list[str]) -> list[str]:
+    """``--no-head-parallel``: ``zeppelin`` -> ``zeppelin-no-head-parallel`` (planned with
+    ``PlannerOptions(head_parallel=False)``); the other Zeppelin ablations have no such variant.
+
+    Example: ``["zeppelin", "te-cp"]`` -> ``["zeppelin-no-head-parallel", "te-cp"]``.
+    """
+    other = [n for n in names if n.startswith("zeppelin-") and n != "zeppelin-no-head-parallel"]
+    if other:
+        raise ValueError(f"--no-head-parallel applies to the zeppelin strategy only, not to {other} "
+                         "(drop the flag, or list zeppelin-no-head-parallel next to them)")
+    return list(dict.fromkeys("zeppelin-no-head-parallel" if n == "zeppelin" else n for n in names))
+
+
 def run(args: argparse.Namespace) -> int:
     from ..sim.runner import Progress, parse_strategies, run_strategies
     from .checks import (check_cluster_spec, check_input_file, check_matplotlib, check_output_file,
@@ -160,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(getattr(args, flag), f"--{flag}")
     if args.plot or args.timeline:
         check_matplotlib("--plot" if args.plot else "--timeline")
-    names = parse_strategies(args.strategies)
+    names = no_head_parallel(parse_strategies(args.strategies)) if args.no_head_parallel else \
+        parse_strategies(args.strategies)
     cluster, cost = setup(args.cluster, args.model, args.profile, args.tensor_parallel, args.tokens_per_gpu)
     batches, what = load_batches(args)
     warning = profile_range_warning(cost.profile, [max(b) for b in batches]) if args.profile else None
