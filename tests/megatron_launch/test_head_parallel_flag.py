@@ -45,12 +45,12 @@ def test_planner_options_validates_head_parallel() -> None:
 def test_plan_command_flag(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     from zeppelin_megatron.cli import main
     lengths = tmp_path / "lengths.txt"
-    lengths.write_text("\n".join(map(str, [60000, 24000, 3000, 2000, 1500, 900, 700, 400, 300, 200])) + "\n")
-    argv = ["plan", "--lengths", str(lengths), "--cluster", "2x4", "--tokens-per-gpu", "40000"]
+    lengths.write_text("30000\n1000\n800\n")  # one node of 8: the 30k document as Ulysses over all 8
+    argv = ["plan", "--lengths", str(lengths), "--cluster", "1x8"]
     assert main(argv) == 0
-    assert "rings: 2 (1 plain, 0 Ulysses, 1 head-parallel hybrid; block widths [4])" in capsys.readouterr().out
+    assert "rings: 1 (0 plain, 1 Ulysses, 0 head-parallel hybrid; block widths [8])" in capsys.readouterr().out
     assert main(argv + ["--no-head-parallel"]) == 0
-    assert "rings: 2 (2 plain, 0 Ulysses, 0 head-parallel hybrid; block widths [])" in capsys.readouterr().out
+    assert "rings: 1 (1 plain, 0 Ulysses, 0 head-parallel hybrid; block widths [])" in capsys.readouterr().out
 
 
 def test_simulate_flag_maps_the_zeppelin_strategy() -> None:
