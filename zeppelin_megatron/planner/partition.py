@@ -59,17 +59,21 @@ Module map: the inputs, limits and memoised cost queries every stage reads are
 a :class:`~.partition_context.PartitionContext`; level 1 is here
 (:func:`_assign_nodes`, :func:`_pick_span`), its local search in
 :mod:`.node_balance`, level 2 in :mod:`.place_gpus`, the scores in
-:mod:`.score`. Imports run one way: ``node_balance`` and ``score`` import the
+:mod:`.score`; both levels place long runs of equal sequences whole rounds at a time
+(:mod:`.even_rounds`, exact). Imports run one way: ``node_balance`` and ``score`` import the
 context, ``place_gpus`` imports those, ``partition`` imports them all.
 """
 
 from __future__ import annotations
 
 import heapq
+from itertools import compress, islice, repeat
+from operator import eq, ne
 from typing import Sequence
 
 from .capacity_fill import capacity_fill
 from .cost_model import CostModel
+from .even_rounds import MIN_ROUNDS, even_rounds
 from .gc_pause import gc_paused
 from .node_balance import NodeState, rebalance_nodes
 from .options import PlannerOptions
@@ -113,7 +117,7 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions) 
 def _partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions) -> list[Assignment]:
     check_ring_fit(lengths, cost.cluster.world_size, cost.cluster.tokens_per_gpu)
     ctx = PartitionContext(lengths, cost, options)
-    order = placement_order(lengths, ctx.w)
+    order, ends = placement_runs(lengths, ctx.w)
     rank_in_order = [0] * len(lengths)  # sequence -> its place in the order
     for k, i in enumerate(order):
         rank_in_order[i] = k
@@ -123,7 +127,7 @@ def _partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions)
     for factor in SPAN_FACTORS if ctx.allow_inter and ctx.cluster.nodes > 1 else SPAN_FACTORS[:1]:
         for lend in (True, False):  # without lends only if some were made
             try:
-                st = _assign_nodes(ctx, order, ctx.limit * factor, rank_in_order, lend=lend)
+                st = _assign_nodes(ctx, order, ctx.limit * factor, rank_in_order, lend=lend, ends=ends)
             except PlanError:  # this candidate runs out of tokens somewhere: the others may not
                 continue
             outcome = (tuple(st.inter.items()), tuple(map(tuple, st.seqs)))
@@ -162,14 +166,30 @@ def placement_order(lengths: Sequence[int], w: Sequence[float]) -> list[int]:
     ``w`` depends on the length alone, so the distinct lengths are sorted and each one's
     sequences follow in index order. Example: lengths ``[5, 9, 5]`` -> ``[1, 0, 2]``.
     """
+    return placement_runs(lengths, w)[0]
+
+
+def placement_runs(lengths: Sequence[int], w: Sequence[float]) -> tuple[list[int], list[int]]:
+    """:func:`placement_order` and where each run of one length ends in it (exclusive, ascending).
+
+    Example: lengths ``[5, 9, 5]`` -> ``([1, 0, 2], [1, 3])``.
+    """
+    distinct = set(lengths)
     by_length: dict[int, list[int]] = {}
-    for i, s in enumerate(lengths):
-        by_length.setdefault(s, []).append(i)
+    if len(distinct) == 1:
+        by_length = {lengths[0]: list(range(len(lengths)))}
+    elif len(distinct) <= 8:  # few lengths (batches of equal sequences): one C-level pass each
+        by_length = {s: list(compress(range(len(lengths)), map(eq, lengths, repeat(s)))) for s in distinct}
+    else:
+        for i, s in enumerate(lengths):
+            by_length.setdefault(s, []).append(i)
     first = {s: idx[0] for s, idx in by_length.items()}
     out: list[int] = []
+    ends: list[int] = []
     for s in sorted(by_length, key=lambda s: (-w[first[s]], -s)):
         out.extend(by_length[s])
-    return out
+        ends.append(len(out))
+    return out, ends
 
 
 def check_ring_fit(lengths: Sequence[int], world: int, cap: int) -> None:
@@ -236,12 +256,22 @@ def _correct(ctx: PartitionContext, st: NodeState, assignments: list[Assignment]
     return rebalance_nodes(ctx, st, rank_in_order, lend=lend)
 
 
+def run_ends(order: Sequence[int], lengths: Sequence[int]) -> list[int]:
+    """Where each run of equal lengths in ``order`` ends (exclusive). Example: ``[1, 0, 2]`` of
+    lengths ``[5, 9, 5]`` -> ``[1, 3]``."""
+    ls = list(map(lengths.__getitem__, order))
+    return list(compress(range(1, len(ls)), map(ne, ls, islice(ls, 1, None)))) + [len(ls)]
+
+
 def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, rank_in_order: Sequence[int], *,
-                  lend: bool = True) -> NodeState:
+                  lend: bool = True, ends: Sequence[int] | None = None) -> NodeState:
     """Level 1: node of each sequence, or the node-spanning ring of an inter-node one.
 
     Greedy placement in ``order``, then :func:`rebalance_nodes`. A node's load
-    is the GPU-time (sum over its GPUs) it is expected to carry.
+    is the GPU-time (sum over its GPUs) it is expected to carry. ``ends``: :func:`run_ends`
+    of ``order`` (computed when not given); long runs of equal sequences that go round
+    robin over the nodes are placed whole rounds at a time (:func:`~.even_rounds.even_rounds`:
+    the same nodes, loads and order as one by one).
     """
     cl, gpn, cap, lengths, w = ctx.cluster, ctx.gpn, ctx.cap, ctx.lengths, ctx.w
     n_nodes = cl.nodes
@@ -252,7 +282,30 @@ def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, ra
     heap = [(0.0, n) for n in range(n_nodes)]  # (load, node); entries whose load changed are skipped
     soft_cap, may_span, node_cost = ctx.node_soft_cap, n_nodes > 1 and ctx.allow_inter, ctx.node_cost
     cost: dict[int, float] = {}  # GPU-time each node-local sequence adds to its node
-    for i in order:
+    run_end, next_try, gap, pos, total = 0, 0, n_nodes, 0, len(order)
+    run_iter = iter(run_ends(order, lengths) if ends is None else ends)
+    while pos < total:
+        if pos >= run_end:  # a run of equal lengths starts: try whole rounds now, then less and less often
+            run_end, next_try, gap = next(run_iter), pos, n_nodes
+        if pos == next_try:
+            next_try, gap = pos + gap, 2 * gap
+            i = order[pos]
+            if run_end - pos >= MIN_ROUNDS * n_nodes and not (may_span and w[i] > span_limit):
+                c, s = node_cost(i), lengths[i]
+                turn, rounds, after = even_rounds(node_load, node_tok, c, s, run_end - pos, token_limit=soft_cap)
+                if rounds:
+                    stop = pos + rounds * n_nodes
+                    for j, n in enumerate(turn):
+                        node_seqs[n].extend(order[pos + j:stop:n_nodes])
+                        node_tok[n] += rounds * s
+                    node_load[:] = after
+                    cost.update(dict.fromkeys(order[pos:stop], c))
+                    heap = [(node_load[n], n) for n in range(n_nodes)]
+                    heapq.heapify(heap)
+                    pos, next_try, gap = stop, stop, n_nodes
+                    continue
+        i = order[pos]
+        pos += 1
         s = lengths[i]
         while heap[0][0] != node_load[heap[0][1]]:
             heapq.heappop(heap)

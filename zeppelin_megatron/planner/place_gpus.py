@@ -10,6 +10,8 @@ that all stay under target (:func:`pick_ring`; ``intra_node``, ring in local
 index order). Each node is filled twice, once that way and once giving every
 split sequence a ring over the whole node (even ring loads), and the fill with
 the lower busiest GPU plus node remap time (:func:`~.score.node_remap`) wins.
+A long run of equal sequences that goes round robin over the GPUs is placed whole rounds
+at a time (:mod:`.even_rounds`): the same GPUs, loads and order as one by one.
 
 Example: a node of 2 GPUs, target 10 ms, sequences costing 6, 3 and 3 ms whole:
 6 goes to GPU 0, 3 to GPU 1, the second 3 to GPU 1 (least loaded: 3 < 6).
@@ -18,14 +20,19 @@ Example: a node of 2 GPUs, target 10 ms, sequences costing 6, 3 and 3 ms whole:
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from itertools import repeat
+from operator import is_
 
+from .even_rounds import MIN_ROUNDS, even_rounds
 from .node_balance import NodeState
 from .partition_context import Assignment, PartitionContext
 from .plan_parts import PlanError
 from .score import node_remap
 from .zigzag import ring_max_tokens, zigzag_tokens
 
-__all__ = ["place_gpus", "place_node", "pick_ring"]
+__all__ = ["place_gpus", "place_node", "pick_ring", "NodeFill"]
 
 
 def place_gpus(ctx: PartitionContext, st: NodeState) -> tuple[list[Assignment], list[int]]:
@@ -38,7 +45,9 @@ def place_gpus(ctx: PartitionContext, st: NodeState) -> tuple[list[Assignment], 
         PlanError: a node-spanning ring or a node's sequences do not fit ``tokens_per_gpu``.
     """
     cl, gpn, lengths = ctx.cluster, ctx.gpn, ctx.lengths
-    out: dict[int, Assignment] = {i: Assignment("inter_node", r) for i, r in st.inter.items()}
+    out: list[Assignment | None] = [None] * len(lengths)
+    for i, ranks in st.inter.items():
+        out[i] = Assignment("inter_node", ranks)
     gpu_load = [0.0] * cl.world_size
     gpu_tok = [0] * cl.world_size
     for i, ring in st.inter.items():
@@ -57,7 +66,7 @@ def place_gpus(ctx: PartitionContext, st: NodeState) -> tuple[list[Assignment], 
         base = cl.rank_of(n, 0)
         t_lim = max(st.load[n] / gpn, ctx.target) * (1.0 + ctx.options.slack)
         # Two candidate fills of the node; keep the one whose busiest GPU plus remap is cheapest.
-        best: tuple[float, dict[int, Assignment], list[float], list[int]] | None = None
+        best: tuple[float, NodeFill, list[float], list[int]] | None = None
         for whole_node in (False, True):
             load, tok = gpu_load[base:base + gpn], gpu_tok[base:base + gpn]
             placed, rings_asked = place_node(ctx, n, st.seqs[n], load, tok, t_lim, whole_node)
@@ -67,13 +76,36 @@ def place_gpus(ctx: PartitionContext, st: NodeState) -> tuple[list[Assignment], 
             if not rings_asked:
                 break  # every sequence went whole at once: the whole-node fill would repeat this one
         assert best is not None
-        out.update(best[1])
+        best[1].write(out)
         gpu_load[base:base + gpn], gpu_tok[base:base + gpn] = best[2], best[3]
-    return [out[i] for i in range(len(lengths))], gpu_tok
+    if any(map(is_, out, repeat(None))):  # impossible: level 1 gave every sequence a node or a ring
+        raise RuntimeError(f"level 2 left sequence {out.index(None)} unplaced")
+    return out, gpu_tok  # type: ignore[return-value]  # no None left
+
+
+@dataclass
+class NodeFill:
+    """One fill of a node by :func:`place_node`: ``one`` maps sequences placed one by one to their
+    assignment; ``runs``: sequences placed whole rounds at a time, as (sequences, their shared
+    assignment), one entry per GPU and run.
+
+    Example: ``NodeFill({7: Assignment("intra_node", (0, 1))}, [([3, 5], Assignment("local", (0,)))])``.
+    """
+
+    one: dict[int, Assignment] = field(default_factory=dict)
+    runs: list[tuple[list[int], Assignment]] = field(default_factory=list)
+
+    def write(self, out: list[Assignment | None]) -> None:
+        """Store every assignment of this fill at its sequence's index in ``out``."""
+        for i, a in self.one.items():
+            out[i] = a
+        for seqs, a in self.runs:
+            for i in seqs:
+                out[i] = a
 
 
 def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float], tok: list[int],
-               t_lim: float, whole_node: bool) -> tuple[dict[int, Assignment], bool]:
+               t_lim: float, whole_node: bool) -> tuple[NodeFill, bool]:
     """Level 2 for node ``n``: each sequence local to the least loaded GPU, or on the smallest fitting ring.
 
     ``load`` / ``tok``: the node's GPUs' time and tokens by local index (updated in place).
@@ -81,15 +113,30 @@ def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float]
     hides its transfer there), which keeps ring loads even. Returns the assignments and whether
     any sequence was offered a ring (:func:`pick_ring`: the only step ``whole_node`` changes).
     """
-    out: dict[int, Assignment] = {}
+    fill = NodeFill()
+    out = fill.one
     cap, gpn, base, quota = ctx.cap, len(load), ctx.cluster.rank_of(n, 0), ctx.quota
     lengths, ws, allow_local = ctx.lengths, ctx.w, ctx.allow_local
     whole = [Assignment("local", (base + l,)) for l in range(gpn)]  # shared: frozen and equal anyway
     rings_asked = False
     heap = [(load[l], l) for l in range(gpn)]  # (load, local index), stale entries skipped
     heapq.heapify(heap)
-    for i in seqs:
+    pos, total, next_try, gap, tried = 0, len(seqs), 0, gpn, -1
+    while pos < total:
+        i = seqs[pos]
         s, w = lengths[i], ws[i]
+        if s != tried:  # another length: try whole rounds at once (even_rounds.py) now, if the run is long
+            far = pos + MIN_ROUNDS * gpn - 1
+            next_try, gap, tried = pos if far < total and lengths[seqs[far]] == s else -1, gpn, s
+        if pos == next_try:
+            next_try, gap = pos + gap, 2 * gap  # then less and less often while they do not apply
+            stop = _rounds(seqs, pos, load, tok, whole, fill, t_lim, ctx) if allow_local else pos
+            if stop > pos:
+                heap = [(load[l], l) for l in range(gpn)]
+                heapq.heapify(heap)
+                pos, next_try, gap = stop, stop, gpn
+                continue
+        pos += 1
         while heap[0][0] != load[heap[0][1]]:
             heapq.heappop(heap)
         least = heap[0][1]
@@ -138,7 +185,31 @@ def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float]
             tok[l] += zigzag_tokens(s, len(ring), p)
             heapq.heappush(heap, (load[l], l))
         out[i] = Assignment("intra_node", tuple(base + l for l in ring))
-    return out, rings_asked
+    return fill, rings_asked
+
+
+def _rounds(seqs: list[int], pos: int, load: list[float], tok: list[int], whole: list[Assignment],
+            fill: NodeFill, t_lim: float, ctx: PartitionContext) -> int:
+    """Place whole rounds of the run of equal sequences at ``seqs[pos:]`` local to the least loaded GPUs,
+    exactly as :func:`place_node` would one by one (:func:`~.even_rounds.even_rounds`); returns where
+    the rounds end (``pos`` if none apply). ``load`` / ``tok`` / ``fill`` are updated in place."""
+    lengths, gpn = ctx.lengths, len(load)
+    s = lengths[seqs[pos]]
+    if len(seqs) - pos < MIN_ROUNDS * gpn:
+        return pos
+    # seqs are in placement order, so one length's sequences are contiguous: the run ends at the first other
+    count = bisect_left(range(pos, len(seqs)), True, key=lambda p: lengths[seqs[p]] != s)
+    turn, rounds, after = even_rounds(load, tok, ctx.w[seqs[pos]], s, count, token_limit=min(ctx.cap, ctx.quota),
+                                      load_limit=t_lim)
+    stop = pos + rounds * gpn
+    run = seqs[pos:stop]
+    if not rounds or list(map(lengths.__getitem__, run)).count(s) != len(run):  # not contiguous: one by one
+        return pos
+    for j, l in enumerate(turn):
+        fill.runs.append((seqs[pos + j:stop:gpn], whole[l]))
+        tok[l] += rounds * s
+    load[:] = after
+    return stop
 
 
 def pick_ring(ctx: PartitionContext, s: int, by_load: list[int], load: list[float], tok: list[int],
