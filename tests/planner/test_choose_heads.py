@@ -206,3 +206,14 @@ def test_timeline_of_a_hybrid_ring() -> None:
     end = h.heads_ms + max(h.diag, o, h.step_comm_ms) + max(h.off, o) + h.tokens_ms
     assert free == [pytest.approx(end)] * 16 and end == pytest.approx(h.total, rel=1e-3)
     assert [(x.rank, x.ring, x.step) for x in plan.local_slots] == [(3, 0, 0)]  # the local call fills it
+
+
+def test_ring_order_does_not_depend_on_widths() -> None:
+    """The choice reads the all-plain plan's timeline in ring order; the plan keeps that order."""
+    cost = _cost("4x8")
+    for seed in range(4):
+        lengths = long_tailed_batch(1 << 20, seed)
+        on = plan_step(lengths, cost)
+        off = plan_step(lengths, cost, PlannerOptions(head_parallel=False))
+        assert any(r.a2a > 1 for r in on.rings)
+        assert [r.ranks for r in on.rings] == [r.ranks for r in off.rings]

@@ -28,6 +28,10 @@ def ring_order(rings: Sequence[Ring], lengths: Sequence[int]) -> tuple[Ring, ...
     sort would give); its members are then busy until ``start + w``. A ring whose members
     are free thus never queues behind rings it shares no rank with.
 
+    A head-parallel ring (``Ring.a2a > 1``) is ordered by the same estimate: its members compute the
+    same flops, over ``1/a`` of the heads each, so the order does not depend on the block widths (the
+    width choice, :mod:`.choose_heads`, reads the all-plain plan's timeline in this very order).
+
     Example: equal rings ``A = (0, 1)``, ``B = (1, 2)``, ``C = (2, 3)``: ``A`` (start 0,
     lower ranks), ``C`` (start 0; ``B`` now starts at ``w``), then ``B``: two ring times,
     where the sorted order ``A, B, C`` chains all three (``B`` waits for ``A``, ``C`` for ``B``).
