@@ -33,8 +33,14 @@ BAD_HEADS = ((12, 4), (3, 1), (6, 2), (5, 5))  # (12, 4): 3 lanes and 4 K/V head
 
 
 def head_plan(seed: int, nodes: int, gpn: int, widths: tuple[int, ...], max_len: int = 40) -> StepPlan:
-    return random_plan(seed, nodes, gpn, n_local=4, n_intra_rings=1, n_inter_rings=1, n_head_rings=2,
-                       head_widths=widths, max_len=max_len)
+    """The first random plan from ``seed`` on with a Ulysses ring and, on several nodes, a hybrid one."""
+    want = {1, 2} if nodes > 1 else {1}
+    for s in range(seed, seed + 100):
+        plan = random_plan(s, nodes, gpn, n_local=4, n_intra_rings=1, n_inter_rings=1, n_head_rings=2,
+                           head_widths=widths, max_len=max_len)
+        if {min(r.blocks, 2) for r in plan.rings if r.a2a > 1} == want:
+            return plan
+    raise AssertionError(f"no plan with head-parallel rings of {sorted(want)} blocks from seed {seed}")
 
 
 def shared_ranks(plan: StepPlan) -> bool:
@@ -67,15 +73,24 @@ def check_head_errors(group: ZeppelinGroup, plan: StepPlan, good: tuple[int, int
     assert zeppelin_attention(q, kv, kv, plan, group, backend="reference").shape == q.shape
 
 
-def run_heads(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0) -> None:
+def run_heads(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0, topologies: int = 99) -> None:
+    """``n_plans`` random plans per topology of the first ``topologies`` of :data:`TOPOLOGIES` ``[world]``
+    (every check above; ``full``:
+    every head case in float64 too), then the head-split errors. Asserts that the plans put a rank in a
+    head-parallel ring and another ring, had odd-length head-parallel sequences, and (several nodes)
+    both Ulysses and hybrid rings."""
     shared = False
-    for nodes, gpn, widths, heads in TOPOLOGIES[world]:
+    kinds: set[str] = set()
+    odd = False
+    for nodes, gpn, widths, heads in TOPOLOGIES[world][:topologies]:
         assert all(head_split_error(hq, hkv, a) is None for hq, hkv in heads for a in widths), (widths, heads)
         group = ZeppelinGroup(process_group=None, gpus_per_node=gpn)
         for p_idx in range(n_plans):
             plan = head_plan(seed0 + 1000 * world + 10 * nodes + p_idx, nodes, gpn, widths)
             assert any(r.a2a > 1 for r in plan.rings), "no head-parallel ring in the plan"
             shared |= shared_ranks(plan)
+            kinds |= {"ulysses" if r.blocks == 1 else "hybrid" for r in plan.rings if r.a2a > 1}
+            odd |= any(plan.sequences[i].length % 2 for r in plan.rings if r.a2a > 1 for i in r.seqs)
             for t in lower(plan).transfers.values():  # the all-to-alls: several messages per rank
                 if t.id.kind in ("heads", "tokens"):
                     check_router(group, t.messages, unit=3, into=True)
@@ -91,3 +106,6 @@ def run_heads(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0) -
                 check_attention(group, plan, dtype=dtype, routing=routing, hq=hq, hkv=hkv, d=4, seed=p_idx)
         check_head_errors(group, head_plan(seed0 + 7, nodes, gpn, widths), heads[0])
     assert shared, "no plan put a rank in a head-parallel ring and another ring"
+    assert odd, "no head-parallel ring had a sequence of odd length"
+    multi = any(nodes > 1 for nodes, *_ in TOPOLOGIES[world][:topologies])
+    assert kinds == ({"ulysses", "hybrid"} if multi else {"ulysses"}), kinds

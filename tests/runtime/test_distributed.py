@@ -8,7 +8,7 @@ messages and every ring step of the plans, routed and direct), attention output
 and dq/dk/dv against per-sequence causal SDPA (float64 to 1e-9, float32 to
 1e-5; routing on/off; with and without GQA), plan-mismatch detection and input
 errors. Then head-parallel rings (``heads_workers.run_heads``) in the same spawns, and world 6
-(2x3, 3x2) in its own: random plans mixing head-parallel rings (Ulysses and hybrid) with plain
+(2x3; 3x2 too in the slow sweep) in its own: random plans mixing head-parallel rings (Ulysses and hybrid) with plain
 rings and local sequences, trace and exactness as above for MHA and GQA heads (K/V heads
 replicated over lanes too), heads that cannot split rejected before any work.
 """
@@ -34,7 +34,7 @@ def test_world_4() -> None:
 
 
 def test_heads_world_6() -> None:
-    spawn(6, heads_workers.run_heads, 1, False)
+    spawn(6, heads_workers.run_heads, 1, False, 0, 1)  # 2x3 (width 3); 3x2 in the slow sweep
 
 
 def test_world_8() -> None:
