@@ -15,7 +15,7 @@ def megatron_namespace(**overrides: Any) -> argparse.Namespace:
     """The attributes Megatron's parser gives a typical Llama-7B Zeppelin run (4 x 8 GPUs, TP 1)."""
     base: dict[str, Any] = dict(
         zeppelin=True, zeppelin_cluster=f"4x8@{H100_YAML}", zeppelin_profile=None, zeppelin_tokens_per_gpu=None,
-        zeppelin_routing=True, zeppelin_remap=True, zeppelin_remap_auto=False, zeppelin_backend=None,
+        zeppelin_routing=True, zeppelin_remap=None, zeppelin_remap_auto=False, zeppelin_backend=None,
         zeppelin_check_plan=True,
         zeppelin_placements="local,intra_node,inter_node", zeppelin_slack=0.02, zeppelin_min_ratio=1.0,
         zeppelin_prefetch=2, zeppelin_metrics=True,

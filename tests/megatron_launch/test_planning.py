@@ -158,19 +158,20 @@ def test_planner_options_bound() -> None:
 
 
 
-def test_planner_remap_default_on_auto_and_off() -> None:
-    assert _setup().planner.options.remap is True and "remap on" in _setup().describe()
+def test_planner_remap_default_auto_on_and_off() -> None:
+    assert _setup().planner.options.remap == "auto" and "remap auto" in _setup().describe()  # the default
     s = _setup(zeppelin_remap_auto=True)
     assert s.planner.options.remap == "auto" and "remap auto" in s.describe()
     lengths = [812, 40_000, 95_000, 2_048] + [4096] * 30
-    on = _setup(zeppelin_remap=True)
+    on = _setup(zeppelin_remap=True)  # --zeppelin-remap forces the token-balanced layout
     assert on.planner.options.remap is True and "remap on" in on.describe()
     assert on.planner(lengths).to_json() == plan_step(lengths, on.cost, PlannerOptions(remap=True)).to_json()
+    assert on.planner(lengths).linear == "token_balanced"
     off = _setup(zeppelin_remap=False)
-    assert "remap off" in off.describe()
+    assert "remap off" in off.describe() and off.planner(lengths).linear == "attention"
     auto = s.planner(lengths)
-    best = min((on.planner(lengths), off.planner(lengths)), key=lambda p: p.predicted.step_ms)
-    assert auto.to_json() == best.to_json()
+    assert auto.to_json() == _setup().planner(lengths).to_json() == plan_step(lengths, s.cost).to_json()
+    assert auto.predicted.step_ms <= min(on.planner(lengths).predicted.step_ms, off.planner(lengths).predicted.step_ms)
 
 
 @pytest.mark.parametrize("tp", [1, 2])

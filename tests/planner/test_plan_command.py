@@ -37,10 +37,10 @@ def test_remap_flags(lengths_file: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert f"local sequences in ring waits: {slotted} (in {len(on.get('local_slots', []))} calls" in text
     assert ("cross-node rows routed over local GPUs" in text) == bool(on.get("remap_proxies"))
     assert on["linear_layout"] != on["attention_layout"]
-    assert _plan(lengths_file, tmp_path) == on   # the default
+    assert on["linear"] == "token_balanced" and off["linear"] == "attention"
     auto = _plan(lengths_file, tmp_path, "--remap", "auto")
-    best = min((on, off), key=lambda d: d["predicted"]["step_ms"])
-    assert auto == best
+    assert _plan(lengths_file, tmp_path) == auto   # the default
+    assert auto["predicted"]["step_ms"] <= min(on["predicted"]["step_ms"], off["predicted"]["step_ms"])
     with pytest.raises(SystemExit):
         main(["plan", "--lengths", str(lengths_file), "--cluster", "2x4", "--remap", "on", "--no-remap"])
     with pytest.raises(SystemExit):

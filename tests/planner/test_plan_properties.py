@@ -29,9 +29,17 @@ def check_plan(plan: StepPlan, lengths: list[int], capacity: int | None = None) 
         assert len(seen) == total
         assert sorted(seen) == [(q, t) for q, s in enumerate(lengths) for t in range(s)]
     counts = [plan.tokens(r, "linear") for r in range(world)]
+    held = [plan.tokens(r, "attention") for r in range(world)]
     if plan.linear_layout == plan.attention_layout:   # no remap (remap=False, or chosen by "auto")
         if capacity is not None:
             assert max(counts) <= capacity
+    elif plan.linear == "workload_balanced":  # some ranks keep their tokens, the rest even out (or per node)
+        def even(ranks: list[int]) -> bool:
+            rest = [r for r in ranks if counts[r] != held[r]]
+            return not rest or max(counts[r] for r in rest) - min(counts[r] for r in rest) <= 1
+        g = plan.gpus_per_node
+        assert even(list(range(world))) or all(even(list(range(n, n + g))) for n in range(0, world, g))
+        assert max(counts) <= max(held)
     else:                                              # remapped: token-balanced
         assert max(counts) <= -(-total // world) and min(counts) >= total // world
     # Remap moves every token to its attention position and back.

@@ -13,7 +13,8 @@ import pytest
 from zeppelin_megatron.planner import CostModel, PlanError, StepPlan, load_cluster, load_model, plan_step
 from zeppelin_megatron.planner import PlannerOptions
 from zeppelin_megatron.planner.predict import predict, remap_time
-from zeppelin_megatron.planner.remap_routing import nic_proxies, remap_proxies_for, routed_exchange
+from zeppelin_megatron.planner.remap_cost import remap_proxies_for
+from zeppelin_megatron.planner.remap_routing import nic_proxies, routed_exchange
 from zeppelin_megatron.planner.workloads import long_tailed_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))

@@ -44,10 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep every ring plain (no head-parallel rings: all-to-all over heads inside blocks "
                         "of a ring's GPUs, Ulysses when one block spans it)")
     remap = p.add_mutually_exclusive_group()
-    # default None (meaning "on"): argparse's exclusivity check ignores an option given its own default value
+    # default None (meaning "auto"): argparse's exclusivity check ignores an option given its own default value
     remap.add_argument("--remap", choices=tuple(_REMAP), default=None,
-                       help="token-balanced linear layout: on (default) = always; auto = remap only when the "
-                            "predicted step is lower; off = linear layout = attention layout")
+                       help="linear layout: auto (default) = per step, the lowest predicted step among "
+                            "token-balanced, workload-balanced and the attention layout; on = always "
+                            "token-balanced; off = linear layout = attention layout")
     remap.add_argument("--no-remap", dest="remap", action="store_const", const="off",
                        help="same as --remap off")
     p.add_argument("--json", default=None, help="write the zeppelin-plan/1 JSON here")
@@ -97,6 +98,7 @@ def _table(plan: StepPlan) -> str:
         f"{kinds['inter_node']} inter_node), tokens: {plan.total_tokens}, routed hops: {len(plan.routing)}",
         _head_line(plan),
         f"remap: {'off (linear layout = attention layout)' if plan.linear_layout == plan.attention_layout else 'on'}"
+        + (f", linear layout: {plan.linear}" if plan.linear else "")
         + (f", cross-node rows routed over local GPUs {list(plan.remap_proxies)}" if plan.remap_proxies else ""),
         f"local sequences in ring waits: {sum(len(x.seqs) for x in plan.local_slots)} "
         f"(in {len(plan.local_slots)} calls; the rest after their rank's rings)",
@@ -155,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     lengths = read_lengths(args.lengths)
     setup = build_planning(args.cluster, args.model, args.profile, tensor_parallel=args.tensor_parallel,
                            tokens_per_gpu=args.tokens_per_gpu,
-                           options=PlannerOptions(routing=not args.no_routing, remap=_REMAP[args.remap or "on"],
+                           options=PlannerOptions(routing=not args.no_routing, remap=_REMAP[args.remap or "auto"],
                                                   head_parallel=not args.no_head_parallel))
     warning = profile_range_warning(setup.cost.profile, lengths) if args.profile else None
     if warning:

@@ -9,12 +9,10 @@ from .cluster import Cluster
 from .cost_model import CostModel
 from .gc_pause import gc_paused
 from .linear_layout import linear_layout
-from .local_schedule import with_local_slots
-from .remap_routing import remap_proxies_for
+from .layout_choice import choose_plan
 from .options import REMAP_CHOICES, PlannerOptions
 from .partition import partition
-from .plan import PlanError, SequencePlan, StepPlan, derive_routing
-from .predict import predict
+from .plan import PlanError, SequencePlan, StepPlan
 from .zigzag import position_ranges
 
 __all__ = ["plan_step", "check_lengths", "REMAP_CHOICES"]
@@ -93,7 +91,7 @@ def plan_step(lengths: Sequence[int], cost_model: CostModel, options: PlannerOpt
 
 def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOptions) -> StepPlan:
     cluster = cost_model.cluster
-    routing, remap = options.routing, options.remap
+    remap = options.remap
     assignments = partition(lengths, cost_model, options)
 
     world = cluster.world_size
@@ -112,18 +110,9 @@ def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOption
     widths = choose_widths(lengths, assignments, cost_model, options, att)  # head-parallel rings (choose_heads.py)
     sequences = tuple(SequencePlan(s, a.placement, a.ranks, w)  # type: ignore[arg-type]
                       for s, a, w in zip(lengths, assignments, widths))
-    # Validated once (both layouts); the other candidate's linear layout is the attention
-    # layout, already checked as such.
+    # Validated once (both layouts); the other candidates' linear layouts are the attention layout
+    # (checked as such) and quota_layout's, which keeps each rank within its largest attention count.
     lin = att if remap is False else linear_layout(att, cluster)
-    first = StepPlan(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, sequences=sequences,
-                     attention_layout=att, linear_layout=lin)
-    first = first.evolve(routing=derive_routing(first, cost_model, enabled=routing))
-    if routing and lin is not att:
-        first = first.evolve(remap_proxies=remap_proxies_for(first, cost_model))
-    first = with_local_slots(first, cost_model)
-    candidates = [first]
-    if remap is not True and remap is not False:  # "auto"
-        candidates.append(first.evolve(linear_layout=att, remap_proxies=()))
-    candidates = [p.evolve(predicted=predict(p, cost_model)) for p in candidates]
-    # "auto": the lower predicted step; min() keeps the first (remapped) one on a tie.
-    return min(candidates, key=lambda p: p.predicted.step_ms)  # type: ignore[union-attr]
+    base = StepPlan(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, sequences=sequences,
+                    attention_layout=att, linear_layout=lin)
+    return choose_plan(base, cost_model, options)  # linear layout and routing (layout_choice.py)

@@ -48,9 +48,10 @@ class PlannerOptions:
 
     routing: bool = True
     """Spread cross-node ring hops (and the remap's cross-node rows) over idle NICs where that pays."""
-    remap: Remap = True
+    remap: Remap = "auto"
     """``True``: linear modules on a token-balanced layout (remap all-to-alls every layer); ``False``:
-    the linear layout is the attention layout; ``"auto"``: build both, keep the lower predicted step."""
+    the linear layout is the attention layout; ``"auto"``: per step, the lowest predicted step among
+    token-balanced, workload-balanced and the attention layout (:mod:`.layout_choice`)."""
     slack: float = 0.02
     """A GPU or node may exceed its target time by this fraction before splitting."""
     min_ratio: float = 1.0

@@ -36,6 +36,7 @@ from .plan_check import check_local_slots, check_routing, validate_plan
 from .plan_json import derive_routing, plan_from_json, plan_to_dict, plan_to_json
 from .plan_parts import (
     PLACEMENTS, PLAN_SCHEMA, LocalSlot, Placement, PlanError, Prediction, Ring, SequencePlan, TokenRange,
+    check_linear,
 )
 from .remap import RemapPlan, build_remap
 from .ring_order import ring_order
@@ -71,6 +72,9 @@ class StepPlan:
     local_slots: tuple[LocalSlot, ...] = ()
     """Ring-step slots of local sequences (:class:`LocalSlot`); a local sequence in no slot runs
     after its rank's rings, with the other such sequences of that rank, in one call."""
+    linear: str | None = None
+    """How the linear layout was chosen (:data:`~.plan_parts.LINEAR_LAYOUTS`: ``token_balanced``,
+    ``workload_balanced``, ``attention``); ``None``: not recorded (hand-made plans, older documents)."""
     predicted: Prediction | None = None
     validate: InitVar[bool] = True
     """``False`` skips the layout checks (only for plans built from a validated one)."""
@@ -81,6 +85,7 @@ class StepPlan:
         else:
             check_routing(self)
         check_local_slots(self)
+        check_linear(self.linear, self.linear_layout, self.attention_layout)
         check_head_parallel(self)
         gpn = self.gpus_per_node
         if (len(set(self.remap_proxies)) != len(self.remap_proxies)

@@ -14,7 +14,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .gc_pause import gc_paused
-from .plan_parts import PLACEMENTS, PLAN_SCHEMA, LocalSlot, PlanError, Prediction, SequencePlan, TokenRange
+from .plan_parts import (
+    LINEAR_LAYOUTS, PLACEMENTS, PLAN_SCHEMA, LocalSlot, PlanError, Prediction, SequencePlan, TokenRange,
+)
 from .routing import Route, plan_routing
 from .zigzag import ring_chunk_pair_tokens
 
@@ -29,7 +31,7 @@ __all__ = ["plan_to_dict", "plan_to_json", "plan_from_json", "derive_routing"]
 def plan_to_dict(plan: "StepPlan") -> dict[str, Any]:
     """The ``zeppelin-plan/1`` document of ``plan``.
 
-    ``remap_proxies``, ``local_slots`` and ``predicted`` appear only when present.
+    ``linear``, ``remap_proxies``, ``local_slots`` and ``predicted`` appear only when present.
     """
     d: dict[str, Any] = {
         "schema": PLAN_SCHEMA,
@@ -48,12 +50,13 @@ def plan_to_dict(plan: "StepPlan") -> dict[str, Any]:
 
 def _tail(plan: "StepPlan") -> dict[str, Any]:
     """The document's keys after the layouts, in order."""
-    d: dict[str, Any] = {
+    d: dict[str, Any] = {"linear": plan.linear} if plan.linear is not None else {}
+    d.update({
         "routing": [
             {"ring": list(r.ring), "src": r.src, "dst": r.dst, "proxies": list(r.proxies)}
             for r in plan.routing
         ],
-    }
+    })
     if plan.remap_proxies:  # absent when empty, like local_slots
         d["remap_proxies"] = list(plan.remap_proxies)
     if plan.local_slots:  # absent when empty: plans without slots keep their JSON and digest
@@ -100,7 +103,7 @@ def plan_from_json(
 
     A document without ``routing`` gets routes derived from ``cost_model``
     (or, without one, every idle NIC of ``cluster``; without a cluster,
-    no routes). A missing ``predicted`` stays ``None``.
+    no routes). A missing ``predicted`` or ``linear`` stays ``None``.
     """
     doc = text if isinstance(text, dict) else _loads(text)
     if not isinstance(doc, dict):
@@ -131,6 +134,9 @@ def plan_from_json(
         predicted = _prediction(doc["predicted"])
     slots = _local_slots(doc)
     proxies = tuple(_list(doc, "remap_proxies", "plan")) if "remap_proxies" in doc else ()
+    linear = doc.get("linear")
+    if "linear" in doc and (not isinstance(linear, str) or linear not in LINEAR_LAYOUTS):
+        raise PlanError(f"plan.linear is {linear!r}, expected one of {list(LINEAR_LAYOUTS)}")
     if "routing" in doc:
         routing = []
         for i, r in enumerate(_list(doc, "routing", "plan")):
@@ -141,10 +147,10 @@ def plan_from_json(
                                  _int(r, "dst", where, 0), tuple(_list(r, "proxies", where))))
         return cls(nodes=nodes, gpus_per_node=gpus, sequences=tuple(sequences), attention_layout=att,
                    linear_layout=lin, routing=tuple(routing), remap_proxies=proxies, local_slots=slots,
-                   predicted=predicted)
+                   linear=linear, predicted=predicted)
     plan = cls(nodes=nodes, gpus_per_node=gpus, sequences=tuple(sequences), attention_layout=att,
                linear_layout=lin, routing=(), remap_proxies=proxies, local_slots=slots,
-               predicted=predicted)
+               linear=linear, predicted=predicted)
     if cost_model is not None:
         cluster = cost_model.cluster
     if cluster is None:

@@ -12,16 +12,34 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = ["PlanError", "SequencePlan", "Ring", "LocalSlot", "Prediction", "PLAN_SCHEMA", "PLACEMENTS",
-           "Placement", "TokenRange"]
+           "Placement", "TokenRange", "LINEAR_LAYOUTS", "check_linear"]
 
 PLAN_SCHEMA = "zeppelin-plan/1"
 Placement = Literal["local", "intra_node", "inter_node"]
 PLACEMENTS: tuple[str, ...] = ("local", "intra_node", "inter_node")
 TokenRange = tuple[int, int, int]
+LINEAR_LAYOUTS: tuple[str, ...] = ("token_balanced", "workload_balanced", "attention")
+"""How a plan's linear layout was chosen (:attr:`~.plan.StepPlan.linear`; docs/planner.md, "Layouts"), in
+the order ``plan_step`` prefers them on a tie."""
 
 
 class PlanError(ValueError):
     """A plan (or a request to make one) that is invalid."""
+
+
+def check_linear(linear: object, linear_layout: object, attention_layout: object) -> None:
+    """``linear`` is ``None`` or one of :data:`LINEAR_LAYOUTS`, and ``"attention"`` only with a linear
+    layout equal to the attention layout.
+
+    Raises:
+        PlanError: naming the value, e.g. ``linear is 'balanced', expected one of [...]``.
+    """
+    if linear is None:
+        return
+    if not isinstance(linear, str) or linear not in LINEAR_LAYOUTS:
+        raise PlanError(f"linear is {linear!r}, expected one of {list(LINEAR_LAYOUTS)}")
+    if linear == "attention" and linear_layout != attention_layout:
+        raise PlanError("linear is 'attention' but the linear layout differs from the attention layout")
 
 
 @dataclass(frozen=True, slots=True)

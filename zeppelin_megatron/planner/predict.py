@@ -25,21 +25,18 @@ Per layer, forward + backward, for each rank ``r``:
   communication that local work does not fill (nothing runs between a ``Post`` and ``Wait`` of
   one), so they count as the rank's own time in the rule above and as ``exposed_comm_ms``.
 * Linear modules: ``linear_ms(tokens in the linear layout)``.
-* Remap: four all-to-alls a layer (q/k/v in, output back, and their
-  gradients); per token moved, each side sends ``2 * q_bytes + kv_bytes``.
-  A rank's time is its NVLink bytes over NVLink bandwidth plus its network
-  bytes over its NIC's share; the all-to-all finishes with the slowest rank.
-  Routed (``plan.remap_proxies``, ``k`` proxies): a node's cross-node bytes
-  spread evenly over the ``k`` proxies' NICs (each direction of a NIC on its
-  own: ``max(node out, node in) / k``), and each rank also forwards
-  ``2 (k-1)/k`` of its larger direction over NVLink (dispatch and combine).
+* Remap (:mod:`.remap_cost`): in before attention and out after it, each moved row carrying
+  ``2 * q_bytes + kv_bytes`` each time; each all-to-all ends with its busiest NVLink or NIC port,
+  rows on the runtime's paths (direct: the source's rail GPU at the destination node, then
+  NVLink; routed over ``plan.remap_proxies``: ``a -> P_a -> P_b -> b``); layer remap = in + out.
 
-Step time, with a remap: ``layers * (max_r attn_r + max_r linear_r + remap)``
-(the all-to-alls are barriers: every rank waits for the slowest attention and
-the slowest linear pass). Without one (the linear layout *is* the attention
-layout): nothing synchronises all ranks between the two phases, so the step is
-the slowest rank's ``layers * max_r (attn_r + linear_r)``. Each rank's
-``rank_ms = layers * (attn_r + linear_r + remap)``.
+Step time: the ranks on a path of the remap's rows (sources, destinations, relays:
+:func:`~.remap_cost.remap_ranks`) wait for each other there, so over them it is
+``layers * (max attn_r + max linear_r + remap)``; a rank on no path waits for nobody and takes
+``layers * (attn_r + linear_r)``; the step is the larger. Without a remap (the linear layout *is*
+the attention layout) that is every rank: ``layers * max_r (attn_r + linear_r)`` (ring partners
+already wait for each other inside ``attn_r``). ``rank_ms = layers * (attn_r + linear_r + remap)``,
+the remap only for ranks on its paths.
 """
 
 from __future__ import annotations
@@ -49,6 +46,7 @@ from typing import Mapping, Sequence
 from .cost_heads import head_ring_time
 from .cost_model import CostModel
 from .plan import Prediction, StepPlan
+from .remap_cost import remap_layer_ms, remap_ranks
 from .routing import Route
 from .zigzag import next_position
 
@@ -104,19 +102,19 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
     own_compute = [c - f for c, f in zip(own_compute, fixed)]  # the all-to-alls are communication
     linear = [cost.linear_ms(plan.tokens(r, "linear")) for r in range(world)]
 
-    no_remap = plan.linear_layout == plan.attention_layout
     remap, remap_intra, remap_inter = remap_time(plan, cost, plan.remap_proxies)
     for r in range(world):
         intra_b[r] += remap_intra[r]
         inter_b[r] += remap_inter[r]
 
-    rank_ms = [layers * (attn[r] + linear[r] + remap) for r in range(world)]
-    if no_remap:
-        # No remap all-to-all: no barrier between attention and linear modules; each rank runs
-        # its own attention + linear (ring partners already wait for each other inside attn_r).
-        step = max(rank_ms)
-    else:
-        step = layers * (max(attn) + max(linear) + remap)
+    # A rank on no path of the remap's rows waits for nobody there (the all-to-alls' waits are pairwise).
+    on_path = remap_ranks(plan, plan.remap_proxies)
+    moving = [r in on_path for r in range(world)]
+    rank_ms = [layers * (attn[r] + linear[r] + (remap if moving[r] else 0.0)) for r in range(world)]
+    step = max((rank_ms[r] for r in range(world) if not moving[r]), default=0.0)
+    if any(moving):
+        step = max(step, layers * (max(a for a, m in zip(attn, moving) if m)
+                                   + max(t for t, m in zip(linear, moving) if m) + remap))
     exposed = [layers * (attn[r] - own_compute[r]) for r in range(world)]
     return Prediction(
         step_ms=round(step, _ROUND),
@@ -135,36 +133,13 @@ def remap_time(
 ) -> tuple[float, list[int], list[int]]:
     """The remap's per-layer time with ``proxies`` (``()``: direct), and each rank's NVLink and network
     bytes (module docstring). A plan without a remap (linear layout = attention layout) costs 0."""
-    cl = cost.cluster
-    world = plan.world_size
     per_token = 2 * cost.q_bytes_per_token + cost.kv_bytes_per_token
     tokens_intra, tokens_out, tokens_into = plan.remap_traffic
     intra = [t * per_token for t in tokens_intra]
     out = [t * per_token for t in tokens_out]  # network bytes a rank sends / receives
     into = [t * per_token for t in tokens_into]
     inter = [a + b for a, b in zip(out, into)]
-    k = len(proxies)
-    node_out = [0.0] * cl.nodes
-    node_in = [0.0] * cl.nodes
-    for r in range(world):
-        node_out[cl.node_of(r)] += out[r]
-        node_in[cl.node_of(r)] += into[r]
-    remap = 0.0
-    share = [cl.gpus_sharing_nic(cl.gpu_nic[l]) for l in range(cl.gpus_per_node)]
-    seen: set[tuple[float, ...]] = set()  # ranks alike (large clusters: most of them) are timed once
-    for r in range(world):
-        n = cl.node_of(r)
-        key = (intra[r], out[r], into[r], node_out[n], node_in[n]) if k else (intra[r], inter[r], share[r % len(share)])
-        if key in seen:
-            continue
-        seen.add(key)
-        if k:
-            t = (cost.nvlink_ms(intra[r] + 2 * max(out[r], into[r]) * (k - 1) / k)
-                 + cost.nic_ms(max(node_out[n], node_in[n]) / k))
-        else:
-            t = cost.nvlink_ms(intra[r]) + cost.nic_ms(inter[r] * share[r % len(share)])
-        remap = max(remap, t)
-    return remap, intra, inter
+    return remap_layer_ms(plan, cost, proxies), intra, inter
 
 
 def ring_time(

@@ -37,18 +37,14 @@ in phase 1, crosses 1 -> 3 in phase 2 (rail 1) and is home.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from .remap import Direction, RemapPlan
 from .routing import split_counts
 
-if TYPE_CHECKING:
-    from .cost_model import CostModel
-    from .plan import StepPlan
-
-__all__ = ["RoutedPhase", "RoutedExchange", "routed_exchange", "nic_proxies", "remap_proxies_for", "proxy_parts"]
+__all__ = ["RoutedPhase", "RoutedExchange", "routed_exchange", "nic_proxies", "proxy_parts"]
 
 
 def proxy_parts(a: int, b: int, n: int, gpus_per_node: int,
@@ -72,18 +68,6 @@ def nic_proxies(gpu_nic: Sequence[int]) -> tuple[int, ...]:
     for local, nic in enumerate(gpu_nic):
         first.setdefault(nic, local)
     return tuple(first[n] for n in sorted(first))
-
-
-def remap_proxies_for(plan: "StepPlan", cost: "CostModel") -> tuple[int, ...]:
-    """The proxies ``plan``'s remap should use: :func:`nic_proxies` of the cluster when the cost
-    model predicts the routed remap faster than the direct one (:func:`~.predict.remap_time`;
-    only when rows cross nodes and a node has more than one NIC), else ``()`` (direct)."""
-    from .predict import remap_time
-
-    proxies = nic_proxies(cost.cluster.gpu_nic)
-    if len(proxies) < 2:
-        return ()
-    return proxies if remap_time(plan, cost, proxies)[0] < remap_time(plan, cost, ())[0] else ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,200 @@
+"""The remap's time per layer, link by link, as the simulator and the runtime move its rows.
+
+The remap runs twice per layer: *in* (linear -> attention layout) before attention and *out*
+(attention -> linear) after it. Each moved row carries ``2 q + kv`` bytes each time (in: forward
+q, k, v and backward output gradient; out: forward output and backward dq, dk, dv), and the two
+are separate all-to-alls with attention between them, so their times add up.
+
+Within one all-to-all every link carries its rows at once and the slowest link ends it::
+
+    t(direction) = max(nvlink_ms(max NVLink port rows * b), nic_ms(max NIC port rows * b)),
+    b = 2 q_bytes + kv_bytes,   layer remap = t(in) + t(out)
+
+with a port per direction (a GPU's NVLink out and in, a NIC's out and in). Rows take the paths
+the runtime and ``sim/program.py`` give them:
+
+* inside a node: one NVLink hop ``a -> b``;
+* across nodes, direct (``proxies = ()``): ``a``'s NIC to the GPU of ``b``'s node on ``a``'s
+  rail (same local index), then NVLink to ``b`` (NCCL's PXN all-to-all): every row a node
+  receives from local index ``l`` of other nodes enters through the NIC of its GPU ``l``;
+* routed (``proxies``, :mod:`~.remap_routing`): each pair's rows split over the proxies
+  (:func:`~.remap_routing.proxy_parts`), ``a -> P_a`` (NVLink), ``P_a -> P_b`` (the proxy's
+  NIC), ``P_b -> b`` (NVLink).
+
+Worked example, 2 nodes x 2 GPUs (one NIC per GPU): rank 0 sends 10 rows to rank 3 and rank 2
+sends 4 rows to rank 1. In, direct: ``0 -> 2`` over NIC (0, 0) out and NIC (1, 0) in (rank 2
+is local 0 of node 1), then ``2 -> 3`` over NVLink; ``2 -> 1`` over NIC (1, 0) out and NIC
+(0, 0) in, then ``0 -> 1``. Busiest NIC port: 10 rows; busiest NVLink port: 10 rows. Out moves
+the rows back: ``3 -> 0`` over NIC (1, 1) out and NIC (0, 1) in (rank 1 is local 1 of node 0),
+then ``1 -> 0``; ``1 -> 2`` over NIC (0, 1) out and NIC (1, 1) in, then ``3 -> 2``: the busiest
+ports carry 10 rows again, and the layer's remap is twice one direction's time.
+
+An earlier rule (``nvlink(intra) + nic(out + in)`` per rank, once per layer) charged about half
+of this, and none of the rail concentration (simulated remap 1.7-6x that rule on the plans of
+``benchmarks/simulate_tables.py``; this one within about 20%).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Sequence
+
+from .remap_routing import nic_proxies
+
+if TYPE_CHECKING:
+    from .cost_model import CostModel
+    from .plan import StepPlan
+
+__all__ = ["remap_pairs", "port_rows", "remap_layer_ms", "remap_ranks", "remap_proxies_for"]
+
+
+_PAIRS: dict[tuple[int, int], tuple[object, object, list[tuple[int, int, int]]]] = {}
+"""Recent :func:`remap_pairs` by the layouts' identities (the layouts are kept in the value, so an id
+is never reused while its entry lives): a step's candidates predict the same layouts several times."""
+
+
+def remap_pairs(plan: "StepPlan") -> list[tuple[int, int, int]]:
+    """Rows the *in* remap moves, ``(linear rank, attention rank, rows)`` per pair of distinct ranks,
+    sorted; the *out* remap moves the same rows back. Empty when the layouts are equal.
+
+    Example: linear ``[[(0, 0, 4)], []]``, attention ``[[(0, 0, 1)], [(0, 1, 4)]]``: ``[(0, 1, 3)]``.
+    """
+    lin, att = plan.linear_layout, plan.attention_layout
+    hit = _PAIRS.get((id(lin), id(att)))
+    if hit is not None and hit[0] is lin and hit[1] is att:
+        return hit[2]
+    if lin == att:
+        return []
+    rows: dict[tuple[int, int], int] = defaultdict(int)
+    for seg in plan.remap.segments:
+        if seg.lin_rank != seg.att_rank:
+            rows[(seg.lin_rank, seg.att_rank)] += seg.length
+    pairs = [(a, b, n) for (a, b), n in sorted(rows.items())]
+    if len(_PAIRS) >= 8:
+        _PAIRS.pop(next(iter(_PAIRS)))
+    _PAIRS[(id(lin), id(att))] = (lin, att, pairs)
+    return pairs
+
+
+def port_rows(pairs: Sequence[tuple[int, int, int]], gpus_per_node: int, gpu_nic: Sequence[int],
+              proxies: Sequence[int]) -> tuple[int, int]:
+    """``(busiest NVLink port, busiest NIC port)`` in rows for one all-to-all moving ``pairs``
+    (``(src, dst, rows)``) along the paths of the module docstring. ``gpu_nic[l]``: the NIC of
+    local GPU ``l`` (GPUs sharing a NIC share its ports).
+
+    Example: 2 nodes x 2 GPUs, ``gpu_nic = (0, 1)``, pairs ``[(0, 3, 10)]``: direct ``(10, 10)``
+    (NVLink ``2 -> 3`` after the NIC); over proxies ``(0, 1)``: ``(5, 5)`` (rows split 5 + 5, each
+    NIC carries 5, NVLink ``0 -> 1`` and ``2 -> 3`` 5 each).
+    """
+    g = gpus_per_node
+    nvl_out: dict[int, int] = defaultdict(int)
+    nvl_in: dict[int, int] = defaultdict(int)
+    nic_out: dict[tuple[int, int], int] = defaultdict(int)  # (node, nic)
+    nic_in: dict[tuple[int, int], int] = defaultdict(int)
+    k = len(proxies)
+    for a, b, n in pairs:
+        na, nb = a // g, b // g
+        if na == nb:
+            nvl_out[a] += n
+            nvl_in[b] += n
+        elif not k:
+            rail = nb * g + a % g
+            nic_out[(na, gpu_nic[a % g])] += n
+            nic_in[(nb, gpu_nic[a % g])] += n
+            if rail != b:
+                nvl_out[rail] += n
+                nvl_in[b] += n
+        else:
+            base, extra = divmod(n, k)  # split_counts: the first ``extra`` parts one row more
+            for p, x in enumerate(proxies):
+                part = base + (p < extra)
+                if not part:
+                    break
+                pa, pb = na * g + x, nb * g + x
+                if pa != a:
+                    nvl_out[a] += part
+                    nvl_in[pa] += part
+                nic_out[(na, gpu_nic[x])] += part
+                nic_in[(nb, gpu_nic[x])] += part
+                if pb != b:
+                    nvl_out[pb] += part
+                    nvl_in[b] += part
+    nvl = max(max(nvl_out.values(), default=0), max(nvl_in.values(), default=0))
+    return nvl, max(max(nic_out.values(), default=0), max(nic_in.values(), default=0))
+
+
+def remap_ranks(plan: "StepPlan", proxies: Sequence[int]) -> set[int]:
+    """Every rank on a path of the remap's rows (module docstring), in either direction: the rows' sources
+    and destinations and the GPUs that relay them (the rail GPU of a direct cross-node row, the proxies of
+    a routed one). A rank outside this set waits for nobody at the remap; one inside waits for the legs it
+    sends, receives or relays (``sim/program.py``).
+
+    Example: 2 nodes x 2 GPUs, rows ``0 -> 3`` only: direct ``{0, 2, 3}`` in (rail GPU 2) and ``{3, 1, 0}``
+    out (rail GPU 1): ``{0, 1, 2, 3}``; nothing moved: ``set()``.
+    """
+    g = plan.gpus_per_node
+    k = len(proxies)
+    out: set[int] = set()
+    for a, b, n in remap_pairs(plan):
+        out.add(a)
+        out.add(b)
+        na, nb = a // g, b // g
+        if na == nb:
+            continue
+        if not k:
+            out.add(nb * g + a % g)  # in: a's rail at b's node
+            out.add(na * g + b % g)  # out: b's rail at a's node
+            continue
+        for x in proxies[:n]:  # the parts with rows: the first min(n, k)
+            out.add(na * g + x)
+            out.add(nb * g + x)
+    return out
+
+
+def remap_layer_ms(plan: "StepPlan", cost: "CostModel", proxies: Sequence[int],
+                   pairs: Sequence[tuple[int, int, int]] | None = None) -> float:
+    """The remap's time per layer (in + out, module docstring); 0 without a remap.
+
+    ``pairs``: :func:`remap_pairs` of ``plan`` when the caller has them (they depend only on the
+    layouts, not on ``proxies``).
+    """
+    if pairs is None:
+        pairs = remap_pairs(plan)
+    if not pairs:
+        return 0.0
+    key = (id(pairs), id(cost), tuple(proxies))
+    hit = _MS.get(key)
+    if hit is not None and hit[0] is pairs and hit[1] is cost:
+        return hit[2]
+    ms = _layer_ms(pairs, cost, proxies)
+    if len(_MS) >= 16:
+        _MS.pop(next(iter(_MS)))
+    _MS[key] = (pairs, cost, ms)
+    return ms
+
+
+_MS: dict[tuple[int, int, tuple[int, ...]], tuple[object, object, float]] = {}
+"""Recent :func:`remap_layer_ms` results (pairs and cost model kept alive in the value, as in ``_PAIRS``)."""
+
+
+def _layer_ms(pairs: Sequence[tuple[int, int, int]], cost: "CostModel", proxies: Sequence[int]) -> float:
+    cl = cost.cluster
+    per_row = 2 * cost.q_bytes_per_token + cost.kv_bytes_per_token
+    total = 0.0
+    for moving in (pairs, [(b, a, n) for a, b, n in pairs]):  # in, then out (the same rows back)
+        nvl, nic = port_rows(moving, cl.gpus_per_node, cl.gpu_nic, proxies)
+        total += max(cost.nvlink_ms(nvl * per_row) if nvl else 0.0, cost.nic_ms(nic * per_row) if nic else 0.0)
+    return total
+
+
+def remap_proxies_for(plan: "StepPlan", cost: "CostModel") -> tuple[int, ...]:
+    """The proxies ``plan``'s remap should use: :func:`~.remap_routing.nic_proxies` of the cluster when
+    the routed remap is predicted faster than the direct one (:func:`remap_layer_ms`; only when rows
+    cross nodes and a node has more than one NIC), else ``()`` (direct; also on a tie)."""
+    proxies = nic_proxies(cost.cluster.gpu_nic)
+    if len(proxies) < 2:
+        return ()
+    pairs = remap_pairs(plan)
+    if not any(a // plan.gpus_per_node != b // plan.gpus_per_node for a, b, _ in pairs):
+        return ()
+    return proxies if remap_layer_ms(plan, cost, proxies, pairs) < remap_layer_ms(plan, cost, (), pairs) else ()
