@@ -117,7 +117,8 @@ def stay_quotas(held: Sequence[int], stays: set[int], gpus_per_node: int | None 
 def choose_stays(plan: "StepPlan", attention_ms: Sequence[float], cost: "CostModel",
                  remap_ms: float, per_node: bool = False) -> StayChoice | None:
     """The stay groups of the workload-balanced layout (module docstring), or ``None`` when there is
-    no choice between token-balanced (no group stays) and the attention layout (all stay).
+    no choice between token-balanced (no group stays) and the attention layout (all stay), or no group
+    is heavier than the mean attention (only such groups are offered to stay).
 
     ``attention_ms[r]``: rank ``r``'s attention time per step (:func:`~.predict.attention_time`);
     ``remap_ms``: the remap time per step to assume for the ranks that exchange rows. ``per_node``: the
@@ -152,7 +153,10 @@ def choose_stays(plan: "StepPlan", attention_ms: Sequence[float], cost: "CostMod
     heapq.heapify(heap)
     stay = 0.0
     best: tuple[float, int] | None = None
+    mean_att = sum(attention_ms) / world
     for k in range(1, len(order)):
+        if heavy[order[k - 1]] <= mean_att:  # only groups heavier than the mean stay
+            break
         g = groups[order[k - 1]]
         stay = max(stay, max(attention_ms[r] + layers * cost.linear_ms(held[r]) for r in g))
         touched = set()
@@ -172,7 +176,8 @@ def choose_stays(plan: "StepPlan", attention_ms: Sequence[float], cost: "CostMod
             best = (est, k)
         if stay >= best[0]:  # the stayers alone already cost more: more stayers cannot help
             break
-    assert best is not None
+    if best is None:
+        return None
     est, k = best
     stays = {r for i in order[:k] for r in groups[i]}
     quotas = stay_quotas(held, stays, plan.gpus_per_node if per_node else None)

@@ -39,6 +39,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
+
 from .remap_routing import nic_proxies
 
 if TYPE_CHECKING:
@@ -86,42 +88,44 @@ def port_rows(pairs: Sequence[tuple[int, int, int]], gpus_per_node: int, gpu_nic
     (NVLink ``2 -> 3`` after the NIC); over proxies ``(0, 1)``: ``(5, 5)`` (rows split 5 + 5, each
     NIC carries 5, NVLink ``0 -> 1`` and ``2 -> 3`` 5 each).
     """
+    if not pairs:
+        return 0, 0
     g = gpus_per_node
-    nvl_out: dict[int, int] = defaultdict(int)
-    nvl_in: dict[int, int] = defaultdict(int)
-    nic_out: dict[tuple[int, int], int] = defaultdict(int)  # (node, nic)
-    nic_in: dict[tuple[int, int], int] = defaultdict(int)
-    k = len(proxies)
-    for a, b, n in pairs:
-        na, nb = a // g, b // g
-        if na == nb:
-            nvl_out[a] += n
-            nvl_in[b] += n
-        elif not k:
-            rail = nb * g + a % g
-            nic_out[(na, gpu_nic[a % g])] += n
-            nic_in[(nb, gpu_nic[a % g])] += n
-            if rail != b:
-                nvl_out[rail] += n
-                nvl_in[b] += n
-        else:
-            base, extra = divmod(n, k)  # split_counts: the first ``extra`` parts one row more
-            for p, x in enumerate(proxies):
-                part = base + (p < extra)
-                if not part:
-                    break
-                pa, pb = na * g + x, nb * g + x
-                if pa != a:
-                    nvl_out[a] += part
-                    nvl_in[pa] += part
-                nic_out[(na, gpu_nic[x])] += part
-                nic_in[(nb, gpu_nic[x])] += part
-                if pb != b:
-                    nvl_out[pb] += part
-                    nvl_in[b] += part
-    nvl = max(max(nvl_out.values(), default=0), max(nvl_in.values(), default=0))
-    return nvl, max(max(nic_out.values(), default=0), max(nic_in.values(), default=0))
+    nic_of = np.asarray(gpu_nic, dtype=np.int64)
+    nics = int(nic_of.max()) + 1
+    a, b, n = (np.asarray(col, dtype=np.int64) for col in zip(*pairs))
+    na, nb = a // g, b // g
+    nodes = int(max(na.max(), nb.max())) + 1
+    world = nodes * g
+    nvl_out = np.zeros(world, dtype=np.int64)
+    nvl_in = np.zeros(world, dtype=np.int64)
+    nic_out = np.zeros(nodes * nics, dtype=np.int64)
+    nic_in = np.zeros(nodes * nics, dtype=np.int64)
 
+    def nvl(src: np.ndarray, dst: np.ndarray, rows: np.ndarray) -> None:
+        moved = src != dst
+        np.add.at(nvl_out, src[moved], rows[moved])
+        np.add.at(nvl_in, dst[moved], rows[moved])
+
+    local = na == nb
+    nvl(a[local], b[local], n[local])
+    a, b, n, na, nb = a[~local], b[~local], n[~local], na[~local], nb[~local]
+    if not len(proxies):
+        nic = nic_of[a % g]
+        np.add.at(nic_out, na * nics + nic, n)
+        np.add.at(nic_in, nb * nics + nic, n)
+        nvl(nb * g + a % g, b, n)  # on from the rail GPU
+    else:
+        k = len(proxies)
+        base, extra = n // k, n % k  # split_counts: the first ``extra`` parts one row more
+        for p, x in enumerate(proxies):
+            part = base + (p < extra)
+            pa, pb = na * g + x, nb * g + x
+            nvl(a, pa, part)
+            np.add.at(nic_out, na * nics + int(nic_of[x]), part)
+            np.add.at(nic_in, nb * nics + int(nic_of[x]), part)
+            nvl(pb, b, part)
+    return int(max(nvl_out.max(), nvl_in.max())), int(max(nic_out.max(), nic_in.max()))
 
 def remap_ranks(plan: "StepPlan", proxies: Sequence[int]) -> set[int]:
     """Every rank on a path of the remap's rows (module docstring), in either direction: the rows' sources
