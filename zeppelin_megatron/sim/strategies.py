@@ -158,6 +158,8 @@ _DESCRIPTIONS: dict[str, str] = {
     "zeppelin-no-inter": "Zeppelin with local and intra-node placements only",
     "zeppelin-local-only": "Zeppelin with the local placement only (sequences too long for a GPU still split)",
     "zeppelin-no-head-parallel": "Zeppelin without head-parallel rings (every split sequence a plain zigzag ring)",
+    "zeppelin-remap-always": "Zeppelin with the linear layout forced token-balanced (a remap every step; no per-step "
+                             "choice of layout)",
     "te-cp": "TE CP: fixed CP groups, every sequence zigzag-split over its group, packed by tokens",
     "te-cp-routing": "TE CP plus Zeppelin's NIC-aware routing of cross-node ring hops (routing alone)",
     "allgather-cp": "all-gather K/V CP (LLaMA-3 style): TE CP's groups, K/V all-gathered, dK/dV reduce-scattered",
@@ -180,6 +182,7 @@ _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
     "zeppelin-no-inter": _zeppelin(placements=("local", "intra_node")),
     "zeppelin-local-only": _zeppelin(placements=("local",)),
     "zeppelin-no-head-parallel": _zeppelin(head_parallel=False),
+    "zeppelin-remap-always": _zeppelin(remap=True),
     "te-cp": _te_cp(routing=False),
     "te-cp-routing": _te_cp(routing=True),
     "allgather-cp": _allgather,
