@@ -44,6 +44,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
+from functools import partial
+from operator import ge
 from typing import Iterator, NamedTuple, Sequence, Union
 
 from .partition_context import PartitionContext
@@ -190,6 +192,8 @@ def rebalance_nodes(ctx: PartitionContext, st: NodeState, rank_in_order: Sequenc
     lend_ms: dict[int, tuple[tuple[int, float], ...]] = {}  # per length, computed once
     moved = False
     for _ in range(sum(len(s) for s in st.seqs) + len(st.inter)):
+        if max(st.load) - min(st.load) <= _EPS:  # no node below the busiest: no move (_candidates)
+            return moved
         view = _round_view(ctx, st, rank_in_order, lend_ms if can_lend else None)
         top = st.load[view.hi] - _EPS
         best: Candidate | None = None
@@ -210,10 +214,11 @@ def _round_view(ctx: PartitionContext, st: NodeState, rank_in_order: Sequence[in
     busy = _ring_busy(ctx, st)
     uneven = [sum(max(b) - x for x in b) for b in busy]
     fill, heavy, limit = [], [], ctx.limit
+    light = partial(ge, limit)  # light(x): x <= limit (is_light)
     for n in range(n_nodes):
-        times = [w[b] for b in st.seqs[n]]
-        fill.append(sum(x for x in times if x <= limit))  # light work (is_light)
-        heavy.append(any(x > limit for x in times))
+        times = list(map(w.__getitem__, st.seqs[n]))
+        heavy.append(bool(times) and max(times) > limit)
+        fill.append(sum(filter(light, times)) if heavy[-1] else sum(times))  # light work, in order
     # How much light work a node may lose and still even out its GPUs (or be no worse).
     spare = [fill[n] - min(uneven[n], fill[n]) + _EPS for n in range(n_nodes)]
     items = []
