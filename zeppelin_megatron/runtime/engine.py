@@ -20,10 +20,18 @@ transfer's peers, tags and relays. The engine walks
 * ``RingCall``: one kernel call (:mod:`.ring`); ``LocalCall``: one causal call
   over whole local sequences. Each call's ``(out, lse)`` is saved for backward.
 
+Head-parallel rings (``a2a > 1``): ``Post``/``Wait`` of the ring's ``heads`` all-to-all
+move the rank's q, k, v rows (backward: dout) to its block's lanes and leave the
+rank's head buffer (:mod:`.heads`); the ring's calls and K/V / accumulator transfers
+then run on it with the lane's heads; ``Post``/``Wait`` of ``tokens`` bring the
+output (backward: dq, dk, dv in the accumulation dtype) back to the rank's own rows.
+Each transfer's size per token depends on its kind and direction
+(:func:`~.heads.transfer_unit`).
+
 Every rank walks the rings in the same global order and posts each ring's
 transfers in the same order, so any valid plan executes without deadlock,
 including ranks that belong to several rings. Programs and device index
-tensors are built once per plan (not per layer).
+tensors are built once per plan and head shape (not per layer).
 """
 
 from __future__ import annotations
