@@ -6,7 +6,8 @@ ranks sit in several rings of both kinds. Per plan: the all-to-all transfers' me
 router, the engine's trace against the lowered program (routing on and off), outputs and dq/dk/dv
 against float64 per-sequence SDPA (float64 to 1e-9, float32 to 1e-5) for MHA and GQA head counts,
 including K/V heads replicated over lanes (``Hkv < a2a``). Then heads that cannot split over a
-ring's width: every rank raises before any work, naming the ring, the width and the heads.
+ring's width: every rank raises before any work, naming the ring, the width and the heads; world 4
+also runs a node-interleaved rank map and a sub-group.
 """
 
 from __future__ import annotations
@@ -105,6 +106,16 @@ def run_heads(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0, t
             for dtype, routing, hq, hkv in cases:
                 check_attention(group, plan, dtype=dtype, routing=routing, hq=hq, hkv=hkv, d=4, seed=p_idx)
         check_head_errors(group, head_plan(seed0 + 7, nodes, gpn, widths), heads[0])
+    if world == 4:  # other process groups: a node-interleaved rank map, a sub-group of two ranks
+        import torch.distributed as dist
+        group = ZeppelinGroup(process_group=None, gpus_per_node=2, rank_map=(0, 2, 1, 3))
+        check_attention(group, head_plan(seed0 + 31, 2, 2, (2,)), dtype=torch.float64, routing=True, hq=8, hkv=1,
+                        d=4)
+        sub = dist.new_group([2, 3])
+        if rank >= 2:
+            g2 = ZeppelinGroup(process_group=sub, gpus_per_node=2)
+            check_attention(g2, head_plan(seed0 + 32, 1, 2, (2,)), dtype=torch.float32, routing=False, hq=8,
+                            hkv=2, d=4)
     assert shared, "no plan put a rank in a head-parallel ring and another ring"
     assert odd, "no head-parallel ring had a sequence of odd length"
     multi = any(nodes > 1 for nodes, *_ in TOPOLOGIES[world][:topologies])
