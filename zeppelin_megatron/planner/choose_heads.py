@@ -11,7 +11,10 @@ predicted time of that ring for its members, among
   each block of ``a`` consecutive ranks inside one node, the heads split over
   ``a`` lanes): :func:`~.cost_heads.head_ring_time`.
 
-Ties go to the smaller width (the plain ring first). The width changes neither
+Ties go to the smaller width (the plain ring first). :func:`~.api.plan_step`
+also weighs what a member loses when the ring's all-to-all holds it back
+(:func:`_fill_aware`): local work hidden in the plain ring's waits, and the
+head start of a member free before its partners. The width changes neither
 the attention layout nor any rank's tokens (the layout of a head-parallel ring
 is the plain zigzag), so no batch the plain ring can run is refused.
 ``PlannerOptions(head_parallel=False)`` keeps every ring plain.
