@@ -3,8 +3,8 @@
 Given the plan's placement and attention layout, the candidates are
 
 * linear layout (``PlannerOptions.remap``): ``True``: token-balanced; ``False``: the attention layout;
-  ``"auto"`` (default): token-balanced, workload-balanced (:mod:`.balanced_layout`) and the attention
-  layout;
+  ``"auto"`` (default): token-balanced, workload-balanced (:mod:`.balanced_layout`: two of them, the
+  others evening out across the cluster or within each node) and the attention layout;
 * routing (``PlannerOptions.routing`` on): the routed plan (ring hops over proxies where that pays,
   :func:`~.plan_json.derive_routing`; the remap over the NICs' proxies where that pays,
   :func:`~.remap_cost.remap_proxies_for`) and the unrouted one (``routing=()``, ``remap_proxies=()``).
@@ -24,10 +24,11 @@ Skipped, because they cannot predict a lower step (no prediction spent on them):
   the best step so far;
 * the attention layout when it equals the token-balanced layout (the same plan).
 
-Example (2 nodes x 8 GPUs, ``remap="auto"``, routing on, a batch with a routed inter-node ring):
-six candidates at most, predicted e.g. token-balanced 1200 / 1210 ms (routed / unrouted),
-workload-balanced 1150 / 1160, attention 1400 / 1405: the routed workload-balanced plan wins and
-its document says ``"linear": "workload_balanced"``.
+Example (illustrative numbers; ``remap="auto"``, routing on, a batch with a routed inter-node ring):
+eight candidates at most, predicted say token-balanced 1200 / 1210 ms (routed / unrouted),
+workload-balanced 1150 and 1170 / 1160 and 1180, attention 1400 / 1405: the routed workload-balanced
+plan of 1150 ms wins and its document says ``"linear": "workload_balanced"``. The hand-made plans
+of ``tests/planner/test_remap_choice.py`` make each layout win.
 """
 
 from __future__ import annotations
