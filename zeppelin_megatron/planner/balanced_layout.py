@@ -18,14 +18,17 @@ The layout, for a number ``k`` of *stay groups*:
    attention time (ties: lowest rank);
 2. the first ``k`` groups *stay*: linear tokens = their attention tokens, in place;
 3. the other ranks share their tokens evenly (``floor`` or ``ceil`` of their mean; the extra tokens
-   to those holding the most), keep the first ``min(held, quota)`` tokens of their attention
-   buffer and fill deficits from surpluses on their node first, then across nodes
-   (:func:`quota_layout`, the rule of :mod:`~.linear_layout` with other quotas).
+   to those holding the most), across the cluster or (``per_node``) within each node, keep the
+   first ``min(held, quota)`` tokens of their attention buffer and fill deficits from surpluses on
+   their node first, then across nodes (:func:`quota_layout`, the rule of :mod:`~.linear_layout`
+   with other quotas). Per node no row crosses nodes, so no NIC and no other node's GPU relays the
+   remap, and a staying rank is on no remap path at all (a relay waits like a sender).
 
 ``k`` is chosen (:func:`choose_stays`) by the estimate ``max(stay, rest)``: ``stay`` the stayers'
 slowest ``attention + linear(held)``, ``rest`` the others' heaviest attention plus the linear time
-of their mean tokens plus the token-balanced plan's remap. Every quota is at most the largest
-attention count, so the layout fits ``tokens_per_gpu`` whenever the attention layout does.
+of their mean tokens (per node: the slowest node's) plus an assumed remap; only groups heavier than
+the mean attention are offered. Every quota is at most the largest attention count, so the layout
+fits ``tokens_per_gpu`` whenever the attention layout does.
 
 Worked example, 1 node x 4 GPUs, attention tokens ``[2, 2, 9, 7]``, ranks 0-1 one ring with 100 ms
 of attention each, ranks 2-3 local work of 20 ms, linear 1 ms per token: groups ``(0, 1)``,
