@@ -5,7 +5,10 @@ both layouts covering every token exactly once, the attention layout holding
 each split sequence's zigzag chunks (:mod:`.zigzag`) on its ring's ranks in
 order, routes on cross-node hops; :func:`check_local_slots` and
 :func:`check_routing` are also run on plans built without the layout checks.
-Each error names the sequence, rank or entry and the expected value.
+Each error names the sequence, rank or entry and the expected value. An attention
+layout in :func:`~.api.plan_step`'s own order passes both of its checks in one
+comparison (:mod:`.layout_check`), and a linear layout equal to it is not checked again;
+any other layout gets the full checks.
 """
 
 from __future__ import annotations
