@@ -118,9 +118,12 @@ def _partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions)
     check_ring_fit(lengths, cost.cluster.world_size, cost.cluster.tokens_per_gpu)
     ctx = PartitionContext(lengths, cost, options)
     order, ends = placement_runs(lengths, ctx.w)
-    rank_in_order = [0] * len(lengths)  # sequence -> its place in the order
-    for k, i in enumerate(order):
-        rank_in_order[i] = k
+    if len(ends) == 1:  # one length: the order is the index order, its own inverse
+        rank_in_order = list(order)
+    else:
+        rank_in_order = [0] * len(lengths)  # sequence -> its place in the order
+        for k, i in enumerate(order):
+            rank_in_order[i] = k
     # best: ((misses balance_target, chained rings, score), assignments, balanced within slack); lower key wins
     best: tuple[tuple[bool, bool, float], list[Assignment], bool] | None = None
     seen: set[tuple] = set()  # level-1 outcomes already placed (thresholds often agree)
