@@ -15,7 +15,7 @@ from zeppelin_megatron.planner.cost_heads import (
 from zeppelin_megatron.planner.head_parallel import head_split_error
 from zeppelin_megatron.planner.local_schedule import ring_timeline
 from zeppelin_megatron.planner.partition_context import Assignment
-from zeppelin_megatron.planner.plan import SequencePlan, StepPlan
+from zeppelin_megatron.planner.plan import LocalSlot, SequencePlan, StepPlan
 from zeppelin_megatron.planner.predict import predict
 from zeppelin_megatron.planner.workloads import long_tailed_batch
 from zeppelin_megatron.planner.zigzag import position_ranges
@@ -174,12 +174,13 @@ def test_predicted_step_never_above_the_plain_plans() -> None:
 
 def test_prediction_counts_the_all_to_alls_as_exposed() -> None:
     """Ulysses over ranks 0-7 (16384 tokens) and a local sequence on rank 0: the lane's kernel is attention
-    time, the all-to-alls exposed communication that the local call does not fill."""
+    time, the all-to-alls exposed communication that the local call does not fill in the prediction (the
+    slot inside the heads all-to-all, where the sequence overflows least, is not credited)."""
     cost = _cost()
     plan = _plan(cost, [16384, 3000], [tuple(range(8)), (0,)], [8, 1])
     h = head_ring_time(cost, tuple(range(8)), [16384], 8)
     pred, layers, o = plan.predicted, cost.model.layers, cost.call_overhead_ms
-    assert pred is not None and plan.local_slots == ()  # no step, no slot
+    assert pred is not None and plan.local_slots == (LocalSlot(0, 0, -1, (1,)),)  # the filling ring's only slot
     kernel = max(h.diag, o)
     assert pred.attention_ms[1] == pytest.approx(layers * kernel, abs=1e-5)
     assert pred.attention_ms[0] == pytest.approx(layers * (kernel + max(cost.local_ms(3000), o)), abs=1e-5)
@@ -187,7 +188,7 @@ def test_prediction_counts_the_all_to_alls_as_exposed() -> None:
     assert pred.intra_MB[3] == pytest.approx(layers * h.a2a_bytes / 1e6, abs=1e-5)
     assert pred.inter_MB == (0.0,) * 8
     gaps, free = ring_timeline(plan, cost)
-    assert gaps == {} and free[0] == pytest.approx(h.total)
+    assert gaps == {(r, 0, -1): pytest.approx(h.heads_ms) for r in range(8)} and free[0] == pytest.approx(h.total)
 
 
 def test_timeline_of_a_hybrid_ring() -> None:
@@ -199,8 +200,9 @@ def test_timeline_of_a_hybrid_ring() -> None:
     gaps, free = ring_timeline(plan, cost)
     o = cost.call_overhead_ms
     gap = h.step_comm_ms - max(h.diag, o)
-    assert gap > o and set(gaps) == {(r, 0, 0) for r in range(16)}
-    assert all(g == pytest.approx(gap) for g in gaps.values())
+    assert gap > o and set(gaps) == {(r, 0, j) for r in range(16) for j in (-1, 0)}
+    assert h.heads_ms < o and all(gaps[(r, 0, 0)] == pytest.approx(gap) and gaps[(r, 0, -1)] == pytest.approx(
+        h.heads_ms) for r in range(16))  # everyone arrives at 0: the heads wait is the all-to-all alone
     # the step-0 transfer overlaps the diagonal kernel, the last kernel follows it (the prediction's
     # diag + max(off, comm) differs from that by diag - off, a few microseconds here)
     end = h.heads_ms + max(h.diag, o, h.step_comm_ms) + max(h.off, o) + h.tokens_ms

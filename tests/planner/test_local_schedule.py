@@ -142,8 +142,12 @@ def test_a_sequence_in_two_slots_or_two_slots_at_one_step_are_refused() -> None:
     with pytest.raises(PlanError, match="a second slot at the same ring step"):
         replace(plan, local_slots=(LocalSlot(2, 0, 0, (3,)), LocalSlot(2, 0, 0, (3,))))
     doc = replace(plan, local_slots=(LocalSlot(0, 0, 0, (2,)),)).to_dict()
-    doc["local_slots"][0]["step"] = -1
-    with pytest.raises(PlanError, match=r"local_slots\[0\].step must be an integer >= 0, got -1"):
+    doc["local_slots"][0]["step"] = -2
+    with pytest.raises(PlanError, match=r"local_slots\[0\].step must be an integer >= -1, got -2"):
+        StepPlan.from_json(doc)
+    doc["local_slots"][0]["step"] = -1  # the heads all-to-all's slot: a plain ring has none
+    with pytest.raises(PlanError, match=r"step -1 \(inside the heads all-to-all\) needs a head-parallel ring, "
+                                        r"ring 0 is plain \(a2a 1\): step must be in \[0, 1\]"):
         StepPlan.from_json(doc)
     doc["local_slots"] = {"rank": 0}
     with pytest.raises(PlanError, match="local_slots must be a list"):

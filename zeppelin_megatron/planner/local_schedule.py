@@ -20,8 +20,12 @@ GPU stream runs what the host queued), so the planner decides in advance:
    hop it sends or receives ends. Relays post like members, without kernels.
    A head-parallel ring (:mod:`.head_parallel`) steps over its blocks (its
    lanes' hops, :func:`~.cost_heads.lane_hops`), between its two all-to-alls,
-   which each block starts when all its lanes are there; Ulysses (one block)
-   has no step with a transfer and so no gap.
+   which each block starts when all its lanes are there. A member posts its
+   ``heads`` all-to-all when it is free and waits until the block's last lane
+   is there and the all-to-all is done: that wait, ``heads`` ms plus how much
+   earlier than its last lane it arrived, is its gap at step ``-1`` (a slot
+   between ``Post`` and ``Wait`` of ``heads``, :class:`~.plan.LocalSlot`), the
+   only gap of a Ulysses ring (one block, no step with a transfer).
 2. :func:`schedule_local` packs each rank's local sequences into its gaps,
    best fit, largest first: a sequence goes to the gap whose call
    (``max(sum of its sequences' local_ms, overhead)``) still fits with the least
@@ -32,8 +36,8 @@ GPU stream runs what the host queued), so the planner decides in advance:
    call would exceed its gap by the least, among the rank's gaps and step 0 of
    its *filling* ring, a ring none of whose members is in a later ring
    (:func:`filling_rings`; they share no rank, so a rank has at most one); on a
-   tie the filling ring, where the overflow holds up no later ring (a ring of
-   one block, Ulysses, has no step and fills nothing). Nothing
+   tie the filling ring, where the overflow holds up no later ring (step
+   ``-1`` of a Ulysses filling ring, which has no step 0 with a wait). Nothing
    else is put in a slot that overflowed. The estimate can be short of the real
    wait (contention, routing relays), so a long sequence often still hides
    there, and the rank starts its share of the layout all-to-all (the remap)
@@ -47,6 +51,11 @@ diagonal kernel (``c``) and waits for rank 1, which only posts ``B`` at ``2c``
 (``A`` took it two kernels): rank 2's gap at ``B`` step 0 is about
 ``2c + t - c = c + t``, so its local sequences worth up to ``c + t`` run there
 instead of after the rings.
+
+Head-parallel example (same ``o``): a Ulysses ring ``(2, 3)`` after ring ``(0, 3)``:
+rank 2 is free at 0, rank 3 at ``T``; rank 2 posts ``heads`` at 0 and the
+all-to-all ends at ``T + h``: rank 2's gap at step ``-1`` is ``T + h``, rank 3's
+``h``; rank 2's local sequences worth up to ``T + h`` run inside the all-to-all.
 
 Deterministic: plain float arithmetic in a fixed order, explicit tie-breaks.
 """
@@ -104,7 +113,8 @@ def _hops(plan: StepPlan, ring_ranks: Sequence[int], nbytes: float,
 def ring_timeline(plan: StepPlan, cost: "CostModel", arrive: dict[tuple[int, int], float] | None = None,
                   ) -> tuple[dict[tuple[int, int, int], float], list[float]]:
     """``(gaps, free)``: ``gaps[(rank, ring index, step)]`` = estimated idle ms of a member after
-    its step kernel (steps ``0 .. g-2``); ``free[rank]`` = when its last ring ends. Per layer,
+    its step kernel (steps ``0 .. g-2``; head-parallel rings: ``-1``, the ``heads`` all-to-all's
+    wait, then ``0 .. blocks-2``); ``free[rank]`` = when its last ring ends. Per layer,
     no local work (see the module docstring). ``arrive`` (filled when given): ``arrive[(rank, ring
     index)]`` = when the member is free of its earlier rings."""
     o = cost.call_overhead_ms
@@ -161,10 +171,11 @@ def ring_timeline(plan: StepPlan, cost: "CostModel", arrive: dict[tuple[int, int
 def _head_timeline(plan: StepPlan, cost: "CostModel", k: int, free: list[float],
                    gaps: dict[tuple[int, int, int], float]) -> None:
     """:func:`ring_timeline` of head-parallel ring ``k`` (updates ``free`` and ``gaps``): each block
-    starts its ``heads`` all-to-all when all its lanes are free and ends it ``heads_ms`` later; then
+    starts its ``heads`` all-to-all when all its lanes are free and ends it ``heads_ms`` later (a
+    member's gap at step ``-1``: from when it is free to that end); then
     the steps over the ``m`` blocks as for a plain ring (lane hops :func:`~.cost_heads.lane_hops`, gaps
     at steps ``0 .. m-2``); after the last kernel each block's ``tokens`` all-to-all starts when all
-    its lanes are done. A ring of one block (Ulysses) has no step with a transfer, hence no gap."""
+    its lanes are done. A ring of one block (Ulysses) has no step with a transfer: its only gap is ``-1``."""
     ring = plan.rings[k]
     ranks, a, m = ring.ranks, ring.a2a, ring.blocks
     o = cost.call_overhead_ms
@@ -174,6 +185,7 @@ def _head_timeline(plan: StepPlan, cost: "CostModel", k: int, free: list[float],
     for blk in blocks:
         start = max(post[p] for p in blk) + h.heads_ms
         for p in blk:
+            gaps[(ranks[p], k, -1)] = start - post[p]
             post[p] = start
     hops = lane_hops(cost, ranks, a, h.lane_bytes) if m > 1 else []
     for j in range(m - 1):
@@ -202,10 +214,10 @@ def schedule_local(plan: StepPlan, cost: "CostModel") -> tuple[LocalSlot, ...]:
     for (r, k, j), gap in gaps.items():  # inserted ring by ring, step by step: (k, j) order per rank
         if gap > o:  # a call shorter than the overhead does not exist
             by_rank.setdefault(r, []).append((k, j, gap))
-    filling: dict[int, int] = {}
+    filling: dict[int, tuple[int, int]] = {}  # rank -> its filling ring's first slot with a wait
     for k, (ring, fills) in enumerate(zip(plan.rings, filling_rings([ring.ranks for ring in plan.rings]))):
-        if fills and ring.blocks > 1:  # a Ulysses ring (one block) has no step to put a call in
-            filling.update(dict.fromkeys(ring.ranks, k))
+        if fills:  # a Ulysses ring (one block) has no step 0: its slot is the heads all-to-all's (-1)
+            filling.update(dict.fromkeys(ring.ranks, (k, 0 if ring.blocks > 1 else -1)))
     local: dict[int, list[int]] = {}
     for i, s in enumerate(plan.sequences):
         if s.placement == "local" and (s.ranks[0] in by_rank or s.ranks[0] in filling):
@@ -226,14 +238,14 @@ def schedule_local(plan: StepPlan, cost: "CostModel") -> tuple[LocalSlot, ...]:
                 used[key] = used.get(key, 0.0) + ms[i]
                 chosen.setdefault(key, []).append(i)
                 continue
-            # fits no gap: the least overflow, the filling ring's step 0 on a tie (then no room left there)
+            # fits no gap: the least overflow, the filling ring's first slot on a tie (then no room left there)
             options = list(by_rank.get(r, ()))
             if r in filling:
-                options.append((filling[r], 0, gaps.get((r, filling[r], 0), 0.0)))
+                options.append((*filling[r], gaps.get((r, *filling[r]), 0.0)))
             least: tuple[float, int, int, int] | None = None
             for k, j, gap in options:
                 over = max(used.get((k, j), 0.0) + ms[i], o) - gap
-                option = (over, 0 if (k, j) == (filling.get(r), 0) else 1, k, j)
+                option = (over, 0 if (k, j) == filling.get(r) else 1, k, j)
                 if least is None or option < least:
                     least = option
             if least is not None:

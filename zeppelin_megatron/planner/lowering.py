@@ -28,8 +28,12 @@ Head-parallel rings (``ring.a2a > 1``, :mod:`.head_parallel`): the ring's ops ar
 the output gradient) and of its ``tokens`` all-to-all (after: output rows back; backward: dq, dk,
 dv), and its steps run over its ``blocks`` (lane ``l`` of block ``b`` sends to lane ``l`` of
 ``b + 1``); the calls' rows are rows of the rank's head buffer (:class:`RingPart`). A ring of one
-block (Ulysses) has one ``diag`` call and no K/V or accumulator transfer. The row arithmetic of a
-rank's buffers is :mod:`.lowering_parts`; the remap's is :mod:`.lowering_remap`.
+block (Ulysses) has one ``diag`` call and no K/V or accumulator transfer. A local slot at step
+``-1`` puts its :class:`LocalCall` between ``Post`` and ``Wait`` of ``heads`` (forward and
+backward): it runs while the all-to-all is in flight and the block's other lanes arrive.
+Example: a Ulysses ring 0 over ranks ``(0, 1)`` and ``LocalSlot(0, 0, -1, (2,))``: rank 0's forward
+is ``Post(heads 0), LocalCall(seq 2), Wait(heads 0), RingCall(diag), Post(tokens 0), Wait(tokens 0)``.
+The row arithmetic of a rank's buffers is :mod:`.lowering_parts`; the remap's is :mod:`.lowering_remap`.
 
 Remap (:class:`RemapExchange`, per rank :func:`rank_remap`): ``to_attention`` before attention,
 ``to_linear`` after: one ``all_to_all``, or with ``remap_proxies`` the three phases of :mod:`~.remap_routing`.
@@ -315,7 +319,9 @@ def _rank_program(plan: StepPlan, rank: int, routing: bool, sh: _Shared) -> Rank
                         a2a=ring.a2a, lane=lane if ring.a2a > 1 else None)
         rings.append(part)
         transfers.update({t.id: t for t in kv + acc + a2a})
-        to_heads: list[RankOp] = [Post(a2a[0].id), Wait(a2a[0].id)] if a2a else []
+        # a slot at step -1 runs inside the heads all-to-all (after its Post, before its Wait)
+        in_heads: list[RankOp] = [LocalCall(chunk=slot_of[(k, -1)], ring=k, step=-1)] if (k, -1) in slot_of else []
+        to_heads: list[RankOp] = [Post(a2a[0].id)] + in_heads + [Wait(a2a[0].id)] if a2a else []
         to_tokens: list[RankOp] = [Post(a2a[1].id), Wait(a2a[1].id)] if a2a else []
         fwd += to_heads
         bwd += to_heads

@@ -166,7 +166,9 @@ def _check_cover(
 
 def check_local_slots(plan: "StepPlan") -> None:
     """Each slot names a ring step of one of its rank's rings and local sequences of that rank;
-    no sequence in two slots, no two slots at one ring step of a rank."""
+    no sequence in two slots, no two slots at one ring step of a rank. Steps: ``0 .. blocks - 2``,
+    and ``-1`` (inside the ``heads`` all-to-all) only on a head-parallel ring (``a2a > 1``); a
+    Ulysses ring (one block) has only ``-1``."""
     if not plan.local_slots:
         return
     rings = plan.rings
@@ -179,8 +181,13 @@ def check_local_slots(plan: "StepPlan") -> None:
         ranks, steps = rings[x.ring].ranks, rings[x.ring].blocks  # a head-parallel ring steps over its blocks
         if x.rank not in ranks:
             raise PlanError(f"{where}: rank {x.rank} is not a member of ring {list(ranks)}")
-        if not 0 <= x.step <= steps - 2:
-            raise PlanError(f"{where}: step must be in [0, {steps - 2}] for a ring of {steps} positions")
+        if x.step == -1 and rings[x.ring].a2a == 1:
+            raise PlanError(f"{where}: step -1 (inside the heads all-to-all) needs a head-parallel ring, "
+                            f"ring {x.ring} is plain (a2a 1): step must be in [0, {steps - 2}]")
+        first = -1 if rings[x.ring].a2a > 1 else 0
+        if not first <= x.step <= steps - 2:
+            raise PlanError(f"{where}: step must be in [{first}, {steps - 2}] for a ring of {steps} positions"
+                            + (f" (a2a {rings[x.ring].a2a}; -1: inside its heads all-to-all)" if first < 0 else ""))
         if (x.rank, x.ring, x.step) in places:
             raise PlanError(f"{where}: a second slot at the same ring step of the same rank")
         places.add((x.rank, x.ring, x.step))

@@ -231,7 +231,8 @@ def _local_slots(doc: dict[str, Any]) -> tuple[LocalSlot, ...]:
         seqs = _list(x, "seqs", where)
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in seqs):
             raise PlanError(f"{where}.seqs must be integers, got {seqs!r}")
-        out.append(LocalSlot(_int(x, "rank", where, 0), _int(x, "ring", where, 0), _int(x, "step", where, 0),
+        # step -1: inside a head-parallel ring's heads all-to-all (checked against the ring by check_local_slots)
+        out.append(LocalSlot(_int(x, "rank", where, 0), _int(x, "ring", where, 0), _int(x, "step", where, -1),
                              tuple(seqs)))
     return tuple(out)
 

@@ -77,12 +77,17 @@ class Ring:
 class LocalSlot:
     """Local sequences ``seqs`` of ``rank`` run as one causal call inside ring ``ring``
     (an index into :attr:`StepPlan.rings`), after the rank's step-``step`` kernel and
-    before that step's wait (``0 <= step <= g - 2``), so they overlap the step's transfer
-    or a late ring partner. The engine runs the call at the same place in backward.
+    before that step's wait (``0 <= step <= g - 2``, ``g`` the ring's :attr:`Ring.blocks`),
+    so they overlap the step's transfer or a late ring partner. ``step = -1`` (only in a
+    head-parallel ring, ``a2a > 1``, Ulysses included): between the ``Post`` and the ``Wait``
+    of the ring's ``heads`` all-to-all, before any of its kernels, so the call overlaps that
+    all-to-all and the wait for the block's lanes still busy in earlier rings. The engine
+    runs the call at the same place in backward.
 
     Example: ``LocalSlot(rank=3, ring=1, step=0, seqs=(7, 9))``: rank 3, a member of
     the second ring in queue order, runs sequences 7 and 9 right after that ring's
-    diagonal (step 0) kernel.
+    diagonal (step 0) kernel; ``LocalSlot(rank=3, ring=2, step=-1, seqs=(4,))``, ring 2
+    a Ulysses ring: sequence 4 runs while rank 3 waits in ring 2's ``heads`` all-to-all.
     """
 
     rank: int

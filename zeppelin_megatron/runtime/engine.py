@@ -8,7 +8,10 @@ The program (:func:`zeppelin_megatron.planner.lowering.lower_rank`) says
 everything about order: rings in :attr:`StepPlan.rings` order, each ring's
 steps, which rows each kernel call reads, the local calls in the plan's
 ``local_slots`` (after a step's kernel, before its wait, so they run while
-the step's K/V transfer is in flight) and after the rings, and every
+the step's K/V transfer is in flight; a head-parallel ring's step ``-1`` slot
+between ``Post`` and ``Wait`` of its ``heads`` all-to-all, in flight meanwhile:
+``Post`` hands every hop to ``batch_isend_irecv`` before the call) and after
+the rings, and every
 transfer's peers, tags and relays. The engine walks
 :attr:`RankProgram.forward` / :attr:`RankProgram.backward` op by op:
 

@@ -22,7 +22,9 @@ bytes). Per rank, in this order:
      ``RingCall`` timed ``sum diag`` at step 0 and ``sum off`` after (at least
      the call overhead), each ``LocalCall`` of a slot
      (:mod:`~zeppelin_megatron.planner.local_schedule`) ``max(sum local_ms,
-     call overhead)``, and the rank's other local sequences as one call after
+     call overhead)`` where the lowering puts it (a head-parallel ring's step -1
+     slot between the ``Post`` and ``Wait`` of its ``heads`` all-to-all, which flows
+     meanwhile), and the rank's other local sequences as one call after
      the rings.
    * ``ulysses``: all-to-all in (each member sends ``t_i (2 q + kv) / g`` bytes
      to each other member), one call over the group's sequences with
@@ -340,7 +342,8 @@ def _group_ops(plan: StepPlan, ring: Ring, cost: CostModel, attention_comm: str,
 def plain_rings(plan: StepPlan) -> StepPlan:
     """``plan`` with every head-parallel ring run as a plain ring (``a2a = 1``; same ranks, layouts and local
     sequences): the simulator's same-plan ablation of head-parallel rings (``simulate(..., head_parallel=False)``).
-    Local slots follow their ring (by ranks; slots that land on one step of a merged ring join); a plan
+    Local slots follow their ring (by ranks; slots that land on one step of a merged ring join; a slot in a
+    head-parallel ring's ``heads`` all-to-all, step -1, goes to step 0, where the plain ring waits); a plan
     without head-parallel rings is returned as is. Example: a Ulysses ring over ranks (0, 1, 2, 3) becomes
     the 4-position zigzag ring over the same ranks."""
     if all(s.a2a == 1 for s in plan.sequences):
@@ -351,7 +354,7 @@ def plain_rings(plan: StepPlan) -> StepPlan:
     index = {r.ranks: k for k, r in enumerate(plain.rings)}
     slots: dict[tuple[int, int, int], tuple[int, ...]] = {}
     for x in plan.local_slots:
-        at = (x.rank, index[old[x.ring].ranks], x.step)
+        at = (x.rank, index[old[x.ring].ranks], max(x.step, 0))
         slots[at] = slots.get(at, ()) + x.seqs
     return replace(plain, local_slots=tuple(LocalSlot(r, k, j, seqs) for (r, k, j), seqs in sorted(slots.items())))
 
