@@ -67,7 +67,8 @@ from ..planner.plan import LocalSlot, Ring, StepPlan
 from ..planner.zigzag import ring_chunk_pair_tokens, zigzag_tokens
 from .peer_plan import PEER_COMMS, PeerPlan
 from .charges import (
-    CHARGES, Shape, a2a_token_bytes, hbm_ms, shape_of, te_step_bytes, zeppelin_a2a_bytes, zeppelin_call_bytes,
+    CHARGES, Shape, a2a_token_bytes, hbm_ms, shape_of, te_step_bytes, wire_factor, zeppelin_a2a_bytes,
+    zeppelin_call_bytes,
     zeppelin_local_bytes, zeppelin_remap_bytes, zeppelin_ring_bytes,
 )
 
@@ -424,7 +425,7 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
         # (runtime/engine.py: acc_dtype), so with ``zeppelin`` charges it weighs a/b times the K/V
         # (4x the forward payload in bf16); TE CP's stays in the training dtype (3x).
         sh = shape_of(cost)
-        factor = 2 + sh.a / sh.b if charges == "zeppelin" else 3
+        factor = wire_factor(sh, charges)
         keys: dict = {}
         for tid, t in lowered.transfers.items():
             ring = plan.rings[tid.ring]

@@ -1,0 +1,362 @@
+"""Device-memory work of the attention engines, in bytes: the elementwise passes and row copies besides the kernels.
+
+One derivation for the simulator (:mod:`zeppelin_megatron.sim.charges` re-exports these functions and charges them op
+by op) and the planner (:mod:`.engine_ring` prices a ring's steps with them; :func:`~.predict.predict` charges the
+remap's and the local calls' copies). Pure: numpy and the planner's own modules.
+
+Every charge is ``bytes / hbm_GBps`` (:attr:`~zeppelin_megatron.planner.profile.CostProfile.hbm_GBps`,
+bytes read + bytes written per second; 2951.7 GB/s measured for the bundled H100 profile). Elementwise
+kernel launches are counted in the docstrings but not charged: the profile has no figure for them (its
+``call_overhead_ms`` is one attention call through autograd), and a few-microsecond launch overlaps the
+GPU work already queued.
+
+Notation: ``b`` = bytes of the training dtype (2 for bf16), ``a`` = bytes of the accumulation dtype
+(``acc_dtype``: 4, 8 for float64); per token ``Eq = Hq * D`` query elements, ``Ekv = 2 * Hkv * D``
+packed K/V elements, ``Hq`` log-sum-exp values (heads after tensor parallelism). All charges are
+forward + backward of one layer, as the cost model's kernel times are.
+
+**Zeppelin's engine** (counted from ``runtime/ring.py``, ``runtime/engine.py``, ``runtime/remap.py``,
+``runtime/attention.py``; :func:`zeppelin_call_bytes`, :func:`zeppelin_ring_bytes`,
+:func:`zeppelin_local_bytes`, :func:`zeppelin_remap_bytes`):
+
+* ``merge_lse_`` (in place, ``ring.py``) after every ring call but the diagonal, over the call's ``T``
+  query rows: ``lse_b - lse`` (r 2, w 1) and ``sigmoid_`` (r 1, w 1) over ``T Hq`` values of ``a`` bytes,
+  ``logaddexp(..., out=lse)`` (r 2, w 1), ``out_b.to(fp32)`` (r ``b``, w ``a``; only when ``b != a``), then
+  ``out.lerp_(out_b, w)`` (r ``2a``, w ``a`` per ``T Eq``, plus the broadcast ``w``):
+  ``T Eq (3a + [a + b]) + 9 a T Hq`` bytes (18 B per output element and 36 per lse value in bf16; was
+  34 and 60 with the out-of-place merge), 5 launches (4 without the cast). ``late`` calls (late rows
+  only) merge into a held copy of those rows (``RingState.held``): the ring's first ``late`` call
+  gathers the ``q``, ``out`` and ``lse`` rows (``T (2b Eq + 2a Eq + 2a Hq)``) and ``ring.finish`` writes
+  ``out``, ``lse`` back once at the ring's end (``T (2a Eq + 2a Hq)``), 5 launches per ring (before:
+  ``out``/``lse`` gathered and written back and ``q`` gathered at every ``late`` call).
+* per call: the held K/V rows (``early``: ``2 b Tk Ekv``) by ``index_select``; backward: the kernel's
+  ``lse.transpose(0, 1).float().contiguous()`` (``2 a Tq Hq``),
+  ``dq += dq_b`` (``Tq Eq (2a + b)``; ``late``: ``.to`` + ``index_add_``, ``Tq Eq (4a + b)``), the dK/dV
+  block added per half by ``add_block`` (no ``cat``): the diagonal's block becomes the accumulator
+  (``copy_``, ``Tk Ekv (a + b)``), a block over all held rows is added in place (``acc[:, :Hkv] += dk``,
+  ``Tk Ekv (2a + b)``), an ``early`` block over some rows is cast and ``index_add_`` -ed
+  (``Tk Ekv (b + 4a)``); the held K/V rows
+  again for ``early``, ``(dout, q, out, lse)`` rows at the ring's first ``late`` call (``2 Tq (3b Eq + a
+  Hq)``, cached per index tensor after that); the diagonal call's ``o.to(fp32)`` (``Tq Eq (a + b)``).
+* per ring (``n`` ring rows of the rank): forward ``q`` rows and ``k``, ``v`` rows gathered straight into
+  the packed K/V buffer (``engine._ring_kv``, no ``cat``: ``2 b n (Eq + Ekv)``), the result ``.to(dtype)``
+  and ``index_copy_`` (``n Eq (a + 3b)``); backward ``q``, ``dout``, ``k``, ``v`` gathers
+  (``2 b n (2 Eq + Ekv)``), ``dq`` zeros (``a n Eq``; the accumulator starts as the diagonal's block),
+  the final ``dq``/``dk``/``dv`` ``.to`` + ``index_copy_`` (``n (Eq + Ekv)(a + 3b)``).
+* per local call of ``T`` tokens: forward ``q``, ``k``, ``v`` gathers and ``out.index_copy_``
+  (``2 b T (Eq + Ekv) + 2 b T Eq``); backward ``dout``, ``q``, ``k``, ``v`` gathers and three
+  ``index_copy_`` (``2 b T (2 Eq + Ekv) + 2 b T (Eq + Ekv)``).
+* the layer's remap (always run, even when no row moves): four ``remap_parts`` (``runtime/remap.py``:
+  ``q``, ``k``, ``v`` in as one packed buffer, out back, and both again in backward), each one
+  ``index_select`` per part straight into its column slice of the send buffer (``2 b F' T_src``,
+  ``F' = Eq + Ekv`` for q/k/v, ``Eq`` for out; no ``cat``) and the destination gathered per part from
+  the buffer(s) its rows arrived in (no split copies; counted per rank from the plan's own gathers,
+  :func:`remap_gathers`: ``2 b F_i`` per row read by one ``index_select``, ``4 b F_i`` per row of an
+  ``index_select`` + ``index_copy_`` when rows come from several buffers, nothing when one part's
+  received buffer already is its result). A routed remap (``plan.remap_proxies``) also gathers each
+  phase's send buffer from where its rows arrived (the same rules, exact per rank): rows that stay in
+  the node are never copied again, no staging buffer is built (before: three ``index_select`` + ``cat``
+  of every staged row, ``12 b F' T_src``).
+* head-parallel rings (``a2a = a > 1``; the lowering's ``heads`` / ``tokens`` transfers; ``runtime/heads.py``):
+  every per-call charge above at the lane's shape (:func:`shape_of` ``(cost, a)``: ``Hq / a`` query heads,
+  ``lane_kv_heads`` K/V heads) over the rank's head-buffer rows (its block's tokens); instead of the per-ring
+  gathers, the copies around the two all-to-alls (``HeadIndex``: the send buffers' row and head selects, the
+  own slot, the head buffer's permutation, the result and gradient casts, the per-lane ``index_copy_`` /
+  ``index_add_`` home), :func:`zeppelin_a2a_bytes`, charged before each post and after each wait.
+* the router's relays: none. A relay receives into a buffer and sends that buffer on; a message part is
+  a view of the payload (``runtime/router.py``). Its bytes are network traffic, charged as such.
+
+**Transformer Engine CP's ring** (``te-cp``, ``te-cp-routing``, ``wlb-llm``, ``hybrid-dp``,
+``megatron-hcp``, the ring of ``te-cp-a2a-p2p``; :func:`te_step_bytes`): our reading of TE's
+``AttnFuncWithCPAndKVP2P``: the softmax-lse and output corrections are fused (``jit_fuser``) kernels,
+one pass each per step: r ``b`` (the step's bf16 output) + r/w ``a`` (the running output) per ``T Eq``,
+``5a T Hq``; backward accumulates dQ and dK/dV in the training dtype (``3b`` per element). No row
+gathers (TE's THD buffers are used in place). This is a lower bound for TE: it favours the baseline.
+
+Not charged anywhere: GQA K/V head expansion inside the ``torch_varlen`` backend (the ``flash_attn``
+backend needs none), Ulysses all-to-all head permutes of ``flexsp`` and the a2a part of
+``te-cp-a2a-p2p`` (both favour those baselines). DistCA charges its own buffer packing
+(:mod:`.distca`).
+
+Example (bf16, ``Hq = 32``, ``D = 128``): merging a 4096-row ``early`` call costs
+``4096 * 4096 * 18 + 4096 * 32 * 36 = 307 MB`` of traffic -> 0.104 ms at 2951.7 GB/s.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from .head_parallel import head_split_error, lane_kv_heads
+from .remap import Direction
+from .remap_routing import routed_exchange
+from .remap_staging import Gather, StagingPlan, gather_plan, staging_plan
+
+if TYPE_CHECKING:
+    from .cost_model import CostModel
+    from .lowering import RingCall
+    from .plan import StepPlan
+
+__all__ = ["hbm_ms", "Shape", "shape_of", "merge_bytes", "call_bytes", "zeppelin_call_bytes", "wire_factor",
+           "zeppelin_ring_bytes", "zeppelin_local_bytes", "zeppelin_remap_bytes", "remap_gathers", "te_step_bytes",
+           "a2a_token_bytes", "zeppelin_a2a_bytes", "A2A_PARTS"]
+
+
+class Shape:
+    """Per-token element counts on one rank: ``eq`` query, ``ekv`` packed K/V, ``hq`` lse values;
+    ``b`` / ``a`` bytes of the training / accumulation dtype."""
+
+    __slots__ = ("eq", "ekv", "hq", "b", "a")
+
+    def __init__(self, *, eq: int, ekv: int, hq: int, b: int, a: int) -> None:
+        self.eq, self.ekv, self.hq, self.b, self.a = eq, ekv, hq, b, a
+
+
+def shape_of(cost: "CostModel", a2a: int = 1) -> Shape:
+    """The :class:`Shape` of ``cost``'s model after tensor parallelism, in its profile's dtype; ``a2a > 1``:
+    what one lane of a head-parallel ring of that width holds per token (``Hq / a2a`` query heads,
+    :func:`~zeppelin_megatron.planner.head_parallel.lane_kv_heads` K/V heads). Example (Llama-7B, MHA):
+    ``a2a = 4`` -> ``hq = 8``, ``eq = 1024``, ``ekv = 2048``. Raises ``ValueError`` when the heads do not split."""
+    m, tp = cost.model, cost.tensor_parallel
+    b = cost.profile.dtype_bytes
+    sh = Shape(eq=(m.q_heads // tp) * m.head_dim, ekv=2 * (m.kv_heads // tp) * m.head_dim, hq=m.q_heads // tp,
+               b=b, a=max(4, b))
+    return sh if a2a == 1 else _lane(sh, a2a)
+
+
+def hbm_ms(cost: "CostModel", nbytes: float) -> float:
+    """Milliseconds to move ``nbytes`` (read + written) through device memory."""
+    return nbytes / (cost.profile.hbm_GBps * 1e6) if nbytes > 0 else 0.0
+
+
+def _cast(sh: Shape) -> int:
+    """Bytes per element of a ``.to(acc dtype)`` copy: read ``b``, write ``a``; 0 when the dtypes agree."""
+    return sh.a + sh.b if sh.a != sh.b else 0
+
+
+def merge_bytes(sh: Shape, rows: int, *, late: bool) -> float:
+    """Bytes of one ``merge_lse_`` over ``rows`` query rows (``late``: the ring's first ``late`` call, with
+    ``ring.forward_step``'s gather of the held ``out``/``lse`` rows and ``ring.finish``'s write-back)."""
+    a = sh.a
+    # ring.merge_lse_: sub + sigmoid_ + logaddexp(out=lse) on lse (3a + 2a + 3a), lerp_'s broadcast w read (a);
+    # out_b.to(out.dtype) (skipped when b == a) and out.lerp_(out_b, w) (r 2a, w a) per output element
+    total = rows * sh.eq * (3 * a + _cast(sh)) + 9 * a * rows * sh.hq
+    if late:
+        total += rows * (4 * a * sh.eq + 4 * a * sh.hq)
+    return float(total)
+
+
+def call_bytes(sh: Shape, kind: str, tq: int, tk: int, *, kv_all: bool, first_late: bool) -> float:
+    """Forward + backward elementwise bytes of one ring call besides its kernel (module docstring): a call of
+    ``kind`` (``diag`` / ``early`` / ``late``) over ``tq`` query rows and ``tk`` key rows, ``kv_all`` when
+    the keys are all of the held K/V rows (``diag`` and ``late`` in a zigzag ring), ``first_late`` when it
+    is the ring's first ``late`` call (backward gathers ``dout, q, out, lse`` rows once). The simulator
+    charges it per lowered call (:func:`zeppelin_call_bytes`), the planner per zigzag step
+    (:mod:`.engine_ring`). Example (Llama-7B bf16: ``Eq = 4096``, ``Ekv = 8192``, ``Hq = 32``): an ``early``
+    call of 2 query rows and 1 key row: forward merge 149 760 + held K/V 32 768, backward held K/V 32 768 +
+    ``dq`` 81 920 + lse 512 + dK/dV cast and ``index_add_`` 147 456 = 445 184 B.
+    """
+    if kind not in ("diag", "early", "late"):
+        raise ValueError(f"ring call kind is {kind!r}, expected diag, early or late")
+    a, b, eq, ekv, hq = sh.a, sh.b, sh.eq, sh.ekv, sh.hq
+    fwd = bwd = 0.0
+    if kind == "diag":
+        fwd += tq * eq * (a + b)
+    else:
+        fwd += merge_bytes(sh, tq, late=first_late)
+    if kind == "early":
+        fwd += 2 * b * tk * ekv
+        bwd += 2 * b * tk * ekv
+    if kind == "late":
+        if first_late:
+            fwd += 2 * b * tq * eq  # the held q rows (ring.forward_step)
+            bwd += 2 * tq * (3 * b * eq + a * hq)
+        bwd += tq * eq * (4 * a + b)
+    else:
+        bwd += tq * eq * (2 * a + b)
+    bwd += 2 * a * tq * hq  # the kernel's lse.transpose(0, 1).float().contiguous()
+    # ring.add_block: the diagonal's block is copied into a new accumulator (engine backward: the first
+    # acc Post follows the diagonal call); a block over all held rows is added per half in place; an
+    # early block (kv rows) is cast and index_add_-ed per half
+    if kind == "diag" and kv_all:
+        bwd += tk * ekv * (a + b)
+    elif kv_all:
+        bwd += tk * ekv * (2 * a + b)
+    else:
+        bwd += tk * ekv * (_cast(sh) + 3 * a) + (tk * ekv * a if kind == "diag" else 0)  # diag: zero_()
+    return fwd + bwd
+
+
+def zeppelin_call_bytes(sh: Shape, call: "RingCall", *, first_late: bool) -> float:
+    """Forward + backward elementwise bytes of one lowered ring call besides its kernel: :func:`call_bytes`
+    of its kind, rows and keys (``first_late``: this is the ring's first ``late`` call)."""
+    return call_bytes(sh, call.kind, sum(call.lens_q), sum(call.lens_k), kv_all=call.kv_all, first_late=first_late)
+
+
+def wire_factor(sh: Shape, charges: str = "zeppelin") -> float:
+    """Bytes a ring step puts on the wire per forward K/V byte: forward K/V, backward K/V and the dK/dV
+    accumulator, which the engine sends in the accumulator dtype (``runtime/engine.py``: ``acc_dtype``), so
+    ``2 + a / b`` under ``zeppelin`` charges (4 in bf16), 3 otherwise (TE CP keeps it in the training dtype;
+    ``none``: the cost model's old ``3x`` rule). Example: bf16 -> 4.0; fp32 (``a = b = 4``) -> 3.0."""
+    return 2 + sh.a / sh.b if charges == "zeppelin" else 3.0
+
+
+def zeppelin_ring_bytes(sh: Shape, n: int) -> float:
+    """Per-ring bytes (gathers into the ring buffers, zeros, results back) for a rank with ``n`` ring rows."""
+    a, b, eq, ekv = sh.a, sh.b, sh.eq, sh.ekv
+    # engine.forward / backward: q (and dout) index_select, engine._ring_kv (k, v into one buffer);
+    # dq zeros; results .to(dtype) + index_copy_
+    fwd = 2 * b * n * (eq + ekv) + n * eq * (a + 3 * b)
+    bwd = 2 * b * n * (2 * eq + ekv) + a * n * eq + n * (eq + ekv) * (a + 3 * b)
+    return float(fwd + bwd)
+
+
+def zeppelin_local_bytes(sh: Shape, tokens: int) -> float:
+    """Row gathers and copies around one local call of ``tokens`` tokens (forward + backward)."""
+    b, eq, ekv = sh.b, sh.eq, sh.ekv
+    fwd = 2 * b * tokens * (eq + ekv) + 2 * b * tokens * eq
+    bwd = 2 * b * tokens * (2 * eq + ekv) + 2 * b * tokens * (eq + ekv)
+    return float(fwd + bwd)
+
+
+def remap_gathers(plan: "StepPlan", direction: Direction) -> list[StagingPlan]:
+    """Every rank's gathers of ``runtime/remap.py``'s ``remap_parts`` in ``direction`` (as its ``_indices``
+    builds them): direct, the destination read from the received buffer; routed
+    (:func:`~zeppelin_megatron.planner.remap_staging.staging_plan`), each phase's send buffer and the
+    destination read from the buffers their rows arrived in."""
+    dst = "attention" if direction == "to_attention" else "linear"
+    world = plan.world_size
+    routed = (routed_exchange(plan.remap, direction, plan.gpus_per_node, plan.remap_proxies)
+              if plan.remap_proxies and world > 1 else None)
+    out = []
+    for r in range(world):
+        ex = plan.remap.exchange(r, direction)
+        recv = np.asarray(ex.recv_index, dtype=np.int64)
+        gather = np.empty(plan.tokens(r, dst), dtype=np.int64)
+        if routed is None:
+            gather[recv] = np.arange(len(recv))
+            sizes = (len(ex.send_index), len(recv))
+            out.append(StagingPlan(sizes=sizes, phases=(), final=gather_plan(np.ones(len(gather), np.int64),
+                                                                              gather, sizes)))
+        else:
+            gather[recv] = routed[r].final_index
+            out.append(staging_plan(routed[r], len(ex.send_index), gather))
+    return out
+
+
+def _gather_bytes(g: Gather, sizes: Sequence[int], n: int, row_bytes: int, *, whole_is_free: bool) -> float:
+    """Bytes ``remap._assemble`` moves to build an ``n``-row buffer of ``row_bytes`` per row: one entry
+    over all rows in order is the source itself (free when ``whole_is_free``, a full-width view; else a
+    ``.contiguous()`` copy), one over some rows an ``index_select``; several entries an ``index_select``
+    each (skipped for all rows) and an ``index_copy_`` each."""
+    if len(g) == 1 and g[0][2] is None:
+        rows = g[0][1]
+        if rows is None:
+            return 0.0 if whole_is_free else 2.0 * row_bytes * n
+        return 2.0 * row_bytes * len(rows)
+    total = 0.0
+    for o, rows, _ in g:
+        k = sizes[o] if rows is None else len(rows)
+        total += (2 if rows is None else 4) * row_bytes * k
+    return total
+
+
+def zeppelin_remap_bytes(sh: Shape, plan: "StepPlan") -> list[float]:
+    """Per rank: the layer's four ``remap_parts`` (module docstring): ``qkv_to_attention`` (parts q, k,
+    v), ``to_linear(out)`` (one part), and their backward runs (the inverse directions)."""
+    b = sh.b
+    q, kv = sh.eq, sh.ekv // 2
+    plans = {d: remap_gathers(plan, d) for d in ("to_attention", "to_linear")}
+    out = []
+    for r in range(plan.world_size):
+        total = 0.0
+        for d, parts in (("to_attention", (q, kv, kv)), ("to_linear", (q,)), ("to_attention", (q,)),
+                         ("to_linear", (q, kv, kv))):
+            st = plans[d][r]
+            width = sum(parts)
+            total += 2 * b * width * st.sizes[0]  # index_select of each part into the packed send buffer
+            for g in st.phases:  # routed: each phase's send buffer
+                n = sum(st.sizes[o] if rows is None else len(rows) for o, rows, _ in g)
+                total += _gather_bytes(g, st.sizes, n, b * width, whole_is_free=True)
+            n_dst = plan.tokens(r, "attention" if d == "to_attention" else "linear")
+            for f in parts:  # each part out of the received / arrived buffers
+                total += _gather_bytes(st.final, st.sizes, n_dst, b * f, whole_is_free=len(parts) == 1)
+        out.append(total)
+    return out
+
+
+def te_step_bytes(sh: Shape, q_rows: float, kv_rows: float) -> float:
+    """TE CP ring: forward correction + backward dQ, dK/dV accumulation of one step (not the diagonal)."""
+    a, b = sh.a, sh.b
+    return float(q_rows * sh.eq * (b + 2 * a) + 5 * a * q_rows * sh.hq
+                 + 3 * b * q_rows * sh.eq + 3 * b * kv_rows * sh.ekv)
+
+
+def a2a_token_bytes(sh: Shape, charges: str = "zeppelin") -> tuple[int, int]:
+    """Bytes per token of one lane's slice in a head-parallel ring's two all-to-alls, forward + backward
+    merged (``sh``: the lane's :func:`shape_of`): ``heads`` carries the q, k, v slices forward and the
+    output-gradient slice backward, ``b (2 Eq + Ekv)``; ``tokens`` carries the output slice forward
+    (``b Eq``) and dq, dk, dv backward, in the accumulator dtype under ``zeppelin`` charges (the engine sends
+    them so and sums replicated K/V heads in it: ``a (Eq + Ekv)``), in the training dtype otherwise (TE's
+    a2a). Example (Llama-7B bf16, lane of width 4: ``Eq = 1024``, ``Ekv = 2048``): ``(8192, 14336)``."""
+    acc = sh.a if charges == "zeppelin" else sh.b
+    return sh.b * (2 * sh.eq + sh.ekv), sh.b * sh.eq + acc * (sh.eq + sh.ekv)
+
+
+A2A_PARTS: tuple[str, ...] = ("heads pack", "heads unpack", "tokens pack", "tokens unpack")
+"""Where :func:`zeppelin_a2a_bytes` splits a head-parallel ring's own copies: before / after each all-to-all."""
+
+
+def zeppelin_a2a_bytes(sh: Shape, a2a: int, own: int, block: int) -> dict[str, float]:
+    """A head-parallel ring member's copies around its two all-to-alls, forward + backward (module docstring),
+    by :data:`A2A_PARTS`; they replace :func:`zeppelin_ring_bytes` (the ring's gathers, zeros and results).
+
+    ``sh``: the rank's full :func:`shape_of` (``Eq``, ``Ekv``); ``a2a``: the width ``a``; ``own``: ``n``
+    tokens the rank holds of the ring; ``block``: ``N`` rows of its head buffer. Lane ``Eq' = Eq / a``,
+    ``Ekv' = 2 lane_kv_heads D``; ``P = a Ekv'`` K/V elements a sender packs per token (``Ekv`` when
+    ``a | Hkv``; more when lanes share a K/V head, which the runtime also picks first: ``kv_pick``).
+    Counted from ``runtime/heads.py`` (``HeadIndex``) and ``runtime/engine.py``:
+
+    * heads pack: forward ``qkv_to_heads``: ``q.index_select`` and its copy into the send buffer
+      (``4 b n Eq``), ``k``, ``v`` row selects (``2 b n Ekv``), [``kv_pick`` select ``2 b n P``], copies into
+      the send buffer (``2 b n P``), ``_to_heads``' own slot (``2 b n (Eq' + Ekv')``); backward
+      ``dout_to_heads`` (``4 b n Eq + 2 b n Eq'``);
+    * heads unpack: ``heads_qkv`` (``2 b N (Eq' + Ekv')``), ``heads_dout`` (``2 b N Eq'``), the ``dq``
+      accumulator's zeros (``a N Eq'``; q, k, v stay in the head buffer for backward: no gathers);
+    * tokens pack: forward the result's ``.to`` (``N Eq' (a + b)``), ``out_to_tokens`` (``2 b N Eq'``) and
+      its own slot (``2 b n Eq'``); backward ``grads_to_tokens`` (``2 a (N + n)(Eq' + Ekv')``);
+    * tokens unpack: forward ``tokens_out`` (one ``index_copy_`` per lane: ``2 b n Eq``); backward
+      ``tokens_grads``: ``dkv`` zeros (``a n Ekv``), per lane dq ``.to`` + ``index_copy_`` (``n Eq (a +
+      3b)``), dK/dV ``index_add_`` (``3 a n P``), their ``.to`` + ``index_copy_`` (``n Ekv (a + 3b)``).
+
+    The router sends and receives the slices in place (no copies). Example (Llama-7B bf16, ``a = 4``,
+    ``n = 2048``, ``N = 8192``): heads pack 302 MB, unpack 168 MB, tokens pack 344 MB, unpack 554 MB.
+    """
+    a, b, eq, ekv = sh.a, sh.b, sh.eq, sh.ekv
+    lane = _lane(sh, a2a)
+    eql, ekvl = lane.eq, lane.ekv
+    n, big = own, block
+    packed = a2a * ekvl
+    pick = 2 * b * n * packed if packed != ekv else 0
+    return {
+        "heads pack": float(4 * b * n * eq + 2 * b * n * ekv + pick + 2 * b * n * packed + 2 * b * n * (eql + ekvl)
+                            + 4 * b * n * eq + 2 * b * n * eql),
+        "heads unpack": float(2 * b * big * (eql + ekvl) + 2 * b * big * eql + a * big * eql),
+        "tokens pack": float(big * eql * (a + b) + 2 * b * big * eql + 2 * b * n * eql
+                             + 2 * a * (big + n) * (eql + ekvl)),
+        "tokens unpack": float(2 * b * n * eq + a * n * ekv + n * eq * (a + 3 * b) + 3 * a * n * packed
+                               + n * ekv * (a + 3 * b)),
+    }
+
+
+def _lane(sh: Shape, a2a: int) -> Shape:
+    """The lane :class:`Shape` of full shape ``sh`` at width ``a2a`` (as :func:`shape_of` ``(cost, a2a)``)."""
+    d = sh.eq // sh.hq
+    hkv = sh.ekv // (2 * d)
+    why = head_split_error(sh.hq, hkv, a2a)
+    if why is not None:
+        raise ValueError(f"a head-parallel ring of width {a2a} cannot split {sh.hq} query and {hkv} K/V heads "
+                         f"per rank: {why}")
+    hq = sh.hq // a2a
+    return Shape(eq=hq * d, ekv=2 * lane_kv_heads(hkv, a2a) * d, hq=hq, b=sh.b, a=sh.a)
