@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels import AttentionKernel, VarlenBatch, acc_dtype
+from .kernels import AttentionKernel, VarlenBatch, acc_dtype, fused_merge
 
 __all__ = ["StepIndex", "RingState", "RingGrad", "forward_step", "backward_step", "add_block", "merge_lse",
            "merge_lse_", "finish"]
@@ -49,13 +49,26 @@ def merge_lse_(out: torch.Tensor, lse: torch.Tensor, out_b: torch.Tensor, lse_b:
     ``out`` [T, H, D] (accumulation dtype), ``lse`` [T, H] (same dtype), ``out_b`` [T, H, D] (any float
     dtype), ``lse_b`` [T, H]. With ``new = logaddexp(lse, lse_b)`` the merged output is
     ``out * exp(lse - new) + out_b * exp(lse_b - new)``; since ``exp(lse_b - new) = sigmoid(lse_b - lse)``
-    and the two weights sum to 1, that is ``out.lerp_(out_b, sigmoid(lse_b - lse))``. Four passes
-    (``sub``, ``sigmoid_``, ``logaddexp`` into ``lse``, ``lerp_`` into ``out``) plus ``out_b``'s cast
-    when it is not in the accumulation dtype (bf16/fp16 kernels). A key set a row does not see
-    (``lse_b = -inf``) gets weight 0.
+    and the two weights sum to 1, that is ``out.lerp_(out_b, sigmoid(lse_b - lse))``.
+
+    Two paths, one formula. On CUDA with Triton importable and float32 ``out``/``lse``/``lse_b``
+    (:func:`.kernels.fused_merge.unavailable_reason`): one fused pass
+    (:mod:`.kernels.fused_merge`, reads each input and writes ``out``, ``lse`` once). Otherwise (CPU,
+    float64, no Triton) torch: four passes (``sub``, ``sigmoid_``, ``logaddexp`` into ``lse``, ``lerp_``
+    into ``out``) plus ``out_b``'s cast when it is not in the accumulation dtype (bf16/fp16 kernels).
+    Rows without keys: ``lse_b = -inf`` gets weight 0 (``out``, ``lse`` unchanged), ``lse = -inf`` weight 1
+    (``out_b``, ``lse_b`` taken as they are); both -inf gives ``out`` NaN and ``lse`` -inf (the ring never
+    merges such a row: its diagonal call gives every row at least its own key). Raises ``ValueError`` when
+    the shapes do not fit each other.
 
     Example: ``lse = log 3``, ``lse_b = log 1`` -> weight ``1/4``, ``lse`` becomes ``log 4``.
     """
+    if out.dim() != 3 or lse.shape != out.shape[:2] or out_b.shape != out.shape or lse_b.shape != lse.shape:
+        raise ValueError(f"merge_lse_ needs out [T, H, D], lse [T, H] and the same shapes for out_b, lse_b; got "
+                         f"out {tuple(out.shape)}, lse {tuple(lse.shape)}, out_b {tuple(out_b.shape)}, "
+                         f"lse_b {tuple(lse_b.shape)}")
+    if fused_merge.try_merge_(out, lse, out_b, lse_b):
+        return
     w = torch.sub(lse_b, lse).sigmoid_().unsqueeze(-1)
     torch.logaddexp(lse, lse_b, out=lse)
     out.lerp_(out_b.to(out.dtype), w)
