@@ -80,18 +80,33 @@ def test_zeppelin_profile_measures_hbm_bandwidth() -> None:
 
 def test_merge_bytes_by_hand() -> None:
     sh = shape_of(_cost(_cluster(1, 2)))  # Hq = 32, D = 128: Eq = 4096; bf16 (b = 2), fp32 merges (a = 4)
-    # in place (ring.merge_lse_): out_b.to (r2 w4) + out.lerp_(out_b, w) (r4 r4 w4) = 18 B per element;
-    # sub 12 + sigmoid_ 8 + logaddexp(out=lse) 12 + lerp_'s broadcast read of w 4 = 36 B per lse value.
-    assert merge_bytes(sh, 4096, late=False) == 4096 * 4096 * 18 + 4096 * 32 * 36
+    # fused (runtime/kernels/fused_merge_triton.py, the engine's path on CUDA with Triton): read out (4) and
+    # out_b (2), write out (4) = 10 B per element; read lse (4), lse_b (4), write lse (4) = 12 B per lse value
+    assert merge_bytes(sh, 4096, late=False) == 4096 * 4096 * 10 + 4096 * 32 * 12
+    # the torch path (ring.merge_lse_ on CPU or without Triton): out_b.to (r2 w4) + out.lerp_(out_b, w)
+    # (r4 r4 w4) = 18 B per element; sub 12 + sigmoid_ 8 + logaddexp(out=lse) 12 + lerp_'s broadcast read of
+    # w 4 = 36 B per lse value
+    assert merge_bytes(sh, 4096, late=False, fused=False) == 4096 * 4096 * 18 + 4096 * 32 * 36
     # the ring's first late call: gather out (8) and lse (8) rows, written back once (8 + 8) at its end
-    assert merge_bytes(sh, 4096, late=True) == 4096 * 4096 * (18 + 16) + 4096 * 32 * (36 + 16)
-    # 307 MB -> 0.104 ms at 2951.7 GB/s (the module docstring's example; 578 MB, 0.196 ms out of place)
-    assert hbm_ms(_cost(_cluster(1, 2)), merge_bytes(sh, 4096, late=False)) == pytest.approx(0.1039, abs=1e-4)
-    # fp32 training: no cast of out_b, 12 B per element, 36 per lse value
+    assert merge_bytes(sh, 4096, late=True) == 4096 * 4096 * (10 + 16) + 4096 * 32 * (12 + 16)
+    assert merge_bytes(sh, 4096, late=True, fused=False) == 4096 * 4096 * (18 + 16) + 4096 * 32 * (36 + 16)
+    # 169 MB -> 0.0574 ms at 2951.7 GB/s (the module docstring's example; torch path 307 MB, 0.104 ms;
+    # out of place, before that: 578 MB, 0.196 ms)
+    cost = _cost(_cluster(1, 2))
+    assert hbm_ms(cost, merge_bytes(sh, 4096, late=False)) == pytest.approx(0.05737, abs=1e-5)
+    assert hbm_ms(cost, merge_bytes(sh, 4096, late=False, fused=False)) == pytest.approx(0.1039, abs=1e-4)
+    # fp32 training: no cast of out_b; fused 12 B per element, 12 per lse value; torch 12 and 36
     sh32 = shape_of(CostModel(model=load_model(None), cluster=_cluster(1, 2),
                               profile=replace(default_profile(), dtype_bytes=4)))
     assert (sh32.a, sh32.b) == (4, 4)
-    assert merge_bytes(sh32, 10, late=False) == 10 * 4096 * 12 + 10 * 32 * 36
+    assert merge_bytes(sh32, 10, late=False) == 10 * 4096 * 12 + 10 * 32 * 12
+    assert merge_bytes(sh32, 10, late=False, fused=False) == 10 * 4096 * 12 + 10 * 32 * 36
+    # float64 accumulators: the engine has no fused path (fused_merge.unavailable_reason), torch's 24 and 72 B
+    sh64 = shape_of(CostModel(model=load_model(None), cluster=_cluster(1, 2),
+                              profile=replace(default_profile(), dtype_bytes=8)))
+    assert (sh64.a, sh64.b) == (8, 8)
+    assert merge_bytes(sh64, 10, late=False) == merge_bytes(sh64, 10, late=False, fused=False) == \
+        10 * 4096 * 24 + 10 * 32 * 72
 
 
 def _hand_ring_bytes(position: int) -> float:
@@ -104,13 +119,13 @@ def _hand_ring_bytes(position: int) -> float:
             + n * eq * 10 + 8 * n * hq + n * ekv * 6)                          # dq +=, lse copy, acc = block
     if position == 0:  # step 1 is 'late': 4096 late rows against all 8192 of position 1
         tq, tk = 4096, 8192
-        step1 = (tq * eq * 18 + 36 * tq * hq + tq * (16 * eq + 16 * hq)        # merge on late rows
+        step1 = (tq * eq * 10 + 12 * tq * hq + tq * (16 * eq + 16 * hq)        # fused merge on late rows
                  + 2 * 2 * tq * eq                                             # q rows gathered
                  + 2 * tq * (3 * 2 * eq + 4 * hq)                              # bwd (dout, q, out, lse) rows, once
                  + tq * eq * 18 + 8 * tq * hq + tk * ekv * 10)                 # dq .to + index_add, lse, acc +=
     else:  # step 1 is 'early': all 8192 rows against position 0's 4096 early rows
         tq, tk = 8192, 4096
-        step1 = (tq * eq * 18 + 36 * tq * hq                                   # merge
+        step1 = (tq * eq * 10 + 12 * tq * hq                                   # fused merge
                  + 2 * 2 * tk * ekv * 2                                        # K/V rows gathered, fwd and bwd
                  + tq * eq * 10 + 8 * tq * hq + tk * ekv * 18)                 # dq +=, lse, .to + index_add_
     return setup + diag + step1

@@ -20,7 +20,13 @@ forward + backward of one layer, as the cost model's kernel times are.
 :func:`zeppelin_local_bytes`, :func:`zeppelin_remap_bytes`):
 
 * ``merge_lse_`` (in place, ``ring.py``) after every ring call but the diagonal, over the call's ``T``
-  query rows: ``lse_b - lse`` (r 2, w 1) and ``sigmoid_`` (r 1, w 1) over ``T Hq`` values of ``a`` bytes,
+  query rows. Charged as the fused pass (``runtime/kernels/fused_merge.py``), which the engine takes only
+  with Triton importable, on CUDA, with fp32 accumulators (``a = 4``): it reads ``out`` (``a``), ``out_b``
+  (``b``), ``lse``, ``lse_b`` and writes ``out``, ``lse`` once: ``T Eq (2a + b) + 3 a T Hq`` bytes (10 B per
+  output element and 12 per lse value in bf16), 1 launch. That kernel was checked with the Triton
+  interpreter on CPU tensors and compiled for sm_90, never run or timed on a GPU: the charge is its bytes at
+  the profile's copy bandwidth, not a measurement. Otherwise (``fused=False``, or ``a != 4``) the torch
+  path: ``lse_b - lse`` (r 2, w 1) and ``sigmoid_`` (r 1, w 1) over ``T Hq`` values of ``a`` bytes,
   ``logaddexp(..., out=lse)`` (r 2, w 1), ``out_b.to(fp32)`` (r ``b``, w ``a``; only when ``b != a``), then
   ``out.lerp_(out_b, w)`` (r ``2a``, w ``a`` per ``T Eq``, plus the broadcast ``w``):
   ``T Eq (3a + [a + b]) + 9 a T Hq`` bytes (18 B per output element and 36 per lse value in bf16; was
@@ -79,7 +85,8 @@ backend needs none), Ulysses all-to-all head permutes of ``flexsp`` and the a2a 
 (:mod:`.distca`).
 
 Example (bf16, ``Hq = 32``, ``D = 128``): merging a 4096-row ``early`` call costs
-``4096 * 4096 * 18 + 4096 * 32 * 36 = 307 MB`` of traffic -> 0.104 ms at 2951.7 GB/s.
+``4096 * 4096 * 10 + 4096 * 32 * 12 = 169 MB`` of traffic -> 0.057 ms at 2951.7 GB/s (the torch path:
+``4096 * 4096 * 18 + 4096 * 32 * 36 = 307 MB``, 0.104 ms).
 """
 
 from __future__ import annotations
@@ -135,13 +142,21 @@ def _cast(sh: Shape) -> int:
     return sh.a + sh.b if sh.a != sh.b else 0
 
 
-def merge_bytes(sh: Shape, rows: int, *, late: bool) -> float:
+def merge_bytes(sh: Shape, rows: int, *, late: bool, fused: bool = True) -> float:
     """Bytes of one ``merge_lse_`` over ``rows`` query rows (``late``: the ring's first ``late`` call, with
-    ``ring.forward_step``'s gather of the held ``out``/``lse`` rows and ``ring.finish``'s write-back)."""
+    ``ring.forward_step``'s gather of the held ``out``/``lse`` rows and ``ring.finish``'s write-back).
+
+    ``fused`` (default): the engine's Triton pass where it runs (fp32 accumulators, ``a = 4``; module docstring);
+    ``fused=False``: the torch path. Example (bf16, ``Eq = 4096``, ``Hq = 32``, 1 row): 41 344 B fused,
+    74 880 B torch."""
     a = sh.a
-    # ring.merge_lse_: sub + sigmoid_ + logaddexp(out=lse) on lse (3a + 2a + 3a), lerp_'s broadcast w read (a);
-    # out_b.to(out.dtype) (skipped when b == a) and out.lerp_(out_b, w) (r 2a, w a) per output element
-    total = rows * sh.eq * (3 * a + _cast(sh)) + 9 * a * rows * sh.hq
+    if fused and a == 4:
+        # fused_merge_triton: r out (a), out_b (b), w out (a) per output element; r lse, lse_b, w lse
+        total = rows * sh.eq * (2 * a + sh.b) + 3 * a * rows * sh.hq
+    else:
+        # ring.merge_lse_: sub + sigmoid_ + logaddexp(out=lse) on lse (3a + 2a + 3a), lerp_'s broadcast w read
+        # (a); out_b.to(out.dtype) (skipped when b == a) and out.lerp_(out_b, w) (r 2a, w a) per output element
+        total = rows * sh.eq * (3 * a + _cast(sh)) + 9 * a * rows * sh.hq
     if late:
         total += rows * (4 * a * sh.eq + 4 * a * sh.hq)
     return float(total)
@@ -154,8 +169,8 @@ def call_bytes(sh: Shape, kind: str, tq: int, tk: int, *, kv_all: bool, first_la
     is the ring's first ``late`` call (backward gathers ``dout, q, out, lse`` rows once). The simulator
     charges it per lowered call (:func:`zeppelin_call_bytes`), the planner per zigzag step
     (:mod:`.engine_ring`). Example (Llama-7B bf16: ``Eq = 4096``, ``Ekv = 8192``, ``Hq = 32``): an ``early``
-    call of 2 query rows and 1 key row: forward merge 149 760 + held K/V 32 768, backward held K/V 32 768 +
-    ``dq`` 81 920 + lse 512 + dK/dV cast and ``index_add_`` 147 456 = 445 184 B.
+    call of 2 query rows and 1 key row: forward merge 82 688 (fused) + held K/V 32 768, backward held K/V
+    32 768 + ``dq`` 81 920 + lse 512 + dK/dV cast and ``index_add_`` 147 456 = 378 112 B.
     """
     if kind not in ("diag", "early", "late"):
         raise ValueError(f"ring call kind is {kind!r}, expected diag, early or late")
