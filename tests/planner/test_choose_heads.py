@@ -146,17 +146,39 @@ def test_tensor_parallel_heads_per_rank() -> None:
 
 
 def test_a_member_ahead_of_its_partners_keeps_the_ring_plain() -> None:
-    """Ranks 0-3 first run a 60k-token ring; ranks 4-7 are free meanwhile and rank 7 holds 8000 tokens of
-    local work. By its own time the 30k ring over 0-7 runs best as Ulysses (10.74 vs 11.28 ms), but a plain
-    ring lets ranks 4-7 start early (its first kernel, 1.5 ms) where the all-to-all would hold them back."""
+    """Ranks 0-3 first run a 60k-token ring; ranks 4-7 are free meanwhile and rank 7 holds 40000 tokens of
+    local work (142 ms), more than its wait (about 82 ms). By its own time the 30k ring over 0-7 runs best as Ulysses
+    (10.74 vs 11.28 ms), but a plain ring lets ranks 4-7 start early (its first kernel, 1.5 ms) and rank 7's
+    local work after the ring starts that much sooner, where the all-to-all would hold them back."""
     cost = _cost()
-    lengths = [60000, 30000, 8000, 500, 500, 500]
+    lengths = [60000, 30000, 40000, 500, 500, 500]
     a = [Assignment("intra_node", (0, 1, 2, 3)), Assignment("intra_node", tuple(range(8)))] + \
         [Assignment("local", (r,)) for r in (7, 4, 5, 6)]
     assert choose_widths(lengths, a, cost, PlannerOptions())[1] == 8  # the ring's own time
     widths = choose_widths(lengths, a, cost, PlannerOptions(), _layout(lengths, a, 8))
     assert widths[1] == 1 and widths[2:] == [1] * 4
     assert choose_widths(lengths, a, cost, PlannerOptions(head_parallel=False), _layout(lengths, a, 8)) == [1] * 6
+
+
+def test_local_work_of_members_ahead_fits_the_heads_wait() -> None:
+    """The same rings with 8000 tokens of local work on rank 7 (6.2 ms): in a Ulysses ring ranks 4-7 wait for
+    ranks 0-3 inside the heads all-to-all and their local sequences run there (slots at step -1), nothing is
+    left after the ring, so the head start no longer counts: Ulysses. Simulated (charges of the simulator):
+    4246 ms against 4304 ms with the plain ring and its step slots."""
+    from zeppelin_megatron.sim.simulator import simulate
+
+    cost = _cost()
+    lengths = [60000, 30000, 8000, 500, 500, 500]
+    a = [Assignment("intra_node", (0, 1, 2, 3)), Assignment("intra_node", tuple(range(8)))] + \
+        [Assignment("local", (r,)) for r in (7, 4, 5, 6)]
+    widths = choose_widths(lengths, a, cost, PlannerOptions(), _layout(lengths, a, 8))
+    assert widths[1:] == [8, 1, 1, 1, 1]  # (the 60k ring over ranks 0-3 runs at a = 2)
+    groups = [x.ranks for x in a]
+    uly, plain = (_plan(cost, lengths, groups, [widths[0], w, 1, 1, 1, 1]) for w in (8, 1))
+    assert [(x.rank, x.ring, x.step) for x in uly.local_slots] == [(r, 1, -1) for r in (4, 5, 6, 7)]
+    assert [x.step for x in plain.local_slots] == [0, 1, 1, 0]
+    ms = [simulate(p, cost, keep_events=False).step_ms for p in (uly, plain)]
+    assert ms[0] < ms[1] and ms == [pytest.approx(4246.1, abs=1), pytest.approx(4304.0, abs=1)]
 
 
 def test_predicted_step_never_above_the_plain_plans() -> None:

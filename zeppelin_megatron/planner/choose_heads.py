@@ -13,8 +13,11 @@ predicted time of that ring for its members, among
 
 Ties go to the smaller width (the plain ring first). :func:`~.api.plan_step`
 also weighs what a member loses when the ring's all-to-all holds it back
-(:func:`_fill_aware`): local work hidden in the plain ring's waits, and the
-head start of a member free before its partners. The width changes neither
+(:func:`_fill_aware`): local work hidden in the plain ring's waits that the
+head-parallel ring's waits (its lane steps and its ``heads`` all-to-all, where
+a member free before its block's last lane waits: local slot step ``-1``) do
+not hide, and, when it has work after the ring, the head start of a member
+free before its partners. The width changes neither
 the attention layout nor any rank's tokens (the layout of a head-parallel ring
 is the plain zigzag), so no batch the plain ring can run is refused.
 ``PlannerOptions(head_parallel=False)`` keeps every ring plain.
@@ -76,8 +79,9 @@ def choose_widths(lengths: Sequence[int], assignments: "Sequence[Assignment]", c
     :func:`~.api.plan_step` passes), the choice also counts the local work a member would no longer
     hide (:func:`_fill_aware`): a plain ring's member idles in its waits, including the wait for
     partners still busy in earlier rings, and the plan's local slots fill those waits with its local
-    sequences; a head-parallel ring has slots only at its lane steps (none in a Ulysses ring), so
-    local work that filled such a wait would run after the rings instead.
+    sequences; a head-parallel ring has slots at its lane steps and in its ``heads`` all-to-all (where
+    a member waits for its block's last lane: the only slot of a Ulysses ring), and local work that
+    fits none of them runs after the rings instead.
 
     Example: ``[8192, 100]`` on one node of 8 GPUs, sequence 0 on ranks 0-7, sequence 1 local on rank
     0: ``[8, 1]`` (Llama-7B: Ulysses beats the plain ring, see the module docstring).
@@ -108,24 +112,31 @@ def _fill_aware(lengths: Sequence[int], assignments: "Sequence[Assignment]", gro
     From the all-plain plan's :func:`~.local_schedule.ring_timeline`: ``G[r, k]``, the waits of member
     ``r`` in ring ``k`` long enough for a local call (``> o``); ``F_r``, their sum over its rings;
     ``L_r``, its local work. At width ``a`` the ring's time changes by ``T_a - T_1``, and member ``r``
-    loses the larger of (1) its hidden local work, from ``min(L_r, F_r)`` to ``min(L_r, F_r - G[r, k]
-    + H_a)``, ``H_a`` the waits of the lane steps (``m - 1`` steps of ``max(0, comm - kernel)``; 0 for
-    Ulysses), and (2) when it has work after the ring (a later ring, local sequences), its head
-    start: a member free before its last partner runs its first kernel (``max(diag, o)``) early in
-    a plain ring and ends that much sooner, where the all-to-all holds it back. Rings in queue order
-    each take the width with the lowest worst member change, if below 0 (ties: the smaller width),
-    and update ``F``. Candidates: 1 and :func:`~.cost_heads.head_widths`.
+    loses (1) hidden local work, from ``min(L_r, F_r)`` to ``min(L_r, F'_r)``, ``F'_r = F_r - G[r, k]
+    + H_a(r)``, ``H_a(r)`` its waits in the head-parallel ring (:func:`_head_fill`: the lane steps,
+    ``m - 1`` of ``max(0, comm - kernel)``, and its ``heads`` all-to-all's wait, from when it is free
+    to its block's last lane + ``heads_ms``, if longer than ``o``); and, when it has work after the
+    ring (a later ring, or local work beyond ``F'_r``), the larger of (1) and (2) its head start: a
+    member free before its last partner runs its first kernel (``max(diag, o)``) early in a plain
+    ring and ends that much sooner, where the all-to-all holds it back. Rings in queue order each
+    take the width with the lowest worst member change, if below 0 (ties: the smaller width), and
+    update ``F``. Candidates: 1 and :func:`~.cost_heads.head_widths`.
+
+    Example: a member (in no later ring) free 3 ms before its block's last lane, 2.5 ms of local work that only the
+    plain ring's step-0 wait hid (``G = 2.8``, ``F = 2.8``): at a width whose ``heads`` wait is 3.1 ms,
+    ``F' = 3.1``, nothing is lost and nothing is left after the ring, so its head start no longer counts.
     """
     cl, o = cost.cluster, cost.call_overhead_ms
-    times: dict[tuple[int, ...], list[tuple[float, int, float]]] = {}  # ranks -> [(total, width, lane waits)]
+    # ranks -> [(total, width, lane step waits, heads all-to-all ms)]
+    times: dict[tuple[int, ...], list[tuple[float, int, float, float]]] = {}
     for ranks, members in groups.items():
         ls = [lengths[i] for i in members]
-        cands: list[tuple[float, int, float]] = []
+        cands: list[tuple[float, int, float, float]] = []
         for a in head_widths(cost, ranks):
             h = head_ring_time(cost, ranks, ls, a)
             m = len(ranks) // a
             waits = sum(max(0.0, h.step_comm_ms - max(h.diag if j == 0 else h.off, o)) for j in range(m - 1))
-            cands.append((h.total, a, waits))
+            cands.append((h.total, a, waits, h.heads_ms))
         if cands:
             times[ranks] = cands
     widths = dict.fromkeys(groups, 1)
@@ -166,16 +177,41 @@ def _fill_aware(lengths: Sequence[int], assignments: "Sequence[Assignment]", gro
         start = max(arrive[(r, k)] for r in ring.ranks)
         # a member that arrives ahead of its partners runs its first kernel early in a plain ring and ends
         # (and starts what follows) that much sooner; a head-parallel ring's all-to-all holds it back
-        early = {r: min(start - arrive[(r, k)], first) if local[r] > 0 or last[r] > k else 0.0 for r in ring.ranks}
-        best, best_width, best_waits = 0.0, 1, 0.0
-        for total, a, waits in options_k:
-            worst = max(total - t1 + max(early[r], min(local[r], free[r])
-                                         - min(local[r], free[r] - fill.get((r, k), 0.0) + waits))
-                        for r in ring.ranks)
+        early = {r: min(start - arrive[(r, k)], first) for r in ring.ranks}
+        best, best_width = 0.0, 1
+        best_fill: dict[int, float] = {}
+        for total, a, waits, heads_ms in options_k:
+            h_fill = _head_fill(ring.ranks, a, k, arrive, waits, heads_ms, o)
+            worst = -float("inf")
+            for r in ring.ranks:
+                room = free[r] - fill.get((r, k), 0.0) + h_fill[r]  # F_r at width a
+                lost = min(local[r], free[r]) - min(local[r], room)
+                after = last[r] > k or (local[r] > 0 and local[r] > room)  # a later ring, or local work not hidden
+                worst = max(worst, total - t1 + (max(early[r], lost) if after else lost))
             if worst < best:
-                best, best_width, best_waits = worst, a, waits
+                best, best_width, best_fill = worst, a, h_fill
         if best_width != 1:
             widths[ring.ranks] = best_width
             for r in ring.ranks:
-                free[r] += best_waits - fill.get((r, k), 0.0)
+                free[r] += best_fill[r] - fill.get((r, k), 0.0)
     return widths
+
+
+def _head_fill(ranks: tuple[int, ...], a: int, k: int, arrive: dict[tuple[int, int], float], waits: float,
+               heads_ms: float, o: float) -> dict[int, float]:
+    """``H_a`` per member of ring ``k`` over ``ranks`` at width ``a``: the lane steps' waits (``waits``) plus
+    its wait in the ``heads`` all-to-all, from when it is free (``arrive``) to its block's last lane's
+    arrival plus ``heads_ms``, when longer than a call's overhead ``o`` (the step ``-1`` slot,
+    :func:`~.local_schedule.ring_timeline`).
+
+    Example: ranks ``(4, 5)``, ``a = 2``, free at 0 and 3 ms, ``heads_ms`` 0.1, ``o`` 1, no lane steps:
+    ``{4: 3.1, 5: 0.0}`` (rank 5's 0.1 ms holds no call).
+    """
+    out: dict[int, float] = {}
+    for b in range(0, len(ranks), a):
+        block = ranks[b:b + a]
+        ready = max(arrive[(r, k)] for r in block) + heads_ms
+        for r in block:
+            gap = ready - arrive[(r, k)]
+            out[r] = waits + (gap if gap > o else 0.0)
+    return out
