@@ -42,142 +42,25 @@ one round per sequence). Pure and deterministic.
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from operator import ge
-from typing import Iterator, NamedTuple, Sequence, Union
+from typing import Iterator, Sequence
 
+from .node_moves import EPS as _EPS
+from .node_moves import (
+    TIE_BATCH, TIE_ONE, TIE_SEVERAL, Candidate, Item, Lend, LoView, Move, MoveKey, NodeState, RoundView, Shift,
+    Trade, Widen, batch_trade, lends, lo_view_of, ring_moves, single_trades, swap_for_several, swaps, tie_lend,
+)
 from .partition_context import PartitionContext
-from .zigzag import ring_max_tokens, ring_node_tokens, zigzag_tokens
+from .zigzag import zigzag_tokens
 
 __all__ = [
     "NodeState", "rebalance_nodes", "Trade", "Lend", "Shift", "Widen", "Move", "MoveKey", "Item", "RoundView",
+    "LoView", "lo_view_of",
     "single_trades", "batch_trade", "swaps", "swap_for_several", "lends", "ring_moves",
     "TIE_BATCH", "TIE_SEVERAL", "TIE_ONE", "tie_lend",
 ]
-
-_EPS = 1e-9
-
-
-@dataclass
-class NodeState:
-    """Level 1's assignment of sequences to nodes (mutable; owned by one partition call).
-
-    ``seqs[n]``: node ``n``'s node-local sequences in placement order;
-    ``inter``: ranks (node-major ring order) of each node-spanning sequence;
-    ``load[n]``: GPU-time node ``n`` carries; ``tokens[n]``: its tokens;
-    ``cost[i]``: GPU-time node-local sequence ``i`` adds to its node.
-    """
-
-    seqs: list[list[int]]
-    inter: dict[int, tuple[int, ...]]
-    load: list[float]
-    tokens: list[int]
-    cost: dict[int, float]
-    lends: int = 0
-    """How many :class:`Lend` moves were applied."""
-
-
-@dataclass(frozen=True)
-class Trade:
-    """Sequences ``out`` move from node ``hi`` to ``lo`` and ``back`` from ``lo`` to ``hi``."""
-
-    out: tuple[int, ...]
-    back: tuple[int, ...]
-    hi: int
-    lo: int
-
-
-@dataclass(frozen=True)
-class Lend:
-    """Sequence ``seq`` of ``hi`` becomes a ring over ``hi``'s GPUs plus ``m`` GPUs of ``lo``."""
-
-    seq: int
-    hi: int
-    lo: int
-    m: int
-
-
-@dataclass(frozen=True)
-class Shift:
-    """``hi``'s share of the whole-node ring of ``seq`` moves to ``lo``."""
-
-    seq: int
-    hi: int
-    lo: int
-
-
-@dataclass(frozen=True)
-class Widen:
-    """The whole-node ring of ``seq`` takes ``lo`` as one more node."""
-
-    seq: int
-    lo: int
-
-
-Move = Union[Trade, Lend, Shift, Widen]
-
-TIE_BATCH = -3
-"""Tie rank of a :class:`Trade` of several light sequences at once."""
-TIE_SEVERAL = -2
-"""Tie rank of a swap for several sequences of ``lo`` and of a :class:`Widen`."""
-TIE_ONE = -1
-"""Tie rank of a :class:`Trade` of one sequence and of a :class:`Shift`."""
-
-
-def tie_lend(m: int) -> int:
-    """Tie rank of a :class:`Lend` of ``m`` GPUs: ``-3 - m`` (larger lends first). A swap for one
-    sequence ``b`` of ``lo`` ranks by ``b``'s placement order (>= 0)."""
-    return TIE_BATCH - m
-
-
-class MoveKey(NamedTuple):
-    """Order of candidate moves (lower wins): ``peak`` over the nodes touched, ``seq`` (the moved
-    sequence's placement order), ``tie`` (the kind's tie rank), ``lo`` (the receiving node).
-
-    Example: two moves reach the same peak 41.0 with the same sequence (order 3): a lend of
-    2 GPUs, ``MoveKey(41.0, 3, -5, 1)``, wins over a single trade, ``MoveKey(41.0, 3, -1, 1)``.
-    """
-
-    peak: float
-    seq: int
-    tie: int
-    lo: int
-
-
-class Item(NamedTuple):
-    """A node-local sequence of ``hi`` as the moves see it (sorted by cost, then placement order)."""
-
-    cost: float
-    order: int
-    seq: int
-    tokens: int
-    light: float
-    """Its whole time if it is light (:meth:`~.partition_context.PartitionContext.is_light`), else 0."""
-    lends: tuple[tuple[int, float], ...]
-    """``(m, per-rank ms of a G + m ring)`` for each allowed lend (empty when lends are off)."""
-
-
-@dataclass(frozen=True)
-class RoundView:
-    """What one round knows before it looks at any ``lo``: the busiest node ``hi`` and, per node,
-    the node-spanning ring time on each GPU (``busy``), its unevenness, its light work, whether it
-    holds heavy sequences, and how much light work it may give away (``spare``); ``hi``'s items."""
-
-    hi: int
-    busy: list[list[float]]
-    uneven: list[float]
-    fill: list[float]
-    heavy: list[bool]
-    spare: list[float]
-    items: list[Item]
-    costs: list[float]
-    hi_rings: list[tuple[int, list[int]]]
-    """``(sequence, its nodes)`` of each ring over whole nodes through ``hi``."""
-
-
-Candidate = tuple[MoveKey, Move]
 
 
 def rebalance_nodes(ctx: PartitionContext, st: NodeState, rank_in_order: Sequence[int], *,
@@ -190,39 +73,83 @@ def rebalance_nodes(ctx: PartitionContext, st: NodeState, rank_in_order: Sequenc
     n_nodes = ctx.cluster.nodes
     can_lend = lend and ctx.allow_inter and n_nodes > 1
     lend_ms: dict[int, tuple[tuple[int, float], ...]] = {}  # per length, computed once
+    memo = NodeMemo()
     moved = False
     for _ in range(sum(len(s) for s in st.seqs) + len(st.inter)):
         if max(st.load) - min(st.load) <= _EPS:  # no node below the busiest: no move (_candidates)
             return moved
-        view = _round_view(ctx, st, rank_in_order, lend_ms if can_lend else None)
+        view = _round_view(ctx, st, rank_in_order, lend_ms if can_lend else None, memo)
         top = st.load[view.hi] - _EPS
         best: Candidate | None = None
-        for cand in _candidates(ctx, st, view, rank_in_order):
+        for cand in _candidates(ctx, st, view, rank_in_order, memo):
             if cand[0].peak < top and (best is None or cand[0] < best[0]):
                 best = cand
         if best is None:
             return moved
-        _apply(ctx, st, best[1], rank_in_order)
+        move = best[1]
+        _apply(ctx, st, move, rank_in_order)
+        memo.drop(*((move.hi, move.lo) if isinstance(move, Trade) else (move.hi,) if isinstance(move, Lend) else ()))
         moved = True
     return moved
 
 
+@dataclass
+class NodeMemo:
+    """What rounds of one :func:`rebalance_nodes` call compute from a node's sequences alone (their
+    costs and lengths do not change within the call), kept until a move changes them.
+
+    ``fill[n]``: ``(light work, holds heavy sequences)``; ``items[n]``: its :class:`Item` list
+    (sorted), their costs and :attr:`RoundView.firsts`; ``lo_views[n]``: its :class:`LoView`.
+    """
+
+    fill: dict[int, tuple[float, bool]] = field(default_factory=dict)
+    items: dict[int, tuple[list[Item], list[float], list[Item]]] = field(default_factory=dict)
+    lo_views: dict[int, LoView] = field(default_factory=dict)
+
+    def drop(self, *nodes: int) -> None:
+        """Forget ``nodes`` (their sequences changed)."""
+        for n in nodes:
+            self.fill.pop(n, None)
+            self.items.pop(n, None)
+            self.lo_views.pop(n, None)
+
+
 def _round_view(ctx: PartitionContext, st: NodeState, rank_in_order: Sequence[int],
-                lend_ms: dict[int, tuple[tuple[int, float], ...]] | None) -> RoundView:
+                lend_ms: dict[int, tuple[tuple[int, float], ...]] | None, memo: NodeMemo | None = None) -> RoundView:
     n_nodes, gpn, w = ctx.cluster.nodes, ctx.gpn, ctx.w
+    memo = NodeMemo() if memo is None else memo
     hi = max(range(n_nodes), key=lambda n: (st.load[n], -n))
     busy = _ring_busy(ctx, st)
     uneven = [sum(max(b) - x for x in b) for b in busy]
     fill, heavy, limit = [], [], ctx.limit
     light = partial(ge, limit)  # light(x): x <= limit (is_light)
     for n in range(n_nodes):
-        times = list(map(w.__getitem__, st.seqs[n]))
-        heavy.append(bool(times) and max(times) > limit)
-        fill.append(sum(filter(light, times)) if heavy[-1] else sum(times))  # light work, in order
+        if n not in memo.fill:
+            times = list(map(w.__getitem__, st.seqs[n]))
+            is_heavy = bool(times) and max(times) > limit
+            memo.fill[n] = (sum(filter(light, times)) if is_heavy else sum(times), is_heavy)  # light work, in order
+        fill.append(memo.fill[n][0])
+        heavy.append(memo.fill[n][1])
     # How much light work a node may lose and still even out its GPUs (or be no worse).
     spare = [fill[n] - min(uneven[n], fill[n]) + _EPS for n in range(n_nodes)]
+    if hi not in memo.items:
+        memo.items[hi] = _node_items(ctx, st, hi, rank_in_order, lend_ms)
+    items, costs, firsts = memo.items[hi]
+    hi_rings = []
+    for a, ring in st.inter.items():
+        nodes = _ring_nodes(ring, gpn)
+        if hi in nodes and len(ring) == len(nodes) * gpn:
+            hi_rings.append((a, nodes))
+    return RoundView(hi, busy, uneven, fill, heavy, spare, items, costs, hi_rings, firsts)
+
+
+def _node_items(ctx: PartitionContext, st: NodeState, n: int, rank_in_order: Sequence[int],
+                lend_ms: dict[int, tuple[tuple[int, float], ...]] | None) -> tuple[list[Item], list[float], list[Item]]:
+    """Node ``n``'s :class:`Item` list sorted, their costs, and the first item of each (cost, tokens,
+    light, lends): :attr:`RoundView.items`, ``costs`` and ``firsts``."""
+    gpn, w = ctx.gpn, ctx.w
     items = []
-    for a in st.seqs[hi]:
+    for a in st.seqs[n]:
         s = ctx.lengths[a]
         if lend_ms is not None and s not in lend_ms:
             # The ratio falls as the ring grows: if G + 1 ranks cannot hide the transfer, none can.
@@ -232,153 +159,37 @@ def _round_view(ctx: PartitionContext, st: NodeState, rank_in_order: Sequence[in
         items.append(Item(st.cost[a], rank_in_order[a], a, s, w[a] if ctx.is_light(a) else 0.0,
                           lend_ms[s] if lend_ms is not None else ()))
     items.sort()
-    hi_rings = []
-    for a, ring in st.inter.items():
-        nodes = _ring_nodes(ring, gpn)
-        if hi in nodes and len(ring) == len(nodes) * gpn:
-            hi_rings.append((a, nodes))
-    return RoundView(hi, busy, uneven, fill, heavy, spare, items, [x.cost for x in items], hi_rings)
+    firsts, seen = [], set()
+    for x in items:
+        key = (x.cost, x.tokens, x.light, x.lends)
+        if key not in seen:
+            seen.add(key)
+            firsts.append(x)
+    return items, [x.cost for x in items], firsts
 
 
 def _candidates(ctx: PartitionContext, st: NodeState, view: RoundView,
-                rank_in_order: Sequence[int]) -> Iterator[Candidate]:
-    """Every move of this round, receiving nodes from the least loaded up (until none is lower)."""
+                rank_in_order: Sequence[int], memo: NodeMemo | None = None) -> Iterator[Candidate]:
+    """Every move of this round that can win, receiving nodes from the least loaded up (until none
+    is lower). Swaps and lends are offered for ``view.firsts`` only (and swaps for one sequence of
+    ``lo`` only for :attr:`LoView.firsts`): an item like an earlier one offers the same moves
+    with a later placement order, which never win (:class:`MoveKey`)."""
+    memo = NodeMemo() if memo is None else memo
     for lo in sorted(range(ctx.cluster.nodes), key=lambda n: (st.load[n], n)):
         gap = st.load[view.hi] - st.load[lo]
         if gap <= _EPS:
             return
         yield from single_trades(ctx, st, view, lo, gap)
         yield from batch_trade(ctx, st, view, lo, gap, rank_in_order)
-        lo_items: list[int] | None = None
         lo_busy = sorted(view.busy[lo])
-        for item in view.items:
+        for item in view.firsts:
             if item.cost >= gap:
-                if lo_items is None:  # lo's sequences, costliest first
-                    lo_items = sorted(st.seqs[lo], key=lambda b: (-st.cost[b], rank_in_order[b]))
-                yield from swaps(ctx, st, view, lo, gap, item, lo_items, rank_in_order)
-                yield from swap_for_several(ctx, st, view, lo, gap, item, lo_items)
+                if lo not in memo.lo_views:
+                    memo.lo_views[lo] = lo_view_of(ctx, st, lo, rank_in_order)
+                yield from swaps(ctx, st, view, lo, gap, item, memo.lo_views[lo], rank_in_order)
+                yield from swap_for_several(ctx, st, view, lo, gap, item, memo.lo_views[lo])
             yield from lends(ctx, st, view, lo, item, lo_busy)
         yield from ring_moves(ctx, st, view, lo, gap, rank_in_order)
-
-
-def single_trades(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float) -> Iterator[Candidate]:
-    """One sequence of cost ``c < gap`` from ``hi`` to ``lo``: the peak ``max(hi - c, lo + c)`` falls
-    until ``c = gap / 2`` and rises after, so only the feasible costs nearest ``gap / 2`` on either
-    side are offered (all sequences of that cost). Example: gap 10, costs 2, 4, 4, 7: the two 4s
-    (below) and the 7 (above)."""
-    hi, tok, load = view.hi, st.tokens, st.load
-    split = bisect_left(view.costs, gap / 2)
-    for side in (range(split - 1, -1, -1), range(split, bisect_left(view.costs, gap))):
-        found = None
-        for j in side:
-            x = view.items[j]
-            if found is not None and x.cost != found:
-                break
-            if tok[lo] + x.tokens <= ctx.node_soft_cap and x.light <= view.spare[hi]:
-                yield (MoveKey(max(load[hi] - x.cost, load[lo] + x.cost), x.order, TIE_ONE, lo),
-                       Trade((x.seq,), (), hi, lo))
-                found = x.cost
-
-
-def batch_trade(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float,
-                rank_in_order: Sequence[int]) -> Iterator[Candidate]:
-    """Several light sequences of ``hi`` at once, largest first, up to ``gap / 2`` (saves rounds).
-
-    Example: gap 10, costs 1, 2, 3, 6: 3 and 2 go (5 <= 5), 1 does not (6 > 5).
-    """
-    hi, tok = view.hi, st.tokens
-    batch: list[int] = []
-    got, batch_tok, batch_fill = 0.0, 0, 0.0
-    for j in range(bisect_left(view.costs, gap / 2) - 1, -1, -1):
-        x = view.items[j]
-        if (got + x.cost <= gap / 2 and tok[lo] + batch_tok + x.tokens <= ctx.node_soft_cap
-                and batch_fill + x.light <= view.spare[hi]):
-            batch.append(x.seq)
-            got += x.cost
-            batch_tok += x.tokens
-            batch_fill += x.light
-    if len(batch) > 1:
-        yield (MoveKey(max(st.load[hi] - got, st.load[lo] + got), rank_in_order[batch[0]], TIE_BATCH, lo),
-               Trade(tuple(batch), (), hi, lo))
-
-
-def swaps(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float, item: Item,
-          lo_items: list[int], rank_in_order: Sequence[int]) -> Iterator[Candidate]:
-    """``item`` (cost ``c >= gap``) for one sequence ``b`` of ``lo`` with ``0 < c - cost(b) < gap``."""
-    hi, tok, load = view.hi, st.tokens, st.load
-    for b in lo_items:
-        m = item.cost - st.cost[b]
-        if not 0 < m < gap:
-            continue
-        tb = ctx.lengths[b]
-        fb = ctx.w[b] if ctx.is_light(b) else 0.0
-        if (tok[lo] + item.tokens - tb <= ctx.node_soft_cap and tok[hi] - item.tokens + tb <= ctx.node_soft_cap
-                and item.light - fb <= view.spare[hi] and fb - item.light <= view.spare[lo]):
-            yield (MoveKey(max(load[hi] - m, load[lo] + m), item.order, rank_in_order[b], lo),
-                   Trade((item.seq,), (b,), hi, lo))
-
-
-def swap_for_several(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float, item: Item,
-                     lo_items: list[int]) -> Iterator[Candidate]:
-    """``item`` (cost ``c >= gap``) for several sequences of ``lo``, largest first up to ``c - gap / 2``
-    (see the module docstring's example)."""
-    if sum(st.cost[b] for b in lo_items) <= item.cost - gap:
-        return
-    hi, tok, load = view.hi, st.tokens, st.load
-    back: list[int] = []
-    got, back_tok = 0.0, 0
-    for b in lo_items:
-        if got + st.cost[b] <= item.cost - gap / 2:
-            back.append(b)
-            got += st.cost[b]
-            back_tok += ctx.lengths[b]
-    m = item.cost - got
-    fb = sum(ctx.w[b] for b in back if ctx.is_light(b))
-    if (len(back) > 1 and 0 < m < gap and tok[lo] + item.tokens - back_tok <= ctx.node_soft_cap
-            and tok[hi] - item.tokens + back_tok <= ctx.node_soft_cap
-            and item.light - fb <= view.spare[hi] and fb - item.light <= view.spare[lo]):
-        yield (MoveKey(max(load[hi] - m, load[lo] + m), item.order, TIE_SEVERAL, lo),
-               Trade((item.seq,), tuple(back), hi, lo))
-
-
-def lends(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, item: Item,
-          lo_busy: list[float]) -> Iterator[Candidate]:
-    """``item`` as a ring over ``hi``'s ``G`` GPUs plus the ``m`` least busy GPUs of ``lo``.
-
-    ``lo`` takes ``m * r`` (``r``: per-rank time); if its light work cannot even out the
-    ``m`` lent GPUs, a node with heavy sequences refuses, one without is charged ``G`` times
-    its busiest GPU. ``lo``'s tokens grow by at most ``m`` times the ring's largest position.
-    """
-    if not item.lends or item.light > view.spare[view.hi]:
-        return
-    hi, gpn, load = view.hi, ctx.gpn, st.load
-    for m, r in item.lends:
-        after = [x + r for x in lo_busy[:m]] + lo_busy[m:]
-        lo_new = load[lo] + m * r
-        if sum(max(after) - x for x in after) > max(view.fill[lo], view.uneven[lo]) + _EPS:
-            if view.heavy[lo]:
-                continue  # lo's light work could not even out the lent GPUs
-            lo_new = max(lo_new, gpn * max(after))  # its busiest GPU sets its level
-        if st.tokens[lo] + m * ring_max_tokens(item.tokens, gpn + m) <= ctx.node_soft_cap:
-            yield (MoveKey(max(load[hi] - item.cost + gpn * r, lo_new), item.order, tie_lend(m), lo),
-                   Lend(item.seq, hi, lo, m))
-
-
-def ring_moves(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float,
-               rank_in_order: Sequence[int]) -> Iterator[Candidate]:
-    """:class:`Shift` and :class:`Widen` of each ring over whole nodes through ``hi`` and not ``lo``."""
-    hi, gpn, load, tok = view.hi, ctx.gpn, st.load, st.tokens
-    for a, nodes in view.hi_rings:
-        if lo in nodes:
-            continue  # already on lo
-        s, k, order = ctx.lengths[a], len(nodes), rank_in_order[a]
-        share = gpn * ctx.inter_ms(s, k * gpn)
-        if share < gap and tok[lo] + max(ring_node_tokens(s, k, gpn)) <= ctx.node_soft_cap:
-            yield MoveKey(max(load[hi] - share, load[lo] + share), order, TIE_ONE, lo), Shift(a, hi, lo)
-        if ctx.inter_ok(s, (k + 1) * gpn) and tok[lo] + max(ring_node_tokens(s, k + 1, gpn)) <= ctx.node_soft_cap:
-            new_share = gpn * ctx.inter_ms(s, (k + 1) * gpn)
-            peak = max(max(load[n] for n in nodes) - share + new_share, load[lo] + new_share)
-            yield MoveKey(peak, order, TIE_SEVERAL, lo), Widen(a, lo)
 
 
 def _ring_nodes(ring: tuple[int, ...], gpn: int) -> list[int]:
