@@ -2,7 +2,8 @@
 
 Random plans (``random_plan(..., n_head_rings=, head_widths=)``) mix head-parallel rings (Ulysses: one
 block; hybrid: blocks on several nodes) with plain intra- and inter-node rings and local sequences, so
-ranks sit in several rings of both kinds. Per plan: the all-to-all transfers' messages through the
+ranks sit in several rings of both kinds, and local sequences run inside a ring's ``heads`` all-to-all
+(local slots at step -1). Per plan: the all-to-all transfers' messages through the
 router, the engine's trace against the lowered program (routing on and off), outputs and dq/dk/dv
 against float64 per-sequence SDPA (float64 to 1e-9, float32 to 1e-5) for MHA and GQA head counts,
 including K/V heads replicated over lanes (``Hkv < a2a``). Then heads that cannot split over a
@@ -34,14 +35,20 @@ BAD_HEADS = ((12, 4), (3, 1), (6, 2), (5, 5))  # (12, 4): 3 lanes and 4 K/V head
 
 
 def head_plan(seed: int, nodes: int, gpn: int, widths: tuple[int, ...], max_len: int = 40) -> StepPlan:
-    """The first random plan from ``seed`` on with a Ulysses ring and, on several nodes, a hybrid one."""
+    """The first random plan of seeds ``seed + 7919 t`` with a Ulysses ring and, on several nodes, a hybrid
+    one, a local slot inside the heads all-to-all (step -1) of the hybrid (one node: Ulysses) ring, a
+    head-parallel sequence of odd length and a rank in a head-parallel ring and another ring."""
     want = {1, 2} if nodes > 1 else {1}
-    for s in range(seed, seed + 100):
-        plan = random_plan(s, nodes, gpn, n_local=4, n_intra_rings=1, n_inter_rings=1, n_head_rings=2,
+    for t in range(300):
+        plan = random_plan(seed + 7919 * t, nodes, gpn, n_local=4, n_intra_rings=1, n_inter_rings=1, n_head_rings=2,
                            head_widths=widths, max_len=max_len)
-        if {min(r.blocks, 2) for r in plan.rings if r.a2a > 1} == want:
+        inside = {min(plan.rings[x.ring].blocks, 2) for x in plan.local_slots if x.step == -1}
+        odd = any(plan.sequences[i].length % 2 for r in plan.rings if r.a2a > 1 for i in r.seqs)
+        if {min(r.blocks, 2) for r in plan.rings if r.a2a > 1} == want and max(want) in inside and odd \
+                and shared_ranks(plan):
             return plan
-    raise AssertionError(f"no plan with head-parallel rings of {sorted(want)} blocks from seed {seed}")
+    raise AssertionError(f"no plan with head-parallel rings of {sorted(want)} blocks, a step -1 slot, an odd length "
+                         f"and shared ranks from seed {seed}")
 
 
 def shared_ranks(plan: StepPlan) -> bool:

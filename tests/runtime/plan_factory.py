@@ -6,7 +6,8 @@ mix); ranks often sit in several rings; attention-layout ranges are shuffled
 and local sequences are sometimes cut into pieces, so the runtime cannot rely
 on any layout convention beyond what the plan states. With ``local_slots``,
 about half of each rank's local sequences run in random ring steps of its rings
-(``StepPlan.local_slots``), the rest after the rings. Multi-node plans with
+(``StepPlan.local_slots``; in a head-parallel ring also step -1, inside its ``heads``
+all-to-all, half of the slots of a rank in such a ring), the rest after the rings. Multi-node plans with
 ``routing`` often route their remap over a random set of proxies
 (``StepPlan.remap_proxies``).
 """
@@ -135,13 +136,15 @@ def random_plan(
         plan = replace(plan, remap_proxies=tuple(proxies))
     if not local_slots:
         return plan
-    steps = {r: [(k, j) for k, ring in enumerate(plan.rings) if r in ring.ranks for j in range(ring.blocks - 1)]
+    steps = {r: [(k, j) for k, ring in enumerate(plan.rings) if r in ring.ranks
+                 for j in range(-1 if ring.a2a > 1 else 0, ring.blocks - 1)]  # -1: inside the heads all-to-all
              for r in range(world)}
     chosen: dict[tuple[int, int, int], list[int]] = {}
     for i, s in enumerate(seqs):
         r = s.ranks[0]
         if s.placement == "local" and steps[r] and rng.random() < 0.5:
-            k, j = rng.choice(steps[r])
+            inside = [kj for kj in steps[r] if kj[1] == -1]  # half of these in a heads all-to-all when possible
+            k, j = rng.choice(inside if inside and rng.random() < 0.5 else steps[r])
             chosen.setdefault((r, k, j), []).append(i)
     return replace(plan, local_slots=tuple(LocalSlot(r, k, j, tuple(v)) for (r, k, j), v in sorted(chosen.items())))
 

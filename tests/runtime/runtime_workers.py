@@ -210,7 +210,7 @@ def _lowered_events(plan: StepPlan, rank: int, ops: Sequence[object], prog: obje
     """What executing ``ops`` must do on gloo, derived from the lowered program alone: per kernel
     call ``(lens_q, lens_k, causal, q, k, v)`` with q/k/v the float64 rows of its token ranges (a
     head-parallel ring's calls: its lane's heads only); per ``Post`` the rank's round-0 hops, per
-    ``Wait`` its round-1 and round-2 hops (gloo posts later rounds while waiting), each as ``(peer,
+    ``Wait`` ``("wait",)`` and its round-1 and round-2 hops (gloo posts later rounds while waiting), as ``(peer,
     send, tag, elements, dtype)``, ``heads = (hq, hkv, d)`` giving each transfer's elements per token;
     dK/dV accumulators and the backward ``tokens`` exchange (dq, dk, dv) travel in float32 for
     half-precision inputs, everything else in the inputs' dtype."""
@@ -241,6 +241,8 @@ def _lowered_events(plan: StepPlan, rank: int, ops: Sequence[object], prog: obje
             tid = op.transfer
             hops = prog.transfers[tid].hops(_unit(tid.kind, backward, a2a[tid.ring], hq, hkv, d))  # type: ignore[attr-defined]
             wire = acc if tid.kind == "acc" or (tid.kind == "tokens" and backward) else dtype
+            if isinstance(op, Wait):
+                ev.append(("wait",))
             for r in ((0,) if isinstance(op, Post) else (1, 2)):
                 ev += [("p2p", h.receiver if h.sender == rank else h.sender, h.sender == rank, h.tag, h.count, wire)
                        for h in hops if h.round == r and rank in (h.sender, h.receiver)]
@@ -251,8 +253,8 @@ def check_trace(group: ZeppelinGroup, plan: StepPlan, *, routing: bool, hq: int 
                 d: int = 4, dtype: torch.dtype = torch.float64) -> None:
     """The engine executes the lowered program op for op, forward and backward: each kernel call
     (lengths, mask, and the exact token rows of q, k and v it is given) and each point-to-point
-    op (peer, send/receive, tag, element count, dtype: accumulators in the accumulation dtype), in
-    order, recorded at the kernel and at :func:`~zeppelin_megatron.runtime.comm.post`."""
+    op (peer, send/receive, tag, element count, dtype: accumulators in the accumulation dtype) and wait,
+    in order, recorded at the kernel, at :func:`~zeppelin_megatron.runtime.comm.post` and ``InFlight.wait``."""
     import zeppelin_megatron.runtime.router as router_mod
     from zeppelin_megatron.runtime.engine import AttentionEngine
     from zeppelin_megatron.runtime.kernels import get_kernel
@@ -287,6 +289,13 @@ def check_trace(group: ZeppelinGroup, plan: StepPlan, *, routing: bool, hq: int 
     try:
         eng = AttentionEngine(plan, group, kernel=Recording(), scale=0.3, routes=plan.routing if routing else (),  # type: ignore[arg-type]
                               hkv=hkv, head_dim=d, dtype=dtype, device=cpu, hq=hq)
+        start = eng.router.start
+
+        def recording_start(*a, **kw):  # type: ignore[no-untyped-def]
+            flight = start(*a, **kw)
+            wait, flight.wait = flight.wait, lambda: (log.append(("wait",)), wait())[1]
+            return flight
+        eng.router.start = recording_start  # type: ignore[method-assign]
         _, saved = eng.forward(q, k, v)
         fwd = list(log)
         log.clear()
