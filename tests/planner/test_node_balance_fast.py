@@ -1,15 +1,17 @@
-"""Level 1's local search offers swaps and lends once per kind of sequence (issue 14 follow-up).
+"""Level 1's local search offers each move once per kind of sequence (issue 14 follow-up).
 
-The plain search below offers every move of every sequence (the search as it was before); the
-search of :mod:`~zeppelin_megatron.planner.node_balance` must apply the same moves and end in
-the same state, and must plan a batch of many short sequences of two lengths in well under a
-second of CPU (it took 31 s).
+The plain search below offers every move of every sequence (the search as it was at 079ce2a,
+:func:`_apply` and :func:`_round_view` aside); the search of
+:mod:`~zeppelin_megatron.planner.node_balance` must apply the same moves and end in the same
+state, and must plan a batch of many short sequences of two lengths in well under a second of
+CPU (it took 31 s).
 """
 
 from __future__ import annotations
 
 import random
 import time
+from bisect import bisect_left
 from collections import Counter
 from typing import Iterator, Sequence
 
@@ -18,13 +20,47 @@ import pytest
 from zeppelin_megatron.planner import PlannerOptions, plan_step
 from zeppelin_megatron.planner import node_balance, partition as partition_mod
 from zeppelin_megatron.planner.node_balance import (
-    TIE_SEVERAL, Candidate, Item, Lend, MoveKey, NodeState, RoundView, Trade, _apply, _round_view, batch_trade,
-    lends, lo_view_of, ring_moves, single_trades,
+    TIE_BATCH, TIE_ONE, TIE_SEVERAL, Candidate, Item, Lend, MoveKey, NodeState, RoundView, Trade, _apply,
+    _round_view, lends, lo_view_of, ring_moves,
 )
 from zeppelin_megatron.planner.node_moves import EPS
 from zeppelin_megatron.planner.partition import PartitionContext, _assign_nodes, partition, placement_runs
 
 from .conftest import make_cost
+
+
+def _plain_single_trades(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int,
+                         gap: float) -> Iterator[Candidate]:
+    hi, tok, load = view.hi, st.tokens, st.load
+    split = bisect_left(view.costs, gap / 2)
+    for side in (range(split - 1, -1, -1), range(split, bisect_left(view.costs, gap))):
+        found = None
+        for j in side:
+            x = view.items[j]
+            if found is not None and x.cost != found:
+                break
+            if tok[lo] + x.tokens <= ctx.node_soft_cap and x.light <= view.spare[hi]:
+                yield (MoveKey(max(load[hi] - x.cost, load[lo] + x.cost), x.order, TIE_ONE, lo),
+                       Trade((x.seq,), (), hi, lo))
+                found = x.cost
+
+
+def _plain_batch_trade(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float,
+                       rank_in_order: Sequence[int]) -> Iterator[Candidate]:
+    hi, tok = view.hi, st.tokens
+    batch: list[int] = []
+    got, batch_tok, batch_fill = 0.0, 0, 0.0
+    for j in range(bisect_left(view.costs, gap / 2) - 1, -1, -1):
+        x = view.items[j]
+        if (got + x.cost <= gap / 2 and tok[lo] + batch_tok + x.tokens <= ctx.node_soft_cap
+                and batch_fill + x.light <= view.spare[hi]):
+            batch.append(x.seq)
+            got += x.cost
+            batch_tok += x.tokens
+            batch_fill += x.light
+    if len(batch) > 1:
+        yield (MoveKey(max(st.load[hi] - got, st.load[lo] + got), rank_in_order[batch[0]], TIE_BATCH, lo),
+               Trade(tuple(batch), (), hi, lo))
 
 
 def _plain_swaps(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float, item: Item,
@@ -70,8 +106,8 @@ def _plain_candidates(ctx: PartitionContext, st: NodeState, view: RoundView,
         gap = st.load[view.hi] - st.load[lo]
         if gap <= EPS:
             return
-        yield from single_trades(ctx, st, view, lo, gap)
-        yield from batch_trade(ctx, st, view, lo, gap, rank_in_order)
+        yield from _plain_single_trades(ctx, st, view, lo, gap)
+        yield from _plain_batch_trade(ctx, st, view, lo, gap, rank_in_order)
         lo_items = sorted(st.seqs[lo], key=lambda b: (-st.cost[b], rank_in_order[b]))
         lo_busy = sorted(view.busy[lo])
         for item in view.items:

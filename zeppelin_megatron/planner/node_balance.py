@@ -93,18 +93,24 @@ def rebalance_nodes(ctx: PartitionContext, st: NodeState, rank_in_order: Sequenc
     return moved
 
 
+NodeItems = tuple[list[Item], list[float], list[Item], list[tuple[int, int] | None]]
+"""A node's items, their costs, firsts and spans (:class:`RoundView`)."""
+
+
 @dataclass
 class NodeMemo:
     """What rounds of one :func:`rebalance_nodes` call compute from a node's sequences alone (their
     costs and lengths do not change within the call), kept until a move changes them.
 
     ``fill[n]``: ``(light work, holds heavy sequences)``; ``items[n]``: its :class:`Item` list
-    (sorted), their costs and :attr:`RoundView.firsts`; ``lo_views[n]``: its :class:`LoView`.
+    (sorted), their costs, :attr:`RoundView.firsts` and ``spans``; ``lo_views[n]``: its
+    :class:`LoView`; ``item_of[a]``: sequence ``a``'s :class:`Item` (kept across moves).
     """
 
     fill: dict[int, tuple[float, bool]] = field(default_factory=dict)
-    items: dict[int, tuple[list[Item], list[float], list[Item]]] = field(default_factory=dict)
+    items: dict[int, NodeItems] = field(default_factory=dict)
     lo_views: dict[int, LoView] = field(default_factory=dict)
+    item_of: dict[int, Item] = field(default_factory=dict)
 
     def drop(self, *nodes: int) -> None:
         """Forget ``nodes`` (their sequences changed)."""
@@ -133,39 +139,49 @@ def _round_view(ctx: PartitionContext, st: NodeState, rank_in_order: Sequence[in
     # How much light work a node may lose and still even out its GPUs (or be no worse).
     spare = [fill[n] - min(uneven[n], fill[n]) + _EPS for n in range(n_nodes)]
     if hi not in memo.items:
-        memo.items[hi] = _node_items(ctx, st, hi, rank_in_order, lend_ms)
-    items, costs, firsts = memo.items[hi]
+        memo.items[hi] = _node_items(ctx, st, hi, rank_in_order, lend_ms, memo)
+    items, costs, firsts, spans = memo.items[hi]
     hi_rings = []
     for a, ring in st.inter.items():
         nodes = _ring_nodes(ring, gpn)
         if hi in nodes and len(ring) == len(nodes) * gpn:
             hi_rings.append((a, nodes))
-    return RoundView(hi, busy, uneven, fill, heavy, spare, items, costs, hi_rings, firsts)
+    return RoundView(hi, busy, uneven, fill, heavy, spare, items, costs, hi_rings, firsts, spans)
 
 
 def _node_items(ctx: PartitionContext, st: NodeState, n: int, rank_in_order: Sequence[int],
-                lend_ms: dict[int, tuple[tuple[int, float], ...]] | None) -> tuple[list[Item], list[float], list[Item]]:
-    """Node ``n``'s :class:`Item` list sorted, their costs, and the first item of each (cost, tokens,
-    light, lends): :attr:`RoundView.items`, ``costs`` and ``firsts``."""
-    gpn, w = ctx.gpn, ctx.w
-    items = []
+                lend_ms: dict[int, tuple[tuple[int, float], ...]] | None, memo: NodeMemo) -> NodeItems:
+    """Node ``n``'s :class:`Item` list sorted, their costs, the first item of each (cost, tokens,
+    light, lends) and each item's run: :attr:`RoundView.items`, ``costs``, ``firsts``, ``spans``.
+    An :class:`Item` depends on its sequence alone: each is built once per call (``memo.item_of``)."""
+    gpn, w, item_of = ctx.gpn, ctx.w, memo.item_of
     for a in st.seqs[n]:
+        if a in item_of:
+            continue
         s = ctx.lengths[a]
         if lend_ms is not None and s not in lend_ms:
             # The ratio falls as the ring grows: if G + 1 ranks cannot hide the transfer, none can.
             lend_ms[s] = tuple((m, ctx.inter_ms(s, gpn + m)) for m in range(1, gpn + 1)
                                if s >= 2 * (gpn + m) and ctx.inter_ok(s, gpn + m)) \
                 if ctx.inter_ok(s, gpn + 1) else ()
-        items.append(Item(st.cost[a], rank_in_order[a], a, s, w[a] if ctx.is_light(a) else 0.0,
-                          lend_ms[s] if lend_ms is not None else ()))
-    items.sort()
+        item_of[a] = Item(st.cost[a], rank_in_order[a], a, s, w[a] if ctx.is_light(a) else 0.0,
+                          lend_ms[s] if lend_ms is not None else ())
+    items = sorted(map(item_of.__getitem__, st.seqs[n]))
+    costs = [x.cost for x in items]
     firsts, seen = [], set()
-    for x in items:
+    spans: list[tuple[int, int] | None] = []
+    start = 0
+    for j, x in enumerate(items):
         key = (x.cost, x.tokens, x.light, x.lends)
         if key not in seen:
             seen.add(key)
             firsts.append(x)
-    return items, [x.cost for x in items], firsts
+        if j + 1 == len(items) or costs[j + 1] != x.cost:  # a run of equal cost ends at j
+            kinds = {(y.tokens, y.light) for y in items[start:j + 1]} if j > start else ()
+            span = (start, j + 1) if len(kinds) <= 1 else None
+            spans.extend([span] * (j + 1 - start))
+            start = j + 1
+    return items, costs, firsts, spans
 
 
 def _candidates(ctx: PartitionContext, st: NodeState, view: RoundView,
@@ -232,9 +248,10 @@ def _whole_nodes(ctx: PartitionContext, nodes: Sequence[int]) -> tuple[int, ...]
 def _apply(ctx: PartitionContext, st: NodeState, move: Move, rank_in_order: Sequence[int]) -> None:
     if isinstance(move, Trade):
         hi, lo = move.hi, move.lo
+        out, back = set(move.out), set(move.back)
+        st.seqs[hi], st.seqs[lo] = ([i for i in st.seqs[hi] if i not in out] + list(move.back),
+                                    [i for i in st.seqs[lo] if i not in back] + list(move.out))
         for i, src, dst in [(a, hi, lo) for a in move.out] + [(b, lo, hi) for b in move.back]:
-            st.seqs[src].remove(i)
-            st.seqs[dst].append(i)
             st.load[src] -= st.cost[i]
             st.load[dst] += st.cost[i]
             st.tokens[src] -= ctx.lengths[i]

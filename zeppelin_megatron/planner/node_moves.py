@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
+from functools import partial
 from itertools import compress, repeat
-from operator import eq
+from operator import eq, ge
 from typing import Iterator, NamedTuple, Sequence, Union
 
 from .partition_context import PartitionContext
@@ -148,6 +149,9 @@ class RoundView:
     firsts: list[Item]
     """The first of ``items`` with each (cost, tokens, light, lends): a later one offers the same
     swaps and lends with a later placement order, which never win."""
+    spans: list[tuple[int, int] | None]
+    """Per item, ``(start, end)`` of its run of equal cost in ``items`` when all of the run have the
+    same tokens and light work (each can go where the others can), else ``None``."""
 
 
 Candidate = tuple[MoveKey, Move]
@@ -156,39 +160,62 @@ Candidate = tuple[MoveKey, Move]
 def single_trades(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float) -> Iterator[Candidate]:
     """One sequence of cost ``c < gap`` from ``hi`` to ``lo``: the peak ``max(hi - c, lo + c)`` falls
     until ``c = gap / 2`` and rises after, so only the feasible costs nearest ``gap / 2`` on either
-    side are offered (all sequences of that cost). Example: gap 10, costs 2, 4, 4, 7: the two 4s
-    (below) and the 7 (above)."""
-    hi, tok, load = view.hi, st.tokens, st.load
+    side count (all sequences of that cost), and of those only the earliest in placement order is
+    offered (the others reach the same peak with a later order and never win). Example: gap 10,
+    costs 2, 4, 4, 7: the first 4 (below) and the 7 (above). A run of equal items (:attr:`RoundView.spans`)
+    that cannot go is skipped whole."""
+    hi, tok, load, items, spans = view.hi, st.tokens, st.load, view.items, view.spans
+    soft_cap, spare = ctx.node_soft_cap - tok[lo], view.spare[hi]
     split = bisect_left(view.costs, gap / 2)
-    for side in (range(split - 1, -1, -1), range(split, bisect_left(view.costs, gap))):
-        found = None
-        for j in side:
-            x = view.items[j]
-            if found is not None and x.cost != found:
-                break
-            if tok[lo] + x.tokens <= ctx.node_soft_cap and x.light <= view.spare[hi]:
-                yield (MoveKey(max(load[hi] - x.cost, load[lo] + x.cost), x.order, TIE_ONE, lo),
-                       Trade((x.seq,), (), hi, lo))
-                found = x.cost
+    j = split - 1  # below gap / 2: the costliest that can go, then the earliest of its cost that can
+    while j >= 0:
+        x = items[j]
+        if x.tokens <= soft_cap and x.light <= spare:
+            k = bisect_left(view.costs, x.cost, 0, j)
+            while not (items[k].tokens <= soft_cap and items[k].light <= spare):
+                k += 1
+            yield _one_trade(items[k], load[hi], load[lo], hi, lo)
+            break
+        span = spans[j]
+        j = j - 1 if span is None else span[0] - 1
+    j, stop = split, bisect_left(view.costs, gap)
+    while j < stop:  # from gap / 2 up to gap: the cheapest that can go (the earliest of its cost)
+        x = items[j]
+        if x.tokens <= soft_cap and x.light <= spare:
+            yield _one_trade(x, load[hi], load[lo], hi, lo)
+            break
+        span = spans[j]
+        j = j + 1 if span is None else span[1]
+
+
+def _one_trade(x: Item, hi_load: float, lo_load: float, hi: int, lo: int) -> Candidate:
+    return MoveKey(max(hi_load - x.cost, lo_load + x.cost), x.order, TIE_ONE, lo), Trade((x.seq,), (), hi, lo)
 
 
 def batch_trade(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float,
                 rank_in_order: Sequence[int]) -> Iterator[Candidate]:
     """Several light sequences of ``hi`` at once, largest first, up to ``gap / 2`` (saves rounds).
 
-    Example: gap 10, costs 1, 2, 3, 6: 3 and 2 go (5 <= 5), 1 does not (6 > 5).
+    Example: gap 10, costs 1, 2, 3, 6: 3 and 2 go (5 <= 5), 1 does not (6 > 5). What a batch
+    holds only grows, so once an item does not fit, no later equal one does: the rest of its
+    run (:attr:`RoundView.spans`) is skipped.
     """
-    hi, tok = view.hi, st.tokens
+    hi, tok, items, spans = view.hi, st.tokens, view.items, view.spans
     batch: list[int] = []
     got, batch_tok, batch_fill = 0.0, 0, 0.0
-    for j in range(bisect_left(view.costs, gap / 2) - 1, -1, -1):
-        x = view.items[j]
+    j = bisect_left(view.costs, gap / 2) - 1
+    while j >= 0:
+        x = items[j]
         if (got + x.cost <= gap / 2 and tok[lo] + batch_tok + x.tokens <= ctx.node_soft_cap
                 and batch_fill + x.light <= view.spare[hi]):
             batch.append(x.seq)
             got += x.cost
             batch_tok += x.tokens
             batch_fill += x.light
+            j -= 1
+        else:
+            span = spans[j]
+            j = j - 1 if span is None else span[0] - 1
     if len(batch) > 1:
         yield (MoveKey(max(st.load[hi] - got, st.load[lo] + got), rank_in_order[batch[0]], TIE_BATCH, lo),
                Trade(tuple(batch), (), hi, lo))
@@ -276,7 +303,7 @@ def swap_for_several(ctx: PartitionContext, st: NodeState, view: RoundView, lo: 
             back_tok += ctx.lengths[b]
             k += 1
     m = item.cost - got
-    fb = sum(ctx.w[b] for b in back if ctx.is_light(b))
+    fb = sum(filter(partial(ge, ctx.limit), map(ctx.w.__getitem__, back)))  # light work (is_light), in order
     if (len(back) > 1 and 0 < m < gap and tok[lo] + item.tokens - back_tok <= ctx.node_soft_cap
             and tok[hi] - item.tokens + back_tok <= ctx.node_soft_cap
             and item.light - fb <= view.spare[hi] and fb - item.light <= view.spare[lo]):
