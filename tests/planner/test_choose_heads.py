@@ -163,8 +163,8 @@ def test_a_member_ahead_of_its_partners_keeps_the_ring_plain() -> None:
 def test_local_work_of_members_ahead_fits_the_heads_wait() -> None:
     """The same rings with 8000 tokens of local work on rank 7 (6.2 ms): in a Ulysses ring ranks 4-7 wait for
     ranks 0-3 inside the heads all-to-all and their local sequences run there (slots at step -1), nothing is
-    left after the ring, so the head start no longer counts: Ulysses. Simulated (charges of the simulator):
-    4246 ms against 4304 ms with the plain ring and its step slots."""
+    left after the ring, so the head start no longer counts: Ulysses. Simulated, with and without the
+    simulator's charges, it is faster than the plain ring with its step slots (4246 vs 4304 ms at 44ff427)."""
     from zeppelin_megatron.sim.simulator import simulate
 
     cost = _cost()
@@ -177,8 +177,9 @@ def test_local_work_of_members_ahead_fits_the_heads_wait() -> None:
     uly, plain = (_plan(cost, lengths, groups, [widths[0], w, 1, 1, 1, 1]) for w in (8, 1))
     assert [(x.rank, x.ring, x.step) for x in uly.local_slots] == [(r, 1, -1) for r in (4, 5, 6, 7)]
     assert [x.step for x in plain.local_slots] == [0, 1, 1, 0]
-    ms = [simulate(p, cost, keep_events=False).step_ms for p in (uly, plain)]
-    assert ms[0] < ms[1] and ms == [pytest.approx(4246.1, abs=1), pytest.approx(4304.0, abs=1)]
+    for charges in ("zeppelin", "none"):
+        ms = [simulate(p, cost, keep_events=False, charges=charges).step_ms for p in (uly, plain)]
+        assert ms[0] < ms[1], (charges, ms)
 
 
 def test_predicted_step_never_above_the_plain_plans() -> None:
