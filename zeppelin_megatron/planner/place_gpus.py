@@ -11,7 +11,8 @@ index order). Each node is filled twice, once that way and once giving every
 split sequence a ring over the whole node (even ring loads), and the fill with
 the lower busiest GPU plus node remap time (:func:`~.score.node_remap`) wins.
 A long run of equal sequences that goes round robin over the GPUs is placed whole rounds
-at a time (:mod:`.even_rounds`): the same GPUs, loads and order as one by one.
+at a time (:mod:`.even_rounds`): the same GPUs, loads and order as one by one (past the
+target too, for a length no ring takes: :func:`never_split`).
 
 Example: a node of 2 GPUs, target 10 ms, sequences costing 6, 3 and 3 ms whole:
 6 goes to GPU 0, 3 to GPU 1, the second 3 to GPU 1 (least loaded: 3 < 6).
@@ -20,6 +21,7 @@ Example: a node of 2 GPUs, target 10 ms, sequences costing 6, 3 and 3 ms whole:
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -121,17 +123,21 @@ def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float]
     rings_asked = False
     heap = [(load[l], l) for l in range(gpn)]  # (load, local index), stale entries skipped
     heapq.heapify(heap)
-    pos, total, next_try, gap, tried = 0, len(seqs), 0, gpn, -1
+    pos, total, next_try, gap, tried, stays = 0, len(seqs), 0, gpn, -1, False
     while pos < total:
         i = seqs[pos]
         s, w = lengths[i], ws[i]
         if s != tried:  # another length: try whole rounds at once (even_rounds.py) now, if the run is long
             far = pos + MIN_ROUNDS * gpn - 1
             next_try, gap, tried = pos if far < total and lengths[seqs[far]] == s else -1, gpn, s
+            stays = never_split(ctx, s, gpn, whole_node)
         if pos == next_try:
             next_try, gap = pos + gap, 2 * gap  # then less and less often while they do not apply
-            stop = _rounds(seqs, pos, load, tok, whole, fill, t_lim, ctx) if allow_local else pos
+            # A length no ring takes goes to the least loaded GPU over the limit too (pick_ring: None).
+            stop = _rounds(seqs, pos, load, tok, whole, fill, math.inf if stays else t_lim, ctx) \
+                if allow_local else pos
             if stop > pos:
+                rings_asked = rings_asked or max(load) > t_lim  # a pick over the limit asked for a ring
                 heap = [(load[l], l) for l in range(gpn)]
                 heapq.heapify(heap)
                 pos, next_try, gap = stop, stop, gpn
@@ -161,6 +167,9 @@ def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float]
                 fit = [l for l in sorted(range(gpn), key=lambda l: (load[l], l))
                        if tok[l] + s <= cap and load[l] + w <= t_lim and tok[l] + s <= ctx.quota]
                 choice = fit[:1] or choice
+        elif stays and least >= 0:  # pick_ring would return None: no ring takes this length
+            rings_asked = True
+            choice = [least]
         else:
             rings_asked = True
             by_load = sorted(range(gpn), key=lambda l: (load[l], l))
@@ -210,6 +219,18 @@ def _rounds(seqs: list[int], pos: int, load: list[float], tok: list[int], whole:
         tok[l] += rounds * s
     load[:] = after
     return stop
+
+
+def never_split(ctx: PartitionContext, s: int, gpn: int, whole_node: bool) -> bool:
+    """:func:`pick_ring` returns ``None`` for length ``s`` whatever the loads, unless forced: its first
+    ring size fails :meth:`~.partition_context.PartitionContext.intra_ok` (or none is allowed).
+    Example: ``s = 7`` on 8 GPUs: only ``g <= 3`` hold two chunks each, and a 2-GPU ring of 7
+    tokens does not hide its transfer: ``True``."""
+    if not ctx.allow_intra or gpn < 2 or s < 4:
+        return True
+    if whole_node and gpn <= s // 2 and ctx.intra_ok(s, gpn):
+        return False
+    return not ctx.intra_ok(s, 2)
 
 
 def pick_ring(ctx: PartitionContext, s: int, by_load: list[int], load: list[float], tok: list[int],
