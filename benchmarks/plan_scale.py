@@ -1,4 +1,4 @@
-"""Planning time at scale (issue 14): three batches far beyond a usual step, one CPU core.
+"""Planning time at scale (issue 14): four batches far beyond a usual step, one CPU core.
 
 Run: python benchmarks/plan_scale.py [--repeat 1] [--case NAME ...]
 
@@ -6,7 +6,10 @@ Cases (Llama-7B shape, default H100 profile and cluster):
 
 * ``16M-1024``: 16M tokens (long-tailed, seed 0) on 128 x 8 GPUs, budget 5 s;
 * ``1M-ones-32``: 1,048,576 sequences of length 1 on 4 x 8 GPUs, budget 5 s;
-* ``8-seqs-80k``: 8 sequences of 64k tokens on 10,000 x 8 GPUs, budget 10 s.
+* ``8-seqs-80k``: 8 sequences of 64k tokens on 10,000 x 8 GPUs, budget 10 s;
+* ``50k-7-3-32``: 20,000 sequences of 7 tokens and 30,001 of 3 on 4 x 8 GPUs, budget 2 s
+  (many short documents of two lengths: the local search took 31 s before it offered
+  swaps once per kind of sequence).
 
 For each: the best wall time (and CPU time: on a shared machine the fairer
 figure) of ``plan_step`` (a fresh cost model each run, caches
@@ -28,6 +31,7 @@ CASES: dict[str, tuple[str, Callable[[], list[int]], float]] = {
     "16M-1024": ("128x8", lambda: long_tailed_batch(16 << 20, 0), 5.0),
     "1M-ones-32": ("4x8", lambda: [1] * (1 << 20), 5.0),
     "8-seqs-80k": ("10000x8", lambda: [65536] * 8, 10.0),
+    "50k-7-3-32": ("4x8", lambda: [7] * 20000 + [3] * 30001, 2.0),
 }
 
 
