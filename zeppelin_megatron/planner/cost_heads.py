@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .cost_model import CostModel
+from .engine_costs import hbm_ms, shape_of, zeppelin_a2a_bytes
+from .engine_ring import ring_steps
 from .head_parallel import head_split_error, lane_kv_heads
 from .zigzag import next_position, ring_chunk_pair_tokens, ring_max_tokens
 
@@ -111,7 +113,10 @@ class HeadRingTime:
     (``heads_ms + tokens_ms``, not hidden by anything); ``step_comm_ms``: the
     slowest lane hop of one step; ``a2a_bytes``: what a rank sends in both
     all-to-alls (NVLink); ``lane_bytes``: what one lane hop moves per step
-    (``m - 1`` steps).
+    (``m - 1`` steps); ``copy_ms``: the engine's device-memory copies included in ``own`` (steps and
+    all-to-alls; 0 under ``charges="none"``). ``diag`` / ``off``: the lane's kernels under ``none``; under
+    ``zeppelin`` the charged steps of :func:`~.engine_ring.ring_steps` (at least ``o``, copies included),
+    so ``own = copy of the all-to-alls + diag + (m - 1) * off + first late call``.
     """
 
     total: float
@@ -124,15 +129,22 @@ class HeadRingTime:
     step_comm_ms: float
     a2a_bytes: float
     lane_bytes: float
+    copy_ms: float = 0.0
 
 
-def head_ring_time(cost: CostModel, ranks: Sequence[int], lengths: Sequence[int], a2a: int) -> HeadRingTime:
+def head_ring_time(cost: CostModel, ranks: Sequence[int], lengths: Sequence[int], a2a: int,
+                   charges: str = "none") -> HeadRingTime:
     """Times of sequences ``lengths`` sharing a ring over ``ranks`` run head-parallel at width ``a2a``.
 
-    Raises ``ValueError`` when ``a2a`` is not one of :func:`head_widths` (the message names the limit).
-    Memoised in the cost model's cache (plans repeat rings).
+    ``charges``: the engine's charge model (:mod:`.engine_ring`; ``none``, the default, is the rule the
+    block-width choice and the local schedule use; :func:`~.predict.predict` passes ``zeppelin``): under
+    ``zeppelin`` the lane's steps carry their merges and row copies and the fp32 dK/dV on the wire
+    (:func:`~.engine_ring.ring_steps` at ``m`` blocks), and every member copies around the two all-to-alls
+    (:func:`~.engine_costs.zeppelin_a2a_bytes` of the ``held`` tokens and its block's rows), both in
+    ``own`` and ``total`` (``copy_ms``). Raises ``ValueError`` when ``a2a`` is not one of
+    :func:`head_widths` (the message names the limit). Memoised in the cost model's cache (plans repeat rings).
     """
-    key = ("hring", tuple(ranks), tuple(lengths), a2a)
+    key = ("hring", tuple(ranks), tuple(lengths), a2a, charges)
     hit = cost._cache.get(key)
     if hit is not None:
         return hit  # type: ignore[no-any-return]
@@ -142,27 +154,26 @@ def head_ring_time(cost: CostModel, ranks: Sequence[int], lengths: Sequence[int]
                          f"{list(head_widths(cost, ranks))} (divides the ring, blocks inside one node, heads "
                          f"{cost.heads}/{kv_heads_per_rank(cost)} split)")
     m = g // a2a
-    o = cost.call_overhead_ms
-    diag = off = 0.0
-    held = step = 0
-    for s in lengths:
-        d, f = cost.ring_compute_profile(s, m)
-        diag += d / a2a
-        off += f / a2a
-        held += ring_max_tokens(s, g)
-        if m > 1:
-            step += ring_chunk_pair_tokens(s, m)
+    st = ring_steps(cost, lengths, m, a2a=a2a, charges=charges)
+    held = sum(ring_max_tokens(s, g) for s in lengths)
+    block = sum(ring_chunk_pair_tokens(s, m) for s in lengths)  # rows of a member's head buffer
     heads_b, tokens_b = a2a_bytes_per_token(cost, a2a)
     heads_ms = cost.nvlink_ms((a2a - 1) * held * heads_b)
     tokens_ms = cost.nvlink_ms((a2a - 1) * held * tokens_b)
-    lane_bytes = 3 * step * lane_kv_bytes_per_token(cost, a2a)
+    lane_bytes = st.wire_bytes
     comm = _lane_comm_ms(cost, ranks, a2a, lane_bytes) if m > 1 else 0.0
-    own = max(diag, o) + (m - 1) * max(off, o)
+    a2a_copy = (hbm_ms(cost, sum(zeppelin_a2a_bytes(shape_of(cost), a2a, held, block).values()))
+                if charges == "zeppelin" else 0.0)
+    own = a2a_copy + st.diag + (m - 1) * st.off + st.first_late
     a2a_ms = heads_ms + tokens_ms
-    total = a2a_ms + max(diag, o) + (m - 1) * max(off, o, comm)
-    hit = HeadRingTime(total=total, own=own, diag=diag, off=off, a2a_ms=a2a_ms, heads_ms=heads_ms, tokens_ms=tokens_ms,
-                       step_comm_ms=comm, a2a_bytes=(a2a - 1) * held * (heads_b + tokens_b),
-                       lane_bytes=float(lane_bytes))
+    total = a2a_ms + a2a_copy + st.diag + (m - 1) * max(st.off, comm) + st.first_late
+    diag, off = st.diag, st.off  # charged steps (at least o)
+    if charges == "none":  # the lane's bare kernels, as this rule always reported them
+        diag = sum(cost.ring_compute_profile(s, m)[0] for s in lengths) / a2a
+        off = sum(cost.ring_compute_profile(s, m)[1] for s in lengths) / a2a
+    hit = HeadRingTime(total=total, own=own, diag=diag, off=off, a2a_ms=a2a_ms, heads_ms=heads_ms,
+                       tokens_ms=tokens_ms, step_comm_ms=comm, a2a_bytes=(a2a - 1) * held * (heads_b + tokens_b),
+                       lane_bytes=float(lane_bytes), copy_ms=a2a_copy + st.copy_ms)
     cost._cache[key] = hit
     return hit
 

@@ -8,23 +8,32 @@ Per layer, forward + backward, for each rank ``r``:
   off-diagonal call with the next K/V transfer. All sequences of a ring share
   one call per step; a call costs at least the profile's per-call overhead::
 
-      ring_ms = max(diag, o) + (g - 1) * max(off, o, comm)
+      ring_ms = diag + (g - 1) * max(off, comm) + first_late
 
-  where ``diag``/``off`` are the slowest member's kernel times (zigzag makes
-  them equal up to one token) and ``comm`` the slowest hop: NVLink inside a
-  node, the network across nodes, over the route's proxies when routed.
-* The rank's own kernel time in a ring is ``max(diag, o) + (g-1) * max(off, o)``;
-  the rest is waiting. Local sequences run in one call after the rings, and
+  where ``diag``/``off``/``first_late`` are :func:`~.engine_ring.ring_steps` under the
+  engine's charges (``charges="zeppelin"`` of :func:`predict`): each step's kernel
+  (at least ``o``; off-diagonal steps timed by orientation, ``block_fitted_ms``) plus its merges
+  and row copies, step 0 with the ring's gathers; ``comm`` the slowest hop of the ring's
+  wire bytes (``2 + a/b`` times the forward K/V: the dK/dV accumulator travels in fp32): NVLink
+  inside a node, the network across nodes, over the route's proxies when routed. Under
+  ``charges="none"`` (the default: ``plan_step`` and the baselines' plans) ``diag = max(diag
+  kernel, o)``, ``off = max(off, o)`` (area-averaged), no copies, ``3x`` K/V on the wire.
+* The rank's own time in a ring is ``diag + (g-1) * off + first_late``;
+  the rest is waiting. Local sequences (each ``local_ms`` plus the engine's copies around
+  local calls, :func:`~.engine_ring.local_copy_ms_per_token`) run in one call after the rings, and
   fill waiting time (the engine's local queue hides ring communication)::
 
       attn_r = sum(ring_ms) + max(0, local_r - sum(wait))
 
 * A head-parallel ring (``ring.a2a = a > 1``, :mod:`.cost_heads`) of ``m`` blocks costs
-  ``heads + max(diag, o) + (m-1) * max(off, o, comm) + tokens`` (the lane's kernels over
-  ``1/a`` of the heads, its lane hop, the two all-to-alls); its all-to-alls are exposed
+  ``heads + copies + diag + (m-1) * max(off, comm) + first_late + tokens`` (the lane's steps over
+  ``1/a`` of the heads, its lane hop, the two all-to-alls and the copies around them); its all-to-alls are exposed
   communication that local work does not fill (nothing runs between a ``Post`` and ``Wait`` of
   one), so they count as the rank's own time in the rule above and as ``exposed_comm_ms``.
-* Linear modules: ``linear_ms(tokens in the linear layout)``.
+* Linear modules: ``linear_ms(tokens in the linear layout)``; with them, the remap's row gathers
+  and copies (``copy_r``, :func:`~.engine_costs.remap_copy_bytes`, the planner's count of what the
+  simulator charges exactly: the runtime runs them in and out even when no row moves; ``zeppelin``
+  charges only).
 * Remap (:mod:`.remap_cost`): in before attention and out after it, each moved row carrying
   ``2 * q_bytes + kv_bytes`` each time; each all-to-all ends with its busiest NVLink or NIC port,
   rows on the runtime's paths (direct: the source's rail GPU at the destination node, then
@@ -32,11 +41,11 @@ Per layer, forward + backward, for each rank ``r``:
 
 Step time: the ranks on a path of the remap's rows (sources, destinations, relays:
 :func:`~.remap_cost.remap_ranks`) wait for each other there, so over them it is
-``layers * (max attn_r + max linear_r + remap)``; a rank on no path waits for nobody and takes
-``layers * (attn_r + linear_r)``; the step is the larger. Without a remap (the linear layout *is*
-the attention layout) that is every rank: ``layers * max_r (attn_r + linear_r)`` (ring partners
-already wait for each other inside ``attn_r``). ``rank_ms = layers * (attn_r + linear_r + remap)``,
-the remap only for ranks on its paths.
+``layers * (max attn_r + max (linear_r + copy_r) + remap)``; a rank on no path waits for nobody and
+takes ``layers * (attn_r + linear_r + copy_r)``; the step is the larger. Without a remap (the linear
+layout *is* the attention layout) that is every rank: ``layers * max_r (attn_r + linear_r + copy_r)``
+(ring partners already wait for each other inside ``attn_r``). ``rank_ms = layers * (attn_r + linear_r
++ copy_r + remap)``, the remap only for ranks on its paths.
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ from typing import Mapping, Sequence
 
 from .cost_heads import head_ring_time
 from .cost_model import CostModel
+from .engine_costs import hbm_ms, remap_copy_bytes, shape_of
+from .engine_ring import local_copy_ms_per_token, ring_steps
 from .plan import Prediction, StepPlan
 from .remap_cost import remap_layer_ms, remap_ranks
 from .routing import Route
@@ -55,7 +66,12 @@ __all__ = ["predict", "attention_time", "ring_time", "rank_attention", "remap_ti
 _ROUND = 6
 
 
-def predict(plan: StepPlan, cost: CostModel) -> Prediction:
+def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Prediction:
+    """The predicted step of ``plan`` (module docstring); ``charges``: the engine's charge model
+    (:mod:`.engine_ring`): ``zeppelin``, this project's engine with its copies and fp32 dK/dV on the
+    wire (closer to the simulator: mean |error| 3.8% against 6.1%, docs/planner.md); ``te``; ``none``
+    (the default, which ``plan_step``, the layout choice and the baselines still use: the cost model's
+    own terms). Example: ``predict(plan, cost, charges="zeppelin").step_ms``."""
     cl = cost.cluster
     world = plan.world_size
     layers = cost.model.layers
@@ -69,7 +85,7 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
         g = len(ring.ranks)
         lengths = [plan.sequences[i].length for i in ring.seqs]
         if ring.a2a > 1:
-            h = head_ring_time(cost, ring.ranks, lengths, ring.a2a)
+            h = head_ring_time(cost, ring.ranks, lengths, ring.a2a, charges)
             m = ring.blocks
             for p, src in enumerate(ring.ranks):
                 b, lane = divmod(p, ring.a2a)
@@ -82,7 +98,7 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
                 fixed[src] += h.a2a_ms
             continue
         routes = plan.routes_for(ring.ranks)
-        total, own, nbytes = ring_time(cost, ring.ranks, lengths, routes)
+        total, own, nbytes = ring_time(cost, ring.ranks, lengths, routes, charges)
         for p, src in enumerate(ring.ranks):
             side = intra_b if cl.node_of(src) == cl.node_of(ring.ranks[next_position(p, g)]) else inter_b
             side[src] += (g - 1) * nbytes
@@ -92,15 +108,21 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
 
     local = [0.0] * world
     by_length: dict[int, float] = {}  # batches repeat lengths
+    per_token = local_copy_ms_per_token(cost, charges)  # the engine's copies around local calls
     for s in plan.sequences:
         if s.placement == "local":
             t = by_length.get(s.length)
             if t is None:
-                t = by_length[s.length] = cost.local_ms(s.length)
+                t = by_length[s.length] = cost.local_ms(s.length) + s.length * per_token
             local[s.ranks[0]] += t
     attn, own_compute = rank_attention(ring_total, ring_own, local, o)
     own_compute = [c - f for c, f in zip(own_compute, fixed)]  # the all-to-alls are communication
     linear = [cost.linear_ms(plan.tokens(r, "linear")) for r in range(world)]
+    # the remap's row gathers and copies: the runtime runs remap_parts in and out even when no row moves
+    sh = shape_of(cost)
+    copies = ([hbm_ms(cost, remap_copy_bytes(sh, plan.tokens(r, "linear"), plan.tokens(r, "attention")))
+               for r in range(world)] if charges == "zeppelin" else [0.0] * world)
+    before = [t + c for t, c in zip(linear, copies)]  # all of a rank's work outside attention
 
     remap, remap_intra, remap_inter = remap_time(plan, cost, plan.remap_proxies)
     for r in range(world):
@@ -110,11 +132,11 @@ def predict(plan: StepPlan, cost: CostModel) -> Prediction:
     # A rank on no path of the remap's rows waits for nobody there (the all-to-alls' waits are pairwise).
     on_path = remap_ranks(plan, plan.remap_proxies)
     moving = [r in on_path for r in range(world)]
-    rank_ms = [layers * (attn[r] + linear[r] + (remap if moving[r] else 0.0)) for r in range(world)]
+    rank_ms = [layers * (attn[r] + before[r] + (remap if moving[r] else 0.0)) for r in range(world)]
     step = max((rank_ms[r] for r in range(world) if not moving[r]), default=0.0)
     if any(moving):
         step = max(step, layers * (max(a for a, m in zip(attn, moving) if m)
-                                   + max(t for t, m in zip(linear, moving) if m) + remap))
+                                   + max(t for t, m in zip(before, moving) if m) + remap))
     exposed = [layers * (attn[r] - own_compute[r]) for r in range(world)]
     return Prediction(
         step_ms=round(step, _ROUND),
@@ -143,28 +165,26 @@ def remap_time(
 
 
 def ring_time(
-    cost: CostModel, ranks: Sequence[int], lengths: Sequence[int], routes: Mapping[tuple[int, int], Route]
+    cost: CostModel, ranks: Sequence[int], lengths: Sequence[int], routes: Mapping[tuple[int, int], Route],
+    charges: str = "none",
 ) -> tuple[float, float, int]:
-    """One ring's per-layer times: ``(total, own kernel time, bytes one hop moves per step)``.
+    """One ring's per-layer times: ``(total, own kernel and copy time, bytes one hop moves per step)``.
 
     ``lengths``: the sequences sharing the ring (one call per step for all of
     them); ``routes``: the routed cross-node hops by ``(src, dst)`` (a hop
-    without a route goes over the source's own NIC). Every member pays
-    ``total = max(diag, o) + (g-1) * max(off, o, comm)``; its own kernel time is
-    ``max(diag, o) + (g-1) * max(off, o)``. Example: one sequence alone on a
-    ring is :meth:`CostModel.ring_ms` when each hop has the same proxies.
+    without a route goes over the source's own NIC); ``charges``: the engine's
+    charge model (:mod:`.engine_ring`; the default ``none`` is the rule the partitioner and the
+    block-width choice score with: charging them made simulated steps slower, up to 5% on 13B
+    arxiv-64k at 128 GPUs, docs/planner.md). Every member pays
+    ``total = diag + (g-1) * max(off, comm) + first_late``, its own time is
+    ``diag + (g-1) * off + first_late`` (:func:`~.engine_ring.ring_steps`: each step at
+    least the call overhead, plus its copies). Example: one sequence alone on a
+    ring under ``charges="none"`` is :meth:`CostModel.ring_ms` when each hop has the same proxies.
     """
     cl = cost.cluster
     g = len(ranks)
-    o = cost.call_overhead_ms
-    diag = off = 0.0
-    step_bytes = 0
-    for s in lengths:
-        d, f = cost.ring_compute_profile(s, g)
-        diag += d
-        off += f
-        step_bytes += cost.ring_step_bytes(s, g)
-    nbytes = 3 * step_bytes
+    st = ring_steps(cost, lengths, g, charges=charges)
+    nbytes = st.wire_bytes
     comm = 0.0
     for p, src in enumerate(ranks):
         dst = ranks[next_position(p, g)]
@@ -173,8 +193,8 @@ def ring_time(
         else:
             route = routes.get((src, dst))
             comm = max(comm, cost.routed_ms(nbytes, len(route.proxies) if route else 1))
-    total = max(diag, o) + (g - 1) * max(off, o, comm)
-    own = max(diag, o) + (g - 1) * max(off, o)
+    total = st.diag + (g - 1) * max(st.off, comm) + st.first_late
+    own = st.diag + (g - 1) * st.off + st.first_late
     return total, own, nbytes
 
 
