@@ -275,8 +275,9 @@ def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, ra
     Greedy placement in ``order``, then :func:`rebalance_nodes`. A node's load
     is the GPU-time (sum over its GPUs) it is expected to carry. ``ends``: :func:`run_ends`
     of ``order`` (computed when not given); long runs of equal sequences that go round
-    robin over the nodes are placed whole rounds at a time (:func:`~.even_rounds.even_rounds`:
-    the same nodes, loads and order as one by one).
+    robin over the nodes (or over the least loaded ones, below the others) are placed whole
+    rounds at a time (:func:`~.even_rounds.even_rounds`: the same nodes, loads and order as one
+    by one).
     """
     cl, gpn, cap, lengths, w = ctx.cluster, ctx.gpn, ctx.cap, ctx.lengths, ctx.w
     n_nodes = cl.nodes
@@ -297,11 +298,13 @@ def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, ra
             i = order[pos]
             if run_end - pos >= MIN_ROUNDS * n_nodes and not (may_span and w[i] > span_limit):
                 c, s = node_cost(i), lengths[i]
-                turn, rounds, after = even_rounds(node_load, node_tok, c, s, run_end - pos, token_limit=soft_cap)
+                turn, rounds, after = even_rounds(node_load, node_tok, c, s, run_end - pos, token_limit=soft_cap,
+                                                  subset=True)
                 if rounds:
-                    stop = pos + rounds * n_nodes
+                    width = len(turn)  # the least loaded nodes, or all
+                    stop = pos + rounds * width
                     for j, n in enumerate(turn):
-                        node_seqs[n].extend(order[pos + j:stop:n_nodes])
+                        node_seqs[n].extend(order[pos + j:stop:width])
                         node_tok[n] += rounds * s
                     node_load[:] = after
                     cost.update(dict.fromkeys(order[pos:stop], c))

@@ -134,10 +134,10 @@ def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float]
         if pos == next_try:
             next_try, gap = pos + gap, 2 * gap  # then less and less often while they do not apply
             # A length no ring takes goes to the least loaded GPU over the limit too (pick_ring: None).
-            stop = _rounds(seqs, pos, load, tok, whole, fill, math.inf if stays else t_lim, ctx) \
-                if allow_local else pos
+            stop, top = _rounds(seqs, pos, load, tok, whole, fill, math.inf if stays else t_lim, ctx) \
+                if allow_local else (pos, 0.0)
             if stop > pos:
-                rings_asked = rings_asked or max(load) > t_lim  # a pick over the limit asked for a ring
+                rings_asked = rings_asked or top > t_lim  # a pick over the limit asked for a ring
                 heap = [(load[l], l) for l in range(gpn)]
                 heapq.heapify(heap)
                 pos, next_try, gap = stop, stop, gpn
@@ -198,27 +198,29 @@ def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float]
 
 
 def _rounds(seqs: list[int], pos: int, load: list[float], tok: list[int], whole: list[Assignment],
-            fill: NodeFill, t_lim: float, ctx: PartitionContext) -> int:
+            fill: NodeFill, t_lim: float, ctx: PartitionContext) -> tuple[int, float]:
     """Place whole rounds of the run of equal sequences at ``seqs[pos:]`` local to the least loaded GPUs,
     exactly as :func:`place_node` would one by one (:func:`~.even_rounds.even_rounds`); returns where
-    the rounds end (``pos`` if none apply). ``load`` / ``tok`` / ``fill`` are updated in place."""
+    the rounds end (``pos`` if none apply) and the highest load a GPU they picked ends at (its last
+    pick's load plus the sequence's time). ``load`` / ``tok`` / ``fill`` are updated in place."""
     lengths, gpn = ctx.lengths, len(load)
     s = lengths[seqs[pos]]
     if len(seqs) - pos < MIN_ROUNDS * gpn:
-        return pos
+        return pos, 0.0
     # seqs are in placement order, so one length's sequences are contiguous: the run ends at the first other
     count = bisect_left(range(pos, len(seqs)), True, key=lambda p: lengths[seqs[p]] != s)
     turn, rounds, after = even_rounds(load, tok, ctx.w[seqs[pos]], s, count, token_limit=min(ctx.cap, ctx.quota),
-                                      load_limit=t_lim)
-    stop = pos + rounds * gpn
+                                      load_limit=t_lim, subset=True)
+    width = len(turn)  # the least loaded GPUs, or all
+    stop = pos + rounds * width
     run = seqs[pos:stop]
     if not rounds or list(map(lengths.__getitem__, run)).count(s) != len(run):  # not contiguous: one by one
-        return pos
+        return pos, 0.0
     for j, l in enumerate(turn):
-        fill.runs.append((seqs[pos + j:stop:gpn], whole[l]))
+        fill.runs.append((seqs[pos + j:stop:width], whole[l]))
         tok[l] += rounds * s
     load[:] = after
-    return stop
+    return stop, max(after[l] for l in turn)
 
 
 def never_split(ctx: PartitionContext, s: int, gpn: int, whole_node: bool) -> bool:
