@@ -296,12 +296,12 @@ def swap_for_several(ctx: PartitionContext, st: NodeState, view: RoundView, lo: 
     for start, end in lo_view.runs:
         c = cost[items[start]]
         k = start
-        while k < end and got + c <= budget:
-            b = items[k]
-            back.append(b)
+        while k < end and got + c <= budget:  # the sums one by one, as the plain greedy adds them
             got += c
-            back_tok += ctx.lengths[b]
             k += 1
+        if k > start:
+            back.extend(items[start:k])
+            back_tok += sum(map(ctx.lengths.__getitem__, items[start:k]))
     m = item.cost - got
     fb = sum(filter(partial(ge, ctx.limit), map(ctx.w.__getitem__, back)))  # light work (is_light), in order
     if (len(back) > 1 and 0 < m < gap and tok[lo] + item.tokens - back_tok <= ctx.node_soft_cap

@@ -123,7 +123,7 @@ def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float]
     rings_asked = False
     heap = [(load[l], l) for l in range(gpn)]  # (load, local index), stale entries skipped
     heapq.heapify(heap)
-    pos, total, next_try, gap, tried, stays = 0, len(seqs), 0, gpn, -1, False
+    pos, total, next_try, gap, tried, stays, no_fit = 0, len(seqs), 0, gpn, -1, False, -1
     while pos < total:
         i = seqs[pos]
         s, w = lengths[i], ws[i]
@@ -161,12 +161,14 @@ def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float]
         choice: list[int] | None
         if least >= 0 and allow_local and load[least] + w <= t_lim:
             choice = [least]
-            if tok[least] + s > quota:
+            if tok[least] + s > quota and s != no_fit:
                 # Within the time limit, prefer a GPU that stays under the linear layout's quota
                 # (fewer tokens to remap; short sequences carry many tokens per millisecond).
                 fit = [l for l in sorted(range(gpn), key=lambda l: (load[l], l))
                        if tok[l] + s <= cap and load[l] + w <= t_lim and tok[l] + s <= ctx.quota]
                 choice = fit[:1] or choice
+                if not fit:  # loads and tokens only grow: no later sequence of this length fits either
+                    no_fit = s
         elif stays and least >= 0:  # pick_ring would return None: no ring takes this length
             rings_asked = True
             choice = [least]
