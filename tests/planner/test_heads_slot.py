@@ -12,29 +12,13 @@ import pytest
 from zeppelin_megatron.planner import Cluster, CostModel, load_model
 from zeppelin_megatron.planner.local_schedule import ring_timeline, schedule_local
 from zeppelin_megatron.planner.lowering import LocalCall, Post, RingCall, TransferId, Wait, lower
-from zeppelin_megatron.planner.plan import LocalSlot, PlanError, SequencePlan, StepPlan
+from zeppelin_megatron.planner.plan import LocalSlot, PlanError, StepPlan
 from zeppelin_megatron.planner.cost_heads import head_ring_time
-from zeppelin_megatron.planner.zigzag import zigzag_ranges
 from zeppelin_megatron.sim.simulator import simulate
+from zigzag_plans import zigzag_plan
 
 
-def _plan(items: list[tuple[int, tuple[int, ...], int]], nodes: int, gpn: int,
-          local: tuple[tuple[int, int], ...] = (), slots: tuple[LocalSlot, ...] = ()) -> StepPlan:
-    """Split sequences ``(length, ranks, a2a)`` in zigzag layout, then local ``(length, rank)`` ones;
-    linear layout = attention layout."""
-    att: list[list[tuple[int, int, int]]] = [[] for _ in range(nodes * gpn)]
-    seqs = []
-    for i, (n, ranks, a2a) in enumerate(items):
-        place = "intra_node" if len({r // gpn for r in ranks}) == 1 else "inter_node"
-        seqs.append(SequencePlan(n, place, ranks, a2a))  # type: ignore[arg-type]
-        for p, r in enumerate(ranks):
-            att[r] += [(i, a, b) for a, b in zigzag_ranges(n, len(ranks), p)]
-    for n, r in local:
-        att[r].append((len(seqs), 0, n))
-        seqs.append(SequencePlan(n, "local", (r,)))
-    lay = tuple(tuple(x) for x in att)
-    return StepPlan(nodes=nodes, gpus_per_node=gpn, sequences=tuple(seqs), attention_layout=lay, linear_layout=lay,
-                    local_slots=slots)
+_plan = zigzag_plan
 
 
 def _cost(nodes: int, gpn: int) -> CostModel:

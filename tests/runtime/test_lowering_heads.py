@@ -7,24 +7,13 @@ from dataclasses import replace
 import pytest
 
 from plan_factory import random_plan
+from zigzag_plans import zigzag_plan
 from zeppelin_megatron.planner.head_parallel import block_ranges, head_split_error, lane_heads, lane_kv_heads
 from zeppelin_megatron.planner.lowering import Post, RingCall, TransferId, Wait, lower
 from zeppelin_megatron.planner.plan import PlanError, SequencePlan, StepPlan
-from zeppelin_megatron.planner.zigzag import zigzag_ranges
 
 
-def _plan(lengths_ranks_a2a: list[tuple[int, tuple[int, ...], int]], nodes: int, gpn: int) -> StepPlan:
-    """Split sequences in plain zigzag layout (linear = attention layout)."""
-    world = nodes * gpn
-    att: list[list[tuple[int, int, int]]] = [[] for _ in range(world)]
-    seqs = []
-    for i, (n, ranks, a2a) in enumerate(lengths_ranks_a2a):
-        place = "intra_node" if len({r // gpn for r in ranks}) == 1 else "inter_node"
-        seqs.append(SequencePlan(n, place, ranks, a2a))  # type: ignore[arg-type]
-        for p, r in enumerate(ranks):
-            att[r] += [(i, a, b) for a, b in zigzag_ranges(n, len(ranks), p)]
-    lay = tuple(tuple(x) for x in att)
-    return StepPlan(nodes=nodes, gpus_per_node=gpn, sequences=tuple(seqs), attention_layout=lay, linear_layout=lay)
+_plan = zigzag_plan
 
 
 def test_block_ranges_and_lane_heads_worked_examples() -> None:

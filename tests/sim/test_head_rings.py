@@ -4,6 +4,7 @@ Zeppelin's hybrid against TE CP a2a+p2p's model of the same group."""
 
 from __future__ import annotations
 
+from zigzag_plans import zigzag_plan
 from dataclasses import replace
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from zeppelin_megatron.planner import Cluster, CostModel, load_cluster, load_model
 from zeppelin_megatron.planner.lowering import RingCall, lower
 from zeppelin_megatron.planner.model import ModelShape
-from zeppelin_megatron.planner.plan import LocalSlot, SequencePlan, StepPlan
+from zeppelin_megatron.planner.plan import LocalSlot, StepPlan
 from zeppelin_megatron.planner.zigzag import ring_chunk_pair_tokens, zigzag_ranges
 from zeppelin_megatron.sim.charges import (
     Shape, a2a_token_bytes, hbm_ms, shape_of, te_step_bytes, zeppelin_a2a_bytes, zeppelin_call_bytes,
@@ -35,22 +36,7 @@ def _cost(cluster: Cluster, model: ModelShape | None = None) -> CostModel:
     return CostModel(model=model or replace(load_model(None), layers=1), cluster=cluster)  # Llama-7B, MHA, bf16
 
 
-def _plan(items: list[tuple[int, tuple[int, ...], int]], nodes: int, gpn: int,
-          local: tuple[tuple[int, int], ...] = ()) -> StepPlan:
-    """Split sequences ``(length, ranks, a2a)`` in plain zigzag layout and local ``(length, rank)`` ones;
-    linear layout = attention layout (no remap traffic)."""
-    att: list[list[tuple[int, int, int]]] = [[] for _ in range(nodes * gpn)]
-    seqs = []
-    for i, (n, ranks, a2a) in enumerate(items):
-        place = "intra_node" if len({r // gpn for r in ranks}) == 1 else "inter_node"
-        seqs.append(SequencePlan(n, place, ranks, a2a))  # type: ignore[arg-type]
-        for p, r in enumerate(ranks):
-            att[r] += [(i, a, b) for a, b in zigzag_ranges(n, len(ranks), p)]
-    for n, r in local:
-        att[r].append((len(seqs), 0, n))
-        seqs.append(SequencePlan(n, "local", (r,)))
-    lay = tuple(tuple(x) for x in att)
-    return StepPlan(nodes=nodes, gpus_per_node=gpn, sequences=tuple(seqs), attention_layout=lay, linear_layout=lay)
+_plan = zigzag_plan
 
 
 def _legs(prog, kind: str) -> list[tuple[int, int, float, str]]:  # type: ignore[no-untyped-def]
