@@ -12,7 +12,9 @@ import pytest
 
 from zeppelin_megatron.planner import PlanError, StepPlan, plan_step
 from zeppelin_megatron.planner import plan_check
-from zeppelin_megatron.planner.layout_check import attention_in_planner_order, planner_attention_layout
+from zeppelin_megatron.planner.layout_check import (
+    attention_in_planner_order, engine_attention_layout, planner_attention_layout,
+)
 from zeppelin_megatron.planner.plan import SequencePlan
 from zeppelin_megatron.planner.workloads import long_tailed_batch
 
@@ -63,7 +65,8 @@ def mixed() -> StepPlan:
 
 def test_planner_layouts_are_in_planner_order(mixed: StepPlan) -> None:
     assert attention_in_planner_order(mixed)
-    assert planner_attention_layout(mixed.sequences, 8) == _mutable(mixed.attention_layout)
+    want = _mutable(mixed.attention_layout)
+    assert engine_attention_layout(mixed.sequences, mixed.rings, mixed.local_slots, 8) == want
     cost = make_cost("4x8")
     for seed in range(3):
         plan = plan_step(long_tailed_batch(1 << 20, seed), cost)

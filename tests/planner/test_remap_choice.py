@@ -101,7 +101,8 @@ def test_unrouted_plan_chosen_when_the_routed_one_predicts_slower(monkeypatch: p
     monkeypatch.setattr(layout_choice, "predict", slower_when_routed)
     plan = plan_step(lengths, cost, PlannerOptions(head_parallel=False))
     assert plan.routing == () and plan.remap_proxies == ()
-    assert plan.attention_layout == routed.attention_layout
+    # the same tokens on each rank; the order follows the local slots, which follow the routing (engine_order)
+    assert [sorted(r) for r in plan.attention_layout] == [sorted(r) for r in routed.attention_layout]
     monkeypatch.undo()
     off = plan_step(lengths, cost, PlannerOptions(head_parallel=False, routing=False))
     assert off.routing == () and off.remap_proxies == ()

@@ -23,6 +23,7 @@ from zeppelin_megatron.runtime import (
 )
 from zeppelin_megatron.planner.head_parallel import lane_heads
 from zeppelin_megatron.planner.lowering import LocalCall, Message, Post, RingCall, Wait, lower, message_hops
+from zeppelin_megatron.planner.lowering_parts import row_span
 from zeppelin_megatron.runtime.comm import CommStream, all_to_all_uneven
 from zeppelin_megatron.runtime.router import Router, rank_rounds
 
@@ -254,7 +255,10 @@ def check_trace(group: ZeppelinGroup, plan: StepPlan, *, routing: bool, hq: int 
     """The engine executes the lowered program op for op, forward and backward: each kernel call
     (lengths, mask, and the exact token rows of q, k and v it is given) and each point-to-point
     op (peer, send/receive, tag, element count, dtype: accumulators in the accumulation dtype) and wait,
-    in order, recorded at the kernel, at :func:`~zeppelin_megatron.runtime.comm.post` and ``InFlight.wait``."""
+    in order, recorded at the kernel, at :func:`~zeppelin_megatron.runtime.comm.post` and ``InFlight.wait``.
+    And a view is not a gather: each kernel call's q shares the engine input's storage exactly when its rows
+    are one contiguous range read whole (a local chunk, or a plain ring's call over all of the rank's ring
+    rows, with :func:`~zeppelin_megatron.planner.lowering_parts.row_span` of its rows not None)."""
     import zeppelin_megatron.runtime.router as router_mod
     from zeppelin_megatron.runtime.engine import AttentionEngine
     from zeppelin_megatron.runtime.kernels import get_kernel
@@ -267,16 +271,20 @@ def check_trace(group: ZeppelinGroup, plan: StepPlan, *, routing: bool, hq: int 
     q, k, v, dout = (gather(att, [x[i] for x in data], e(hkv if i in (1, 2) else hq)) for i in range(4))
     ref = get_kernel("reference", cpu, dtype)
     log: list[tuple[object, ...]] = []
+    views: list[bool] = []  # per kernel call: its q is a view of the engine's input q (no gather)
+    q_store = q.untyped_storage().data_ptr()
 
     class Recording:
         name = "recording"
 
         def forward(self, q, k, v, batch, scale):  # type: ignore[no-untyped-def]
             log.append(("kernel", batch.lens_q, batch.lens_k, batch.causal, q.clone(), k.clone(), v.clone()))
+            views.append(q.untyped_storage().data_ptr() == q_store)
             return ref.forward(q, k, v, batch, scale)
 
         def backward(self, dout, q, k, v, out, lse, batch, scale):  # type: ignore[no-untyped-def]
             log.append(("kernel", batch.lens_q, batch.lens_k, batch.causal, q.clone(), k.clone(), v.clone()))
+            views.append(q.untyped_storage().data_ptr() == q_store)
             return ref.backward(dout, q, k, v, out, lse, batch, scale)
 
     real_post = router_mod.post
@@ -316,6 +324,17 @@ def check_trace(group: ZeppelinGroup, plan: StepPlan, *, routing: bool, hq: int 
             assert same, f"{what}: {name} event {i} is {a[:4]}, the lowered program says {b[:4]}{rows}"
     calls = any(isinstance(op, (RingCall, LocalCall)) for op in prog.forward)  # a relay may have none
     assert any(x[0] == "kernel" for x in fwd) == calls, what
+    want_views = [_reads_a_view(op, prog) for ops in (prog.forward, prog.backward) for op in ops
+                  if isinstance(op, (RingCall, LocalCall))]
+    assert views == want_views, f"{what}: kernel q is a view {views}, contiguous rows say {want_views}"
+
+
+def _reads_a_view(op: object, prog: object) -> bool:
+    """Whether the engine hands kernel call ``op`` its q rows as a view of its input (module ``check_trace``)."""
+    if isinstance(op, LocalCall):
+        return row_span(prog.local_chunks[op.chunk].rows) is not None  # type: ignore[attr-defined]
+    assert isinstance(op, RingCall)
+    return op.part.a2a == 1 and op.q_all and row_span(op.part.rows) is not None
 
 
 def _interleave_expected(rings: Sequence[tuple[int, tuple[tuple[int, int], ...]]],

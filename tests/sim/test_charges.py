@@ -13,13 +13,13 @@ from typing import Sequence
 
 import pytest
 
-from zeppelin_megatron.planner import Cluster, CostModel, load_model
+from zeppelin_megatron.planner import Cluster, CostModel, StepPlan, load_model
 from zeppelin_megatron.planner.lowering import RingCall, lower
 from zeppelin_megatron.planner.model import ModelShape
 from zeppelin_megatron.planner.profile import ProfileError, default_profile, parse_profile
 from zeppelin_megatron.sim.charges import (
-    charges_for, hbm_ms, merge_bytes, remap_gathers, shape_of, te_step_bytes, zeppelin_call_bytes, zeppelin_remap_bytes,
-    zeppelin_ring_bytes,
+    charges_for, hbm_ms, merge_bytes, remap_gathers, shape_of, te_step_bytes, zeppelin_call_bytes, zeppelin_local_bytes,
+    zeppelin_remap_bytes, zeppelin_ring_bytes,
 )
 from zeppelin_megatron.sim.planbuild import build_plan
 from zeppelin_megatron.sim.program import build_layer_program
@@ -110,11 +110,13 @@ def test_merge_bytes_by_hand() -> None:
 
 
 def _hand_ring_bytes(position: int) -> float:
-    """One 16384-token sequence on a 2-GPU ring, Llama-7B bf16: Eq = 4096, Ekv = 8192, Hq = 32, n = 8192."""
+    """One 16384-token sequence on a 2-GPU ring, Llama-7B bf16: Eq = 4096, Ekv = 8192, Hq = 32, n = 8192.
+    Each rank's ring rows are one range of its buffer (rank 0: chunks 0 | 3, rank 1: 1 | 2): q and dout are
+    views, the results are cast straight into their slices."""
     eq, ekv, hq, n = 4096, 8192, 32, 8192
-    setup = (2 * 2 * n * (eq + ekv) + n * eq * (4 + 3 * 2)                     # fwd gathers; result .to + copy
-             + 2 * 2 * n * (2 * eq + ekv) + 4 * n * eq                         # bwd gathers; dq zeros
-             + n * (eq + ekv) * (4 + 3 * 2))                                   # final dq/dk/dv .to + copy
+    setup = (2 * 2 * n * ekv + n * eq * (4 + 2)                                # fwd K/V send buffer; result cast
+             + 2 * 2 * n * ekv + 4 * n * eq                                    # bwd K/V send buffer; dq zeros
+             + n * (eq + ekv) * (4 + 2))                                       # final dq/dk/dv cast into slices
     diag = (n * eq * 6                                                         # o.to(fp32)
             + n * eq * 10 + 8 * n * hq + n * ekv * 6)                          # dq +=, lse copy, acc = block
     if position == 0:  # step 1 is 'late': 4096 late rows against all 8192 of position 1
@@ -139,7 +141,7 @@ def test_one_ring_pays_its_merges_and_copies_by_hand() -> None:
     sh = shape_of(cost)
     for r in (0, 1):
         calls = [op for op in low.ranks[r].forward if isinstance(op, RingCall)]
-        got = zeppelin_ring_bytes(sh, 8192) + sum(
+        got = zeppelin_ring_bytes(sh, 8192, contiguous=True) + sum(
             zeppelin_call_bytes(sh, c, first_late=c.kind == "late") for c in calls)
         assert got == _hand_ring_bytes(r)
     # The whole layer: linear/2, remap copies/2, [diag, copies of step 0] against the K/V transfer
@@ -156,7 +158,8 @@ def test_one_ring_pays_its_merges_and_copies_by_hand() -> None:
     # (2 b F_in 8192) and out / its gradient (one part) is the received buffer itself
     remap = 2 * (2 * b * f_in * 8192 + 2 * b * f_in * 8192) + 2 * (2 * b * f_out * 8192)
     assert zeppelin_remap_bytes(sh, plan) == [remap, remap]
-    step0 = {0: 6 * 8192 * 4096 + zeppelin_ring_bytes(sh, 8192), 1: 6 * 8192 * 4096 + zeppelin_ring_bytes(sh, 8192)}
+    ring = zeppelin_ring_bytes(sh, 8192, contiguous=True)
+    step0 = {0: 6 * 8192 * 4096 + ring, 1: 6 * 8192 * 4096 + ring}
     blocks = {0: cost.block_fitted_ms(4096, 8192), 1: cost.block_fitted_ms(8192, 4096)}  # late: wide, early: tall
     finish = []
     for r in (0, 1):
@@ -187,9 +190,57 @@ def test_a_ring_of_g_steps_pays_g_minus_1_merges(g: int) -> None:
         assert all(d.kind == "late" for d in calls[calls.index(first_late):]) if first_late else True
         for c, op in zip(calls[1:], copies[1:]):  # every later call pays at least its merge
             assert op.ms >= hbm_ms(cost, merge_bytes(sh, sum(c.lens_q), late=c is first_late))
-        assert sum(op.ms for op in copies) == pytest.approx(hbm_ms(cost, zeppelin_ring_bytes(sh, 4096) + sum(
+        ring = zeppelin_ring_bytes(sh, 4096, contiguous=True)  # one sequence: each rank's rows are one range
+        assert sum(op.ms for op in copies) == pytest.approx(hbm_ms(cost, ring + sum(
             zeppelin_call_bytes(sh, c, first_late=c is next((d for d in calls if d.kind == "late"), None))
             for c in calls)), rel=1e-12)
+
+
+def test_contiguous_rows_drop_the_gathers_by_hand() -> None:
+    """Per ring (n rows) and per local call (T tokens), Llama-7B bf16 (Eq 4096, Ekv 8192, a 4, b 2):
+    gathered rows pay index_select and .to + index_copy_; rows in one range only the K/V send buffer,
+    the dq zeros and the casts into the slices (ring), the slice writes (local)."""
+    sh = shape_of(_cost(_cluster(1, 2)))
+    eq, ekv, n = 4096, 8192, 3
+    assert zeppelin_ring_bytes(sh, n) == (2 * 2 * n * (eq + ekv) + n * eq * (4 + 6)
+                                          + 2 * 2 * n * (2 * eq + ekv) + 4 * n * eq + n * (eq + ekv) * (4 + 6))
+    assert zeppelin_ring_bytes(sh, n, contiguous=True) == (2 * 2 * n * ekv + n * eq * (4 + 2)
+                                                           + 2 * 2 * n * ekv + 4 * n * eq + n * (eq + ekv) * (4 + 2))
+    assert zeppelin_ring_bytes(sh, 1) == 294_912 and zeppelin_ring_bytes(sh, 1, contiguous=True) == 180_224
+    assert zeppelin_local_bytes(sh, n) == n * 2 * 2 * (eq + ekv) + n * 2 * 2 * eq \
+        + n * 2 * 2 * (2 * eq + ekv) + n * 2 * 2 * (eq + ekv)
+    assert zeppelin_local_bytes(sh, n, contiguous=True) == n * 2 * 2 * eq + n * 2 * 2 * (eq + ekv)
+    assert zeppelin_local_bytes(sh, 1) == 180_224 and zeppelin_local_bytes(sh, 1, contiguous=True) == 65_536
+
+
+def test_the_simulator_charges_gathers_only_where_rows_are_not_contiguous() -> None:
+    """Sequences 0 and 2 on a ring over ranks 0 and 1, sequence 1 local on rank 0. By index (build_plan's
+    order) rank 0's ring rows are split by sequence 1's: gathered; in engine order (plan_step's) every
+    rank's ring rows are one range (a local call of one sequence is one range in both). Rank 0's copies
+    differ by exactly the ring's gathers; rank 1 (one range either way) pays the same."""
+    from zeppelin_megatron.planner.api import engine_order
+
+    cl = _cluster(1, 2)
+    cost = _cost(cl)
+    by_index = build_plan([4096, 1000, 4096], [(0, 1), (0,), (0, 1)], cl, cost, local_slots=False)
+    ordered = engine_order(by_index)
+    assert by_index.attention_layout[0] == ((0, 0, 1024), (0, 3072, 4096), (1, 0, 1000), (2, 0, 1024),
+                                            (2, 3072, 4096))
+    assert ordered.attention_layout[0] == ((0, 0, 1024), (0, 3072, 4096), (2, 0, 1024), (2, 3072, 4096),
+                                           (1, 0, 1000))
+    sh = shape_of(cost)
+
+    def copies(plan: StepPlan) -> list[float]:
+        prog = build_layer_program(plan, cost)
+        return [sum(op.ms for op in ops if op.kind == "copy" and "remap" not in op.label) for ops in prog.ops]
+
+    spans = {p: [part.span for prog in lower(p).ranks for part in prog.rings] for p in (by_index, ordered)}
+    assert spans[by_index] == [None, (0, 4096)] and spans[ordered] == [(0, 4096), (0, 4096)]
+    a, b = copies(by_index), copies(ordered)
+    assert [c.span for c in lower(by_index).ranks[0].local_chunks] == [(2048, 3048)]
+    saved = zeppelin_ring_bytes(sh, 4096) - zeppelin_ring_bytes(sh, 4096, contiguous=True)
+    assert a[0] - b[0] == pytest.approx(hbm_ms(cost, saved), rel=1e-9)
+    assert a[1] == pytest.approx(b[1], rel=1e-12)
 
 
 def test_a_remap_pays_its_gathers_and_a_routed_remap_its_staging() -> None:

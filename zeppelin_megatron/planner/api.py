@@ -9,13 +9,14 @@ from .cluster import Cluster
 from .cost_model import CostModel
 from .gc_pause import gc_paused
 from .linear_layout import linear_layout
+from .layout_check import engine_attention_layout
 from .layout_choice import choose_plan
 from .options import REMAP_CHOICES, PlannerOptions
 from .partition import partition
 from .plan import PlanError, SequencePlan, StepPlan
 from .zigzag import position_ranges
 
-__all__ = ["plan_step", "check_lengths", "REMAP_CHOICES"]
+__all__ = ["plan_step", "check_lengths", "engine_order", "REMAP_CHOICES"]
 
 
 def check_lengths(lengths: Sequence[int], cluster: Cluster) -> list[int]:
@@ -115,4 +116,27 @@ def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOption
     lin = att if remap is False else linear_layout(att, cluster)
     base = StepPlan(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, sequences=sequences,
                     attention_layout=att, linear_layout=lin)
-    return choose_plan(base, cost_model, options)  # linear layout and routing (layout_choice.py)
+    return engine_order(choose_plan(base, cost_model, options))  # linear layout and routing (layout_choice.py)
+
+
+def engine_order(plan: StepPlan) -> StepPlan:
+    """``plan`` with each rank's attention ranges in engine order (:func:`~.layout_check.engine_attention_layout`:
+    ring by ring, each member's ring tokens seq-major, then each local chunk's sequences), so every ring's
+    and every local chunk's rows are one contiguous range and the engine takes views instead of gathers
+    (``runtime/engine.py``). Only the order within each rank changes: the same tokens on the same ranks,
+    so the remap moves the same rows between the same ranks (its exchange lists are rebuilt: ``evolve``
+    drops them); a linear layout equal to the attention layout (``linear == "attention"``, or nothing
+    to remap) follows it. A plan already in that order (no rings and no slots: local sequences by index)
+    is returned as is.
+
+    Example: sequence 0 (3 tokens) local on rank 1 and sequence 1 (8 tokens) on a ring over ranks 0
+    and 1: rank 1's ``((0, 0, 3), (1, 2, 6))`` becomes ``((1, 2, 6), (0, 0, 3))``.
+    """
+    if not plan.local_slots and not plan.rings:
+        return plan
+    att = tuple(map(tuple, engine_attention_layout(plan.sequences, plan.rings, plan.local_slots,
+                                                   plan.world_size)))
+    if att == plan.attention_layout:
+        return plan
+    lin = att if plan.linear_layout == plan.attention_layout else plan.linear_layout
+    return plan.evolve(attention_layout=att, linear_layout=lin)

@@ -1,10 +1,13 @@
 """Fast acceptance of an attention layout written in the planner's own order (issue 14 item 4).
 
-:func:`planner_attention_layout` builds, from a plan's sequences alone, the attention
-layout :func:`~.api.plan_step` writes: on each rank, ranges by sequence index; a local
+:func:`planner_attention_layout` builds, from a plan's sequences alone, the by-index
+attention layout: on each rank, ranges by sequence index; a local
 sequence ``i`` whole, ``(i, 0, length)``, on its rank; a split one its zigzag ranges
 (:func:`~.zigzag.position_ranges`) on the rank at each ring position.
-:func:`attention_in_planner_order` compares it with the plan's layout. Equal means two of
+:func:`engine_attention_layout` builds the *engine order* :func:`~.api.plan_step` writes
+(issue 12 item 4: ring by ring, then local chunks, so the engine slices rows instead of
+gathering them); for a plan without rings and local slots the two are the same.
+:func:`attention_in_planner_order` compares them with the plan's layout. Equal means two of
 :func:`~.plan_check.validate_plan`'s checks hold at once: every token of the attention
 layout exactly once, and each sequence held as its placement says. Not equal (another
 order, a bad layout) proves nothing either way: the full check
@@ -25,13 +28,13 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .plan_parts import SequencePlan, TokenRange
+from .plan_parts import LocalSlot, Ring, SequencePlan, TokenRange
 from .zigzag import position_ranges
 
 if TYPE_CHECKING:
     from .plan import StepPlan
 
-__all__ = ["planner_attention_layout", "attention_in_planner_order"]
+__all__ = ["planner_attention_layout", "engine_attention_layout", "attention_in_planner_order"]
 
 
 def planner_attention_layout(sequences: Sequence[SequencePlan], world: int) -> list[list[TokenRange]] | None:
@@ -75,15 +78,58 @@ def planner_attention_layout(sequences: Sequence[SequencePlan], world: int) -> l
     return out
 
 
+def engine_attention_layout(sequences: Sequence[SequencePlan], rings: Sequence[Ring],
+                            local_slots: Sequence[LocalSlot], world: int) -> list[list[TokenRange]]:
+    """Each rank's attention ranges in *engine order*, the order :func:`~.api.plan_step` writes them
+    in: ring by ring (``rings``: :attr:`~.plan.StepPlan.rings` order), each ring's sequences in its
+    order, each one's zigzag ranges (:func:`~.zigzag.position_ranges`: early chunk, then late), so a
+    member's ring rows (:attr:`~.lowering_parts.RingPart.rows`, seq-major) are one contiguous range;
+    then the local sequences of each slot (``local_slots`` sorted by ``(ring, step, seqs)``, the
+    lowering's chunk order) and the rank's other local sequences by index, so every local chunk's
+    rows (:attr:`~.lowering_parts.LocalChunk.rows`) are one range too. A slot's sequence that is
+    not local on the slot's rank, or already placed, is skipped (it lands with the rest), so the
+    result holds every token once whatever the slots say.
+
+    Example: 1 node x 2 GPUs, sequence 0 (3 tokens) local on rank 1, sequence 1 (8 tokens) on a
+    ring over ranks 0 and 1, no slots: ``[[(1, 0, 2), (1, 6, 8)], [(1, 2, 6), (0, 0, 3)]]``.
+    """
+    out: list[list[TokenRange]] = [[] for _ in range(world)]
+    for ring in rings:
+        g = len(ring.ranks)
+        for p, r in enumerate(ring.ranks):
+            mine = out[r]
+            for i in ring.seqs:
+                mine.extend(position_ranges(i, sequences[i].length, g, p))
+    placed: set[int] = set()
+    for x in sorted(local_slots, key=lambda x: (x.ring, x.step, x.seqs)):
+        for i in x.seqs:
+            s = sequences[i] if isinstance(i, int) and 0 <= i < len(sequences) else None
+            if s is not None and s.placement == "local" and s.ranks[0] == x.rank and i not in placed:
+                placed.add(i)
+                out[x.rank].append((i, 0, s.length))
+    for i, s in enumerate(sequences):
+        if s.placement == "local" and i not in placed:
+            out[s.ranks[0]].append((i, 0, s.length))
+    return out
+
+
 def attention_in_planner_order(plan: "StepPlan") -> bool:
-    """The plan's attention layout equals :func:`planner_attention_layout` of its sequences, range for range.
+    """The plan's attention layout equals :func:`planner_attention_layout` of its sequences, or
+    :func:`engine_attention_layout` of its sequences, rings and slots, range for range.
 
     True proves the layout covers every token once and holds each sequence as its placement
-    says; False proves nothing (the full check decides).
+    says; False proves nothing (the full check decides). The by-index order is tried first (a
+    plan without rings and slots, e.g. a million local sequences, is in both orders).
     """
     world = plan.nodes * plan.gpus_per_node
     built = planner_attention_layout(plan.sequences, world)
     if built is None:
         return False
     # tuple() of a tuple is the tuple itself: one comparison, range for range (lists compare as tuples).
-    return tuple(map(tuple, built)) == tuple(map(tuple, plan.attention_layout))
+    have = tuple(map(tuple, plan.attention_layout))
+    if tuple(map(tuple, built)) == have:
+        return True
+    if not all(isinstance(s.ranks[0], int) for s in plan.sequences if s.placement == "local"):
+        return False
+    engine = engine_attention_layout(plan.sequences, plan.rings, plan.local_slots, world)
+    return tuple(map(tuple, engine)) == have

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Sequence
 
 from .head_parallel import block_ranges
 from .plan_parts import TokenRange
 from .zigzag import zigzag_ranges
 
-__all__ = ["RingPart", "LocalChunk", "buffer_rows", "token_rows"]
+__all__ = ["RingPart", "LocalChunk", "buffer_rows", "token_rows", "row_span", "ranges_span"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +32,12 @@ class LocalChunk:
     def rows(self) -> tuple[int, ...]:
         pieces = buffer_rows(self.layout)
         return tuple(r for s, n in zip(self.seqs, self.lens) for r in token_rows(pieces[s], 0, n))
+
+    @cached_property
+    def span(self) -> tuple[int, int] | None:
+        """``row_span(rows)`` from the layout's ranges alone (no per-token rows): ``(start, end)`` when
+        :attr:`rows` are one contiguous range (``plan_step``'s layouts), else None."""
+        return ranges_span(self.layout, [(s, 0, n) for s, n in zip(self.seqs, self.lens)])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,9 +146,57 @@ class RingPart:
         if self.position is None:
             return ()
         pieces = buffer_rows(self.layout)
-        mine = (self.seq_major(self.position)[1] if self.a2a == 1
+        return tuple(r for s, a, b in self._mine for r in token_rows(pieces[s], a, b))
+
+    @property
+    def _mine(self) -> tuple[TokenRange, ...]:
+        assert self.position is not None
+        return (self.seq_major(self.position)[1] if self.a2a == 1
                 else self.fine_ranges(self.position * self.a2a + (self.lane or 0)))
-        return tuple(r for s, a, b in mine for r in token_rows(pieces[s], a, b))
+
+    @cached_property
+    def span(self) -> tuple[int, int] | None:
+        """``row_span(rows)`` from the layout's ranges alone (no per-token rows): ``(start, end)`` when
+        :attr:`rows` are one contiguous range (``plan_step``'s layouts), else None; ``(0, 0)`` for relays.
+        Example: layout ``((1, 2, 6), (0, 0, 3))``, position 1 of sequence 1 (8 tokens) on 2 ranks
+        (tokens [2, 4) then [4, 6)) -> ``(0, 4)``; layout ``((0, 0, 3), (1, 4, 6), (1, 2, 4))`` -> None."""
+        if self.position is None:
+            return (0, 0)
+        return ranges_span(self.layout, self._mine)
+
+
+def row_span(rows: tuple[int, ...]) -> tuple[int, int] | None:
+    """``(start, end)`` when ``rows`` are ``range(start, end)`` (one contiguous run, ascending; empty rows
+    give ``(0, 0)``), else None: the engine reads such rows as a view and writes them as a slice.
+    Examples: ``(4, 5, 6)`` -> ``(4, 7)``; ``(4, 6)`` -> None; ``(5, 4)`` -> None."""
+    if not rows:
+        return (0, 0)
+    a, n = rows[0], len(rows)
+    return (a, a + n) if rows[-1] == a + n - 1 and rows == tuple(range(a, a + n)) else None
+
+
+def ranges_span(layout: tuple[TokenRange, ...], ranges: Sequence[TokenRange]) -> tuple[int, int] | None:
+    """:func:`row_span` of the buffer rows of token ``ranges`` (in order) in ``layout``'s buffer, computed
+    range by range: each range must sit inside one layout range and start where the previous one ended.
+    Example: layout ``((0, 0, 4), (1, 0, 3))``: ranges ``[(0, 2, 4), (1, 0, 2)]`` -> ``(2, 6)``;
+    ``[(1, 0, 2), (0, 2, 4)]`` -> None. Raises ``ValueError`` when a range is not in the layout."""
+    pieces = buffer_rows(layout)
+    start = end = None
+    for s, a, b in ranges:
+        if a >= b:
+            continue
+        off = next((o + a - lo for lo, hi, o in pieces.get(s, ()) if lo <= a and b <= hi), None)
+        if off is None:  # over several layout ranges (or not all in the layout: token_rows raises)
+            rows = tuple(token_rows(pieces.get(s, []), a, b))
+            if row_span(rows) is None:
+                return None
+            off = rows[0]
+        if end is None:
+            start = off
+        elif off != end:
+            return None
+        end = off + b - a
+    return (0, 0) if start is None or end is None else (start, end)
 
 
 def buffer_rows(layout: tuple[TokenRange, ...]) -> dict[int, list[tuple[int, int, int]]]:

@@ -31,6 +31,14 @@ output (backward: dq, dk, dv in the accumulation dtype) back to the rank's own r
 Each transfer's size per token depends on its kind and direction
 (:func:`~.heads.transfer_unit`).
 
+Rows. A ring's rows (:attr:`~zeppelin_megatron.planner.lowering.RingPart.rows`) and a local chunk's
+(:attr:`~zeppelin_megatron.planner.lowering.LocalChunk.rows`) that are one contiguous range of the
+attention buffer (``plan_step`` writes every layout so: :func:`~zeppelin_megatron.planner.api.engine_order`)
+are read as ``narrow`` views (no gather) and written as slice copies, casting in the copy (no ``.to``
+copy first); other rows (plans from JSON or other tools) are gathered with ``index_select`` and written
+with ``index_copy_``. Which path a ring or chunk takes is decided once per plan (:class:`DeviceProgram`
+``spans``, ``local_spans``). The ring's packed K/V send buffer is a copy on both paths (:func:`_ring_kv`).
+
 Every rank walks the rings in the same global order and posts each ring's
 transfers in the same order, so any valid plan executes without deadlock,
 including ranks that belong to several rings. Programs and device index
@@ -86,13 +94,18 @@ class DeviceProgram:
     """A program's index tensors on one device: ``rows[ring]`` (the rank's ring rows in its attention
     buffer), ``steps[(ring, step)]``, ``local[chunk]`` ``(rows, batch)``, ``heads[ring]`` (head-parallel
     rings, :class:`~.heads.HeadIndex`), and ``wires[(transfer id, backward)]`` (the ``heads`` and
-    ``tokens`` all-to-alls carry other tensors forward and backward, so other sizes)."""
+    ``tokens`` all-to-alls carry other tensors forward and backward, so other sizes). ``spans[ring]`` /
+    ``local_spans[chunk]``: ``(start, end)`` when those rows are ``range(start, end)``
+    (``RingPart.span``, ``LocalChunk.span`` of :mod:`~zeppelin_megatron.planner.lowering_parts`; views and
+    slices), else None (gathers)."""
 
     program: RankProgram
     shape: HeadShape
     rows: dict[int, torch.Tensor]
     steps: dict[tuple[int, int], StepIndex]
     local: tuple[tuple[torch.Tensor, VarlenBatch], ...]
+    spans: dict[int, tuple[int, int] | None]
+    local_spans: tuple[tuple[int, int] | None, ...]
     heads: dict[int, HeadIndex]
     wires: dict[tuple[TransferId, bool], Wire]
 
@@ -122,6 +135,7 @@ def device_program(plan: StepPlan, rank: int, routed: bool, shape: HeadShape, de
     program = cached_program(plan, rank, routed)
     as_t = lambda rows: torch.tensor(rows, dtype=torch.long, device=device)  # noqa: E731
     rows = {p.ring: as_t(p.rows) for p in program.rings if p.position is not None}
+    spans = {p.ring: p.span for p in program.rings if p.position is not None}
     steps: dict[tuple[int, int], StepIndex] = {}
     shared: dict[tuple[int, ...], torch.Tensor] = {}  # one tensor per distinct row list (e.g. the late rows)
 
@@ -137,6 +151,7 @@ def device_program(plan: StepPlan, rank: int, routed: bool, shape: HeadShape, de
                 q_index=None if op.q_all else index(op.q_rows), kv_index=None if op.kv_all else index(op.kv_rows))
     local = tuple((as_t(c.rows), VarlenBatch(lens_q=c.lens, lens_k=c.lens, causal=True, device=device))
                   for c in program.local_chunks)
+    local_spans = tuple(c.span for c in program.local_chunks)
     heads = {p.ring: head_index(program, p, shape, device) for p in program.rings
              if p.a2a > 1 and p.position is not None}
     a2a = {p.ring: p.a2a for p in program.rings}
@@ -151,20 +166,39 @@ def device_program(plan: StepPlan, rank: int, routed: bool, shape: HeadShape, de
                     made[(tid, unit)] = _wire(program.transfers[tid], rank, unit)
                 wires[(tid, backward)] = made[(tid, unit)]
     hit = per_plan[key] = DeviceProgram(program=program, shape=shape, rows=rows, steps=steps, local=local,
-                                        heads=heads, wires=wires)
+                                        heads=heads, wires=wires, spans=spans, local_spans=local_spans)
     return hit
 
 
 _WHAT = {"kv": "K/V", "acc": "dK/dV", "heads": "all-to-all to heads", "tokens": "all-to-all to tokens"}
 
 
-def _ring_kv(k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def _take(t: torch.Tensor, rows: torch.Tensor, span: tuple[int, int] | None) -> torch.Tensor:
+    """``t``'s rows: a ``narrow`` view when they are ``range(*span)``, else an ``index_select`` gather."""
+    return t.index_select(0, rows) if span is None else t.narrow(0, span[0], span[1] - span[0])
+
+
+def _put(dst: torch.Tensor, rows: torch.Tensor, span: tuple[int, int] | None, src: torch.Tensor) -> None:
+    """Write ``src`` (any float dtype) into ``dst``'s rows: one slice ``copy_`` casting on the way when they
+    are ``range(*span)``, else ``.to(dst.dtype)`` (a copy when the dtypes differ) and ``index_copy_``."""
+    if span is None:
+        dst.index_copy_(0, rows, src.to(dst.dtype))
+    else:
+        dst[span[0]:span[1]].copy_(src)
+
+
+def _ring_kv(k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, span: tuple[int, int] | None = None) -> torch.Tensor:
     """The packed ring K/V buffer [n, 2*Hkv, D] of ``k``, ``v`` [T_a, Hkv, D] at ``rows`` [n]: one
-    ``index_select`` per half straight into its slice (no ``cat``)."""
+    ``index_select`` per half straight into its slice (no ``cat``); rows ``range(*span)``: one slice
+    ``copy_`` per half (the same bytes: the buffer is what the ring sends, so it is a copy either way)."""
     hkv = k.shape[1]
     kv = k.new_empty((rows.shape[0], 2 * hkv, *k.shape[2:]))
-    torch.index_select(k, 0, rows, out=kv[:, :hkv])
-    torch.index_select(v, 0, rows, out=kv[:, hkv:])
+    if span is None:
+        torch.index_select(k, 0, rows, out=kv[:, :hkv])
+        torch.index_select(v, 0, rows, out=kv[:, hkv:])
+    else:
+        kv[:, :hkv].copy_(k[span[0]:span[1]])
+        kv[:, hkv:].copy_(v[span[0]:span[1]])
     return kv
 
 
@@ -247,7 +281,9 @@ class AttentionEngine:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, dict[Any, Any]]:
         """-> ``(out [T_a, Hq, D], saved)``; ``saved``: each member ring's and local chunk's ``(out, lse)``
-        (head-parallel rings: in their head buffer, with its ``(q_h, kv_h)`` under ``("heads", ring)``)."""
+        (head-parallel rings: in their head buffer, with its ``(q_h, kv_h)`` under ``("heads", ring)``; a ring
+        with contiguous rows: a view of ``out``, whose version is saved under ``"out_version"``: backward
+        raises ``RuntimeError`` when ``out`` was modified in place since)."""
         dev = self._device(q.shape[1])
         out = torch.zeros_like(q)
         saved: dict[Any, Any] = {}
@@ -258,8 +294,8 @@ class AttentionEngine:
         def ring_state(ring: int) -> RingState | None:  # plain rings: from the attention buffer
             s = state.get(ring)
             if s is None and ring in dev.rows and ring not in dev.heads:
-                rows = dev.rows[ring]
-                s = state[ring] = RingState(q=q.index_select(0, rows), kv=_ring_kv(k, v, rows))
+                rows, span = dev.rows[ring], dev.spans[ring]
+                s = state[ring] = RingState(q=_take(q, rows, span), kv=_ring_kv(k, v, rows, span))
             return s
 
         for op in self.program.forward:
@@ -270,15 +306,23 @@ class AttentionEngine:
                 if op.step == self._parts[op.ring].size - 1:
                     finish(s)
                     assert s.out is not None and s.lse is not None
-                    res = s.out.to(q.dtype)
-                    if op.ring not in dev.heads:  # head-parallel: out goes home in the tokens exchange
+                    span = dev.spans.get(op.ring)
+                    if op.ring in dev.heads:  # head-parallel: out goes home in the tokens exchange
+                        res = s.out.to(q.dtype)
+                    elif span is None:
+                        res = s.out.to(q.dtype)
                         out.index_copy_(0, dev.rows[op.ring], res)
+                    else:  # cast straight into out's slice; backward reads it there (out is not changed after)
+                        res = out[span[0]:span[1]]
+                        res.copy_(s.out)
+                        saved[("out_view", op.ring)] = True
                     saved[("ring", op.ring)] = (res, s.lse)
             elif isinstance(op, LocalCall):
                 rows, batch = dev.local[op.chunk]
-                o, lse = self.kernel.forward(q.index_select(0, rows), k.index_select(0, rows),
-                                             v.index_select(0, rows), batch, self.scale)
-                out.index_copy_(0, rows, o)
+                span = dev.local_spans[op.chunk]
+                o, lse = self.kernel.forward(_take(q, rows, span), _take(k, rows, span), _take(v, rows, span),
+                                             batch, self.scale)
+                _put(out, rows, span, o)
                 saved[("local", op.chunk)] = (o, lse)
             elif isinstance(op, Post):
                 t = op.transfer
@@ -307,6 +351,7 @@ class AttentionEngine:
                     kv = self._received(t, False, got)
                     if kv is not None:
                         state[t.ring].kv = kv
+        saved["out_version"] = out._version  # ring outputs saved as views of out: backward checks they are unchanged
         return out, saved
 
     def backward(
@@ -321,6 +366,9 @@ class AttentionEngine:
 
         def grad_state(ring: int, q_r: torch.Tensor, kv: torch.Tensor, dout_r: torch.Tensor) -> RingGrad:
             out_r, lse_r = saved[("ring", ring)]
+            if ("out_view", ring) in saved and out_r._version != saved["out_version"]:
+                raise RuntimeError(f"ring {ring}: the attention output was modified in place after forward; the "
+                                   "engine's backward reads it (a ring's output is saved as a view of it)")
             s = state[ring] = RingGrad(dout=dout_r, q=q_r, out=out_r, lse=lse_r, kv=kv,
                                        dq=torch.zeros(q_r.shape, dtype=acc_t, device=q.device))
             return s
@@ -328,8 +376,8 @@ class AttentionEngine:
         def ring_state(ring: int) -> RingGrad | None:  # plain rings: from the attention buffer
             s = state.get(ring)
             if s is None and ring in dev.rows and ring not in dev.heads:
-                rows = dev.rows[ring]
-                s = grad_state(ring, q.index_select(0, rows), _ring_kv(k, v, rows), dout.index_select(0, rows))
+                rows, span = dev.rows[ring], dev.spans[ring]
+                s = grad_state(ring, _take(q, rows, span), _ring_kv(k, v, rows, span), _take(dout, rows, span))
             return s
 
         for op in self.program.backward:
@@ -339,11 +387,12 @@ class AttentionEngine:
                 backward_step(self.kernel, self.scale, self._hkv(op.ring), dev.steps[(op.ring, op.step)], s)
             elif isinstance(op, LocalCall):
                 rows, batch = dev.local[op.chunk]
+                span = dev.local_spans[op.chunk]
                 o, lse = saved[("local", op.chunk)]
-                g = self.kernel.backward(dout.index_select(0, rows), q.index_select(0, rows),
-                                         k.index_select(0, rows), v.index_select(0, rows), o, lse, batch, self.scale)
+                g = self.kernel.backward(_take(dout, rows, span), _take(q, rows, span), _take(k, rows, span),
+                                         _take(v, rows, span), o, lse, batch, self.scale)
                 for acc, part in zip((dq, dk, dv), g):
-                    acc.index_copy_(0, rows, part)
+                    _put(acc, rows, span, part)
             elif isinstance(op, Post):
                 t = op.transfer
                 hx = dev.heads.get(t.ring)
@@ -386,10 +435,10 @@ class AttentionEngine:
                     continue
                 s.acc = recv
                 if t.step == self._parts[t.ring].size - 1 and hx is None:  # own dK/dV, home after g hops
-                    rows, hkv = dev.rows[t.ring], self.hkv
-                    dq.index_copy_(0, rows, s.dq.to(self.dtype))
-                    dk.index_copy_(0, rows, recv[:, :hkv].to(self.dtype))
-                    dv.index_copy_(0, rows, recv[:, hkv:].to(self.dtype))
+                    rows, span, hkv = dev.rows[t.ring], dev.spans[t.ring], self.hkv
+                    _put(dq, rows, span, s.dq)
+                    _put(dk, rows, span, recv[:, :hkv])
+                    _put(dv, rows, span, recv[:, hkv:])
         return dq, dk, dv
 
 

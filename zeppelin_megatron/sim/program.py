@@ -247,8 +247,10 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
             else:
                 ops.append(Op("compute", ms, "local", label=f"local slot (in {label[op.ring]} step {op.step})"))
             if charges == "zeppelin":
-                ops.append(Op("compute", hbm_ms(cost, zeppelin_local_bytes(sh, sum(lens))), "copy",
-                              label="local call row copies"))
+                chunk = rank.local_chunks[op.chunk]
+                ops.append(Op("compute", hbm_ms(cost, zeppelin_local_bytes(sh, sum(lens),
+                                                                          contiguous=chunk.span is not None)),
+                              "copy", label="local call row copies"))
         elif isinstance(op, Post):
             t = op.transfer
             if t.kind in ("heads", "tokens") and charges == "zeppelin":
@@ -281,7 +283,7 @@ def _call_copy_bytes(sh: Shape, op: RingCall, charges: str, started: set[int]) -
     total = 0.0
     if op.ring not in started:
         started.add(op.ring)
-        total += zeppelin_ring_bytes(sh, op.part.tokens(op.position))
+        total += zeppelin_ring_bytes(sh, op.part.tokens(op.position), contiguous=op.part.span is not None)
     first_late = op.kind == "late" and -1 - op.ring not in started
     if first_late:
         started.add(-1 - op.ring)

@@ -1,0 +1,85 @@
+"""Checks in spawned gloo ranks for plans whose rows are contiguous (``plan_step``'s engine order).
+
+``plan_step`` writes every rank's attention layout ring by ring, then local chunk by local chunk
+(:func:`~zeppelin_megatron.planner.api.engine_order`), so the engine reads each ring's and each local
+call's rows as views and writes them as slices; the random plans of :mod:`plan_factory` shuffle ranges
+and keep the gather path covered (``runtime_workers.run_all``).
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from runtime_workers import check_attention, check_trace, expect_error, gather, global_data
+from zeppelin_megatron.planner import CostModel, load_cluster, load_model, plan_step
+from zeppelin_megatron.planner.lowering import lower
+from zeppelin_megatron.planner.options import PlannerOptions
+from zeppelin_megatron.planner.plan import StepPlan
+from zeppelin_megatron.runtime import ZeppelinGroup
+from zeppelin_megatron.runtime.engine import AttentionEngine
+from zeppelin_megatron.runtime.kernels import get_kernel
+
+
+def planned(spec: str, seed: int, head_parallel: bool) -> StepPlan:
+    """A ``plan_step`` plan of one long sequence, one medium and up to 12 short ones (96 tokens per GPU):
+    on 2x2, seeds 1 and 3 give two intra-node rings with local slots, 2 an inter-node ring of 4 with
+    slots, 5 an inter-node ring of 4 and an intra-node ring sharing ranks 0 and 1."""
+    rng = random.Random(seed)
+    cost = CostModel(model=load_model(None), cluster=load_cluster(spec, tokens_per_gpu=96))
+    world = cost.cluster.world_size
+    lens = [rng.randint(100, 96 * world - 60), rng.randint(30, 120)] + [rng.randint(1, 12) for _ in range(12)]
+    while sum(lens) > world * 96 * 0.95:
+        lens.pop()
+    return plan_step(lens, cost, PlannerOptions(head_parallel=head_parallel))
+
+
+def spans(plan: StepPlan, rank: int) -> list[tuple[int, int] | None]:
+    """The spans of rank ``rank``'s member rings and local chunks (None: not contiguous)."""
+    prog = lower(plan).ranks[rank]
+    return [p.span for p in prog.rings if p.position is not None] + [c.span for c in prog.local_chunks]
+
+
+def check_inplace_refused(group: ZeppelinGroup, plan: StepPlan) -> None:
+    """A ring's output is saved as a view of ``out``: changing ``out`` in place before backward raises."""
+    rank, cpu, d, hq, hkv = group.rank, torch.device("cpu"), 4, 4, 2
+    data = global_data(plan, hq, hkv, d, seed=3)
+    att = plan.attention_layout[rank]
+    e = lambda h: torch.zeros(0, h, d, dtype=torch.float64)  # noqa: E731
+    q, k, v, dout = (gather(att, [x[i] for x in data], e(hkv if i in (1, 2) else hq)) for i in range(4))
+    eng = AttentionEngine(plan, group, kernel=get_kernel("reference", cpu, torch.float64), scale=0.3, routes=(),
+                          hkv=hkv, head_dim=d, dtype=torch.float64, device=cpu, hq=hq)
+    out, saved = eng.forward(q, k, v)
+    views = [key for key in saved if isinstance(key, tuple) and key[0] == "out_view"]
+    if not views:  # no member ring with contiguous rows here: nothing saved as a view
+        return
+    out.mul_(2.0)
+    expect_error(RuntimeError, "modified in place", lambda: eng.backward(dout, q, k, v, saved))
+
+
+def run_contiguous(rank: int, world: int) -> None:
+    """2x2 plans from ``plan_step`` (plain rings; one with head-parallel rings): all rows contiguous, trace
+    (views where the rows allow, checked by ``check_trace``) and exactness in float64 and float32; then a
+    plan's layout reversed on every rank (same plan otherwise): gathers, same trace and results."""
+    assert world == 4
+    group = ZeppelinGroup(process_group=None, gpus_per_node=2)
+    cases = [(1, False), (2, False), (5, False), (3, True)]
+    for seed, hp in cases:
+        plan = planned("2x2", seed, hp)
+        assert plan.rings, (seed, hp)
+        assert all(s is not None for s in spans(plan, rank)), (rank, seed, spans(plan, rank))
+        check_trace(group, plan, routing=True)
+        check_trace(group, plan, routing=False)
+        for dtype, routing, hq, hkv in ((torch.float64, True, 4, 2), (torch.float32, False, 4, 4)):
+            check_attention(group, plan, dtype=dtype, routing=routing, hq=hq, hkv=hkv, seed=seed)
+        check_inplace_refused(group, plan)
+    plan = planned("2x2", 5, False)
+    rev = tuple(tuple(reversed(rs)) for rs in plan.attention_layout)
+    lin = rev if plan.linear_layout == plan.attention_layout else plan.linear_layout
+    shuffled = StepPlan(nodes=plan.nodes, gpus_per_node=plan.gpus_per_node, sequences=plan.sequences,
+                        attention_layout=rev, linear_layout=lin, routing=plan.routing, local_slots=plan.local_slots,
+                        remap_proxies=plan.remap_proxies)
+    assert any(s is None for r in range(world) for s in spans(shuffled, r))
+    check_trace(group, shuffled, routing=True)
+    check_attention(group, shuffled, dtype=torch.float64, routing=True, hq=4, hkv=2)

@@ -1,0 +1,56 @@
+"""Plans from ``plan_step`` run the engine's view path (contiguous rows), exact and traced on gloo; the
+unit checks of the spans the engine and the simulator read (``RingPart.span``, ``LocalChunk.span``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+import contiguous_workers
+from dist_harness import spawn
+from plan_factory import random_plan
+from zeppelin_megatron.planner.lowering import lower
+from zeppelin_megatron.planner.lowering_parts import ranges_span, row_span
+
+
+def test_row_span_examples() -> None:
+    assert row_span((4, 5, 6)) == (4, 7)
+    assert row_span((4, 6)) is None
+    assert row_span((5, 4)) is None
+    assert row_span(()) == (0, 0)
+    layout = ((0, 0, 4), (1, 0, 3))
+    assert ranges_span(layout, [(0, 2, 4), (1, 0, 2)]) == (2, 6)
+    assert ranges_span(layout, [(1, 0, 2), (0, 2, 4)]) is None
+    assert ranges_span(((0, 0, 2), (0, 2, 4)), [(0, 1, 3)]) == (1, 3)  # over two adjacent layout ranges
+    assert ranges_span(((0, 2, 4), (0, 0, 2)), [(0, 1, 3)]) is None  # rows 3, 0
+    with pytest.raises(ValueError, match=r"tokens \[3, 5\)"):
+        ranges_span(layout, [(0, 3, 5)])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_spans_agree_with_the_rows(seed: int) -> None:
+    """``span`` (from ranges) is ``row_span(rows)`` (from every row) on random plans (shuffled ranges)
+    and on those plans with their layouts in engine order."""
+    from zeppelin_megatron.planner.api import engine_order
+
+    plan = random_plan(seed, 2, 4, n_head_rings=1 if seed % 2 else 0)
+    ordered = engine_order(plan)
+    found = {True: 0, False: 0}
+    for p, contiguous in ((plan, None), (ordered, True)):
+        for prog in lower(p).ranks:
+            for part in prog.rings:
+                assert part.span == row_span(part.rows), (seed, part.ring)
+                if contiguous:
+                    assert part.span is not None
+                found[part.span is None] += 1
+            for c in prog.local_chunks:
+                assert c.span == row_span(c.rows), (seed, c.seqs)
+                if contiguous:
+                    assert c.span is not None
+                found[c.span is None] += 1
+    assert found[True] > 0, "random plans shuffle ranges: some rows are not contiguous"
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+def test_plan_step_plans_world_4() -> None:
+    spawn(4, contiguous_workers.run_contiguous)
