@@ -147,11 +147,12 @@ def test_tensor_parallel_heads_per_rank() -> None:
 
 def test_a_member_ahead_of_its_partners_keeps_the_ring_plain() -> None:
     """Ranks 0-3 first run a 60k-token ring; ranks 4-7 are free meanwhile and rank 7 holds 40000 tokens of
-    local work (142 ms), more than its wait (about 82 ms). By its own time the 30k ring over 0-7 runs best as Ulysses
-    (10.74 vs 11.28 ms), but a plain ring lets ranks 4-7 start early (its first kernel, 1.5 ms) and rank 7's
-    local work after the ring starts that much sooner, where the all-to-all would hold them back."""
+    local work (142 ms), more than its wait (about 82 ms). By its own time (charged, CHOICE_CHARGES) the 40k ring
+    over 0-7 runs best as Ulysses (19.99 vs 22.34 ms), but a plain ring lets ranks 4-7 start early (its first
+    kernel, 2.6 ms) and rank 7's local work after the ring starts that much sooner, where the all-to-all would
+    hold them back. (This pins the rule; the simulator has Ulysses 1% faster here, 7835 vs 7917 ms at d34424f.)"""
     cost = _cost()
-    lengths = [60000, 30000, 40000, 500, 500, 500]
+    lengths = [60000, 40000, 40000, 500, 500, 500]
     a = [Assignment("intra_node", (0, 1, 2, 3)), Assignment("intra_node", tuple(range(8)))] + \
         [Assignment("local", (r,)) for r in (7, 4, 5, 6)]
     assert choose_widths(lengths, a, cost, PlannerOptions())[1] == 8  # the ring's own time
@@ -242,3 +243,26 @@ def test_ring_order_does_not_depend_on_widths() -> None:
         off = plan_step(lengths, cost, PlannerOptions(head_parallel=False))
         assert any(r.a2a > 1 for r in on.rings)
         assert [r.ranks for r in on.rings] == [r.ranks for r in off.rings]
+
+
+def test_widths_are_chosen_on_charged_ring_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The earlier setting of the head-start test (a 30k ring over ranks 0-7): uncharged, Ulysses gains less than
+    the head start and the ring stays plain; charged (CHOICE_CHARGES, the engine's merges and copies at each of
+    the plain ring's 8 steps against one Ulysses call), Ulysses gains more, and the simulator agrees (7499 vs
+    7560 ms at d34424f). Issue 12: Llama-13B prolong-128k on 128 GPUs kept a 20-rank cross-node ring plain
+    (30.3 vs 28.8 ms uncharged, 40.1 vs 30.6 charged); simulated mean step 4666 -> 4404 ms."""
+    import zeppelin_megatron.planner.choose_heads as ch
+    from zeppelin_megatron.sim.simulator import simulate
+
+    cost = _cost()
+    lengths = [60000, 30000, 40000, 500, 500, 500]
+    a = [Assignment("intra_node", (0, 1, 2, 3)), Assignment("intra_node", tuple(range(8)))] + \
+        [Assignment("local", (r,)) for r in (7, 4, 5, 6)]
+    layout = _layout(lengths, a, 8)
+    charged = choose_widths(lengths, a, cost, PlannerOptions(), layout)
+    monkeypatch.setattr(ch, "CHOICE_CHARGES", "none")
+    bare = choose_widths(lengths, a, cost, PlannerOptions(), layout)
+    assert charged[1] == 8 and bare[1] == 1
+    groups = [x.ranks for x in a]
+    ms = [simulate(_plan(cost, lengths, groups, w), cost, keep_events=False).step_ms for w in (charged, bare)]
+    assert ms[0] < ms[1], ms

@@ -11,6 +11,7 @@ predicted time of that ring for its members, among
   each block of ``a`` consecutive ranks inside one node, the heads split over
   ``a`` lanes): :func:`~.cost_heads.head_ring_time`.
 
+Both priced with the engine's charges (:data:`CHOICE_CHARGES`, "Charges" below).
 Ties go to the smaller width (the plain ring first). :func:`~.api.plan_step`
 also weighs what a member loses when the ring's all-to-all holds it back
 (:func:`_fill_aware`): local work hidden in the plain ring's waits that the
@@ -22,10 +23,17 @@ the attention layout nor any rank's tokens (the layout of a head-parallel ring
 is the plain zigzag), so no batch the plain ring can run is refused.
 ``PlannerOptions(head_parallel=False)`` keeps every ring plain.
 
+Charges: a plain ring pays the engine's merges, row copies and fp32 dK/dV on the
+wire (:func:`~.engine_ring.ring_steps`) at each of its ``G`` steps, a
+head-parallel ring at its ``m = G / a`` lane steps plus the copies around its
+all-to-alls; pricing both sides without them (``charges="none"``) kept rings
+plain that the simulator runs far slower (Llama-13B prolong-128k, 128 GPUs: a
+20-rank ring 30.3 vs 28.8 ms uncharged, 40.1 vs 30.6 charged; docs/planner.md).
+
 Example (Llama-7B, one H100 node, call overhead 1.09 ms): one sequence of 8192
-tokens on ranks 0-7: the plain ring pays the overhead at each of its 8 steps
-(8.74 ms); Ulysses (``a = 8``) is one call over ``1/8`` of the heads plus two
-all-to-alls (1.28 ms): ``a = 8`` is chosen.
+tokens on ranks 0-7: the plain ring pays the overhead and the charges at each of
+its 8 steps (9.36 ms; 8.74 uncharged); Ulysses (``a = 8``) is one call over
+``1/8`` of the heads plus two all-to-alls (1.55 ms; 1.28): ``a = 8`` is chosen.
 
 Pure and deterministic.
 """
@@ -45,25 +53,33 @@ from .routing import Route, plan_routing
 if TYPE_CHECKING:
     from .partition_context import Assignment
 
-__all__ = ["choose_widths", "choose_width", "plain_ring_ms"]
+__all__ = ["choose_widths", "choose_width", "plain_ring_ms", "CHOICE_CHARGES"]
+
+CHOICE_CHARGES = "zeppelin"
+"""The charge model (:mod:`.engine_ring`) the width choice prices both sides with: the engine's merges,
+row copies, fp32 dK/dV on the wire and the copies around the all-to-alls. A plain ring pays them at each of
+its ``G`` steps, a head-parallel one at ``m = G / a``; the uncharged rule missed that and kept plain rings
+the simulator runs far slower (module docstring, "Charges")."""
 
 
-def plain_ring_ms(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int], routing: bool) -> float:
-    """Per-member time of the plain ring (``a = 1``), cross-node hops routed as the plan routes them."""
+def plain_ring_ms(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int], routing: bool,
+                  charges: str = "none") -> float:
+    """Per-member time of the plain ring (``a = 1``), cross-node hops routed as the plan routes them;
+    ``charges``: :func:`~.predict.ring_time`'s (the width choice passes :data:`CHOICE_CHARGES`)."""
     cl = cost.cluster
     routes: dict[tuple[int, int], Route] = {}
     if routing and len({cl.node_of(r) for r in ranks}) > 1:
         step_bytes = sum(cost.ring_step_bytes(s, len(ranks)) for s in lengths)
         routes = {(rt.src, rt.dst): rt for rt in plan_routing([(ranks, step_bytes)], cl, cost, enabled=True)}
-    return ring_time(cost, ranks, lengths, routes)[0]
+    return ring_time(cost, ranks, lengths, routes, charges)[0]
 
 
 def choose_width(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int], routing: bool) -> int:
     """The block width of the ring over ``ranks`` holding ``lengths`` (module docstring): 1 or one of
     :func:`~.cost_heads.head_widths`, the lowest predicted time, ties to the smaller width."""
-    best_ms, best = plain_ring_ms(cost, ranks, lengths, routing), 1
+    best_ms, best = plain_ring_ms(cost, ranks, lengths, routing, CHOICE_CHARGES), 1
     for a in head_widths(cost, ranks):
-        ms = head_ring_time(cost, ranks, lengths, a).total
+        ms = head_ring_time(cost, ranks, lengths, a, CHOICE_CHARGES).total
         if ms < best_ms:
             best_ms, best = ms, a
     return best
@@ -133,7 +149,7 @@ def _fill_aware(lengths: Sequence[int], assignments: "Sequence[Assignment]", gro
         ls = [lengths[i] for i in members]
         cands: list[tuple[float, int, float, float]] = []
         for a in head_widths(cost, ranks):
-            h = head_ring_time(cost, ranks, ls, a)
+            h = head_ring_time(cost, ranks, ls, a, CHOICE_CHARGES)
             m = len(ranks) // a
             waits = sum(max(0.0, h.step_comm_ms - max(h.diag if j == 0 else h.off, o)) for j in range(m - 1))
             cands.append((h.total, a, waits, h.heads_ms))
@@ -172,7 +188,7 @@ def _fill_aware(lengths: Sequence[int], assignments: "Sequence[Assignment]", gro
         if options_k is None:
             continue
         ls = [lengths[i] for i in ring.seqs]
-        t1 = plain_ring_ms(cost, ring.ranks, ls, options.routing)
+        t1 = plain_ring_ms(cost, ring.ranks, ls, options.routing, CHOICE_CHARGES)
         first = max(sum(cost.ring_compute_profile(n, len(ring.ranks))[0] for n in ls), o)
         start = max(arrive[(r, k)] for r in ring.ranks)
         # a member that arrives ahead of its partners runs its first kernel early in a plain ring and ends

@@ -137,7 +137,8 @@ def head_ring_time(cost: CostModel, ranks: Sequence[int], lengths: Sequence[int]
     """Times of sequences ``lengths`` sharing a ring over ``ranks`` run head-parallel at width ``a2a``.
 
     ``charges``: the engine's charge model (:mod:`.engine_ring`; ``none``, the default, is the rule the
-    block-width choice and the local schedule use; :func:`~.predict.predict` passes ``zeppelin``): under
+    local schedule uses; the block-width choice passes :data:`~.choose_heads.CHOICE_CHARGES`,
+    :func:`~.predict.predict` passes ``zeppelin``): under
     ``zeppelin`` the lane's steps carry their merges and row copies and the fp32 dK/dV on the wire
     (:func:`~.engine_ring.ring_steps` at ``m`` blocks), and every member copies around the two all-to-alls
     (:func:`~.engine_costs.zeppelin_a2a_bytes` of the ``held`` tokens and its block's rows), both in

@@ -26,8 +26,8 @@ model before these charges (steps timed with the area-averaged ``ring_compute_pr
 on the wire). Who uses which: :func:`~.predict.predict` prices a plan with ``zeppelin`` when asked
 (``charges="zeppelin"``: within 0.4% of the simulator on one-node ring plans, mean |error| 3.8%
 against 6.1% on the planner's plans of the simulated benchmarks); ``plan_step`` (its prediction and
-layout choice), the partitioner's scores (:func:`~.predict.ring_time`), the block-width choice
-(:func:`~.cost_heads.head_ring_time`) and the simulator's baselines keep the default ``none``:
+layout choice), the partitioner's scores (:func:`~.predict.ring_time`) and the simulator's baselines
+keep the default ``none`` (the block-width choice charges both sides, :data:`~.choose_heads.CHOICE_CHARGES`):
 charging the partitioner's scores made simulated steps slower, and charging the layout choice either
 slower (with the cheap remap count) or far slower to plan (with the exact one); docs/planner.md, "The
 engine's charges".
