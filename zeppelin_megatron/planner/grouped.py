@@ -1,0 +1,178 @@
+"""Grouped candidates: every split sequence on a whole CP group of nodes, as TE CP a2a+p2p places them.
+
+The partitioner places sequences one by one on the ranks it finds least loaded; with several long
+documents of similar length it can leave rings that share ranks pairwise (a ring over ranks A and B,
+one over B and C, one over C and A): rank by rank each ring is well placed, but every rank runs its
+rings one after the other, so the three form a chain (a *convoy*) that the prediction, which sums a
+rank's own rings, does not see. TE CP a2a+p2p never builds such chains: ``P / cp`` groups of ``cp``
+consecutive ranks, each sequence packed into one group (by tokens, longest first, into the emptiest
+group with room) and split over all of it, one ring per group. With Zeppelin's head-parallel rings
+(:mod:`.choose_heads`: an all-to-all inside each node, a ring across the group's nodes) that is the
+peer's plan run by Zeppelin's engine.
+
+:func:`grouped_assignments` builds that placement for one ``cp``; :func:`group_sizes` lists the
+sizes tried (powers of two, whole nodes: ``cp`` a multiple of the GPUs per node, dividing the world,
+``cp`` GPUs holding the longest sequence); :func:`best_plan` finishes each candidate as the
+partitioner's placement is finished (block widths, layouts, routing, local slots) and takes one only
+where it wins on both of two estimates: the predicted step (:func:`~.predict.predict`, which sums each
+rank's own rings and so misses convoys) and the rings' estimated end with convoys
+(:func:`~.local_schedule.ring_timeline`: a ring starts when all its members are free; the latest
+rank's end). Either alone misleads: the prediction prefers ``cp = 8`` groups on Llama-7B github-64k
+at 128 GPUs (840 against 870 ms predicted; simulated 913 against 862), the timeline has no local
+work, linear layers or remap. A sequence shorter than ``2 cp`` tokens
+(zigzag needs two chunks per rank) stays whole on the group's rank holding the fewest tokens, longest
+first.
+
+Simulated (Llama-13B, TP 2, prolong-128k, 128 GPUs, 2 steps, seed 0, 1M tokens, at 9b837f4): the
+partitioner's plans 4706 / 4102 ms (predicted 3609 / 3196), the ``cp = 16`` candidates 3652 / 3357
+(predicted 3427 / 3134): chosen, mean 4404 -> 3504 ms (te-cp-a2a-p2p 3302). Llama-7B arxiv-128k on
+64 GPUs: the partitioner's plans predict lower (2970 / 2306 against 3051 / 2336) and simulate
+faster: kept. With :func:`best_plan` called at the end of ``plan_step`` (the partitioner's
+assignments finished as now, then ``best_plan(lengths, cost, options, plan, finish)``): 3B
+prolong-64k 128 GPUs 1017.7 -> 895.6 ms, 7B prolong-64k 128 1614.7 -> 1549.4, 7B prolong-128k 128
+2350.5 -> 2155.9; unchanged: 7B arxiv-128k 64, github/arxiv/prolong-64k 32, arxiv-64k 128, 13B
+arxiv/prolong-64k 128, arxiv-128k 64; 4x8 long-tailed batches (Llama-7B, seeds 0-11): a candidate
+in 6 of 12, each simulated faster (-0.1% to -8.9%). Planning CPU per step 0.03-0.11 s -> 0.05-0.31
+s. **Not called by plan_step yet**: it changes placements that tests pin (the docs' worked
+example, head-parallel on/off placing alike, ``remap="auto"`` against forced layouts on the same
+placements); wiring it is the api owner's call.
+
+Example: 2 nodes x 4 GPUs, lengths ``[40000, 30000, 2000, 6]``, ``cp = 4``: groups ``0-3`` and
+``4-7``; 40000 -> group 0, 30000 -> group 1, 2000 -> group 1 (30000 < 40000 tokens), 6 -> group 1
+(32000 < 40000); 40000 on ranks ``(0, 1, 2, 3)``, 30000 and 2000 on ``(4, 5, 6, 7)``, 6 (shorter than
+``2 cp``) whole on rank 4 (each of 4-7 holds 8000, the lowest rank wins).
+
+Pure and deterministic.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from .choose_heads import choose_width
+from .cluster import Cluster
+from .cost_model import CostModel
+from .local_schedule import ring_timeline
+from .options import PlannerOptions
+from .partition_context import Assignment
+from .plan import PLACEMENTS, SequencePlan, StepPlan, derive_routing
+
+__all__ = ["group_sizes", "grouped_assignments", "best_plan", "rings_end_ms"]
+
+
+def group_sizes(lengths: Sequence[int], cluster: Cluster) -> list[int]:
+    """CP sizes tried: powers of two that are multiples of ``gpus_per_node``, divide the world and hold the
+    longest sequence (``ceil(max / cp) <= tokens_per_gpu``). Example: 16 nodes of 4, capacity 131072,
+    longest 122250: ``[4, 8, 16, 32, 64]``."""
+    world, gpn, cap = cluster.world_size, cluster.gpus_per_node, cluster.tokens_per_gpu
+    out = []
+    cp = 1
+    while cp <= world:
+        if cp % gpn == 0 and world % cp == 0 and -(-max(lengths) // cp) <= cap:
+            out.append(cp)
+        cp *= 2
+    return out
+
+
+def grouped_assignments(lengths: Sequence[int], cluster: Cluster, cp: int) -> list[Assignment] | None:
+    """Where each sequence goes with CP groups of ``cp`` ranks (module docstring), or ``None`` when the
+    batch does not pack (a group or a rank over its capacity). Raises ``ValueError`` when ``cp`` is not
+    a positive divisor of the world size."""
+    world, cap = cluster.world_size, cluster.tokens_per_gpu
+    if cp < 1 or world % cp:
+        raise ValueError(f"cp = {cp} must be a positive divisor of the world size {world}")
+    bins = world // cp
+    load = [0] * bins
+    where = [-1] * len(lengths)
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    for i in order:
+        best = -1
+        for b in range(bins):
+            if load[b] + lengths[i] <= cp * cap and (best < 0 or load[b] < load[best]):
+                best = b
+        if best < 0:
+            return None
+        where[i] = best
+        load[best] += lengths[i]
+    held = [0] * world
+    out: list[Assignment | None] = [None] * len(lengths)
+    for i, s in enumerate(lengths):
+        if cp > 1 and s >= 2 * cp:
+            ranks = tuple(range(where[i] * cp, (where[i] + 1) * cp))
+            placement = "intra_node" if len({cluster.node_of(r) for r in ranks}) == 1 else "inter_node"
+            out[i] = Assignment(placement, ranks)
+            for r in ranks:
+                held[r] += -(-s // cp)
+    for i in order:
+        if out[i] is None:
+            base = where[i] * cp
+            r = min(range(base, base + cp), key=lambda r: (held[r], r))
+            out[i] = Assignment("local", (r,))
+            held[r] += lengths[i]
+    if max(held) > cap:
+        return None
+    return [a for a in out if a is not None]
+
+
+def rings_end_ms(plan: StepPlan, cost: CostModel) -> float:
+    """When the last ring of ``plan`` ends in one layer, convoys included (:func:`~.local_schedule.ring_timeline`,
+    no local work); 0 without rings."""
+    return max(ring_timeline(plan, cost)[1], default=0.0)
+
+
+def _attention_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost: CostModel, cp: int) -> float:
+    """Per layer, a floor under the busiest group's attention: its sequences' causal kernels spread evenly
+    over its ``cp`` ranks, and at least one call overhead per ring step of its ring at the widest block
+    (``cp / gpus_per_node`` steps). Candidates whose floor (times layers) is not below the step to beat are
+    not finished (``best_plan``)."""
+    groups: dict[int, list[int]] = {}
+    for s, a in zip(lengths, assignments):
+        groups.setdefault(a.ranks[0] // cp, []).append(s)
+    steps = max(1, cp // cost.cluster.gpus_per_node)
+    return max(max(sum(cost.causal_ms(s) for s in ls) / cp, steps * cost.call_overhead_ms) for ls in groups.values())
+
+
+def _rings_only(lengths: Sequence[int], assignments: Sequence[Assignment], cost: CostModel,
+                options: PlannerOptions) -> StepPlan:
+    """The candidate's rings alone (no layouts, not validated; each ring's width by
+    :func:`~.choose_heads.choose_width`, routed as planned): enough for :func:`rings_end_ms`."""
+    cl = cost.cluster
+    ring_lengths: dict[tuple[int, ...], list[int]] = {}
+    for s, a in zip(lengths, assignments):
+        if a.placement != "local":
+            ring_lengths.setdefault(a.ranks, []).append(s)
+    widths = {ranks: choose_width(cost, ranks, ls, options.routing) for ranks, ls in ring_lengths.items()}
+    seqs = tuple(SequencePlan(s, a.placement, a.ranks, widths.get(a.ranks, 1))  # type: ignore[arg-type]
+                 for s, a in zip(lengths, assignments))
+    empty: tuple[tuple[tuple[int, int, int], ...], ...] = tuple(() for _ in range(cl.world_size))
+    plan = StepPlan(nodes=cl.nodes, gpus_per_node=cl.gpus_per_node, sequences=seqs, attention_layout=empty,
+                    linear_layout=empty, validate=False)
+    return plan.evolve(routing=derive_routing(plan, cost, enabled=options.routing))
+
+
+def best_plan(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, plan: StepPlan,
+              finish: Callable[[Sequence[Assignment]], StepPlan]) -> StepPlan:
+    """``plan`` (the partitioner's, finished) or a grouped candidate that beats it on both its predicted
+    step and :func:`rings_end_ms` (strictly; among several, the lowest predicted step, then the smaller
+    ``cp``). ``finish`` turns assignments into a finished plan as :func:`~.api.plan_step` does. Only with
+    head-parallel rings on and every placement allowed (``options``; otherwise ``plan``: the grouped plan
+    is the peer's all-to-all in each node and ring across them, and ``head_parallel=False`` plans stay
+    the partitioner's, byte-identical to those made before head-parallel rings existed)."""
+    if not options.head_parallel or set(options.placements) != set(PLACEMENTS) or plan.predicted is None:
+        return plan
+    ends = rings_end_ms(plan, cost)
+    layers = cost.model.layers
+    best, best_ms = plan, plan.predicted.step_ms
+    for cp in group_sizes(lengths, cost.cluster):
+        assignments = grouped_assignments(lengths, cost.cluster, cp)
+        if assignments is None:
+            continue
+        if layers * _attention_floor(lengths, assignments, cost, cp) >= best_ms:
+            continue  # cannot win: skip finishing it (the expensive part: layouts, remap, validation)
+        if rings_end_ms(_rings_only(lengths, assignments, cost, options), cost) >= ends - 1e-9:
+            continue
+        cand = finish(assignments)
+        if (cand.predicted is not None and cand.predicted.step_ms < best_ms - 1e-9
+                and rings_end_ms(cand, cost) < ends - 1e-9):
+            best, best_ms = cand, cand.predicted.step_ms
+    return best
