@@ -71,3 +71,19 @@ def test_candidate_taken_only_where_both_estimates_win_and_it_simulates_faster(
     # ablations keep the partitioner's plan
     off = PlannerOptions(head_parallel=False)
     assert best_plan(lengths, cost, off, plan, _finish(lengths, cost, monkeypatch)) is plan
+
+
+def test_plan_step_tries_the_candidates_only_when_asked() -> None:
+    """``PlannerOptions(grouped=True)``: plan_step returns the cp = 16 candidate on 13B prolong-128k
+    (128 GPUs, batch 0), the partitioner's plan otherwise; a bad value is named."""
+    from zeppelin_megatron.planner.plan import PlanError
+
+    cost, lengths = _setup("llama_13b", 2, "prolong-128k", 16, 0)
+    plain = plan_step(lengths, cost)
+    grouped = plan_step(lengths, cost, PlannerOptions(grouped=True))
+    assert {len(r.ranks) for r in grouped.rings} == {16} and {r.a2a for r in grouped.rings} == {4}
+    assert grouped.predicted.step_ms < plain.predicted.step_ms  # type: ignore[union-attr]
+    assert plan_step(lengths, cost, PlannerOptions(grouped=True, head_parallel=False)).to_json() == \
+        plan_step(lengths, cost, PlannerOptions(head_parallel=False)).to_json()
+    with pytest.raises(PlanError, match="grouped is 1, expected True or False"):
+        PlannerOptions(grouped=1)  # type: ignore[arg-type]

@@ -8,11 +8,13 @@ from .choose_heads import choose_widths
 from .cluster import Cluster
 from .cost_model import CostModel
 from .gc_pause import gc_paused
+from .grouped import best_plan
 from .linear_layout import linear_layout
 from .layout_check import engine_attention_layout
 from .layout_choice import choose_plan
 from .options import REMAP_CHOICES, PlannerOptions
 from .partition import partition
+from .partition_context import Assignment
 from .plan import PlanError, SequencePlan, StepPlan
 from .zigzag import position_ranges
 
@@ -91,10 +93,17 @@ def plan_step(lengths: Sequence[int], cost_model: CostModel, options: PlannerOpt
 
 
 def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOptions) -> StepPlan:
+    plan = _finish(lengths, partition(lengths, cost_model, options), cost_model, options)
+    if options.grouped:  # CP-group candidates (grouped.py), opt-in
+        plan = best_plan(lengths, cost_model, options, plan, lambda a: _finish(lengths, a, cost_model, options))
+    return plan
+
+
+def _finish(lengths: list[int], assignments: Sequence[Assignment], cost_model: CostModel,
+            options: PlannerOptions) -> StepPlan:
+    """The plan of ``assignments``: block widths, layouts, linear layout and routing, local slots, engine order."""
     cluster = cost_model.cluster
     remap = options.remap
-    assignments = partition(lengths, cost_model, options)
-
     world = cluster.world_size
     attention: list[list[tuple[int, int, int]]] = [[] for _ in range(world)]
     for i, (a, s) in enumerate(zip(assignments, lengths)):

@@ -65,12 +65,20 @@ class PlannerOptions:
     """Let each ring run head-parallel (:mod:`.choose_heads`): an all-to-all over heads inside blocks of
     its ranks, then a ring over the blocks (Ulysses when one block spans the ring), where the cost model
     predicts that ring faster than the plain one; ``False``: every ring plain (``a2a == 1``)."""
+    grouped: bool = False
+    """Also try TE-CP-a2a+p2p-style candidates (:mod:`.grouped`: every split sequence on a whole CP group of
+    nodes, head-parallel) and keep one where it beats the partitioner's plan on both the predicted step and
+    the rings' end with convoys. Off by default: it raises planning time (0.05-0.31 s per step against
+    0.03-0.11 s on the batches measured, over the 50 ms budget of 1M tokens on 128 GPUs) and is simulated
+    faster on 4 of 13 configurations only (docs/planner.md)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.routing, bool):
             raise PlanError(f"routing is {self.routing!r}, expected True or False")
         if not isinstance(self.head_parallel, bool):
             raise PlanError(f"head_parallel is {self.head_parallel!r}, expected True or False")
+        if not isinstance(self.grouped, bool):
+            raise PlanError(f"grouped is {self.grouped!r}, expected True or False")
         if not _is_remap(self.remap):
             raise PlanError(f"remap is {self.remap!r}, expected one of {list(REMAP_CHOICES)}")
         if isinstance(self.slack, bool) or not isinstance(self.slack, (int, float)) or not 0 <= self.slack < 1:

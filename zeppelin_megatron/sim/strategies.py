@@ -160,6 +160,8 @@ _DESCRIPTIONS: dict[str, str] = {
     "zeppelin-no-head-parallel": "Zeppelin without head-parallel rings (every split sequence a plain zigzag ring)",
     "zeppelin-remap-always": "Zeppelin with the linear layout forced token-balanced (a remap every step; no per-step "
                              "choice of layout)",
+    "zeppelin-grouped": "Zeppelin also trying TE-CP-a2a+p2p-style whole-node CP groups as candidates "
+                        "(PlannerOptions(grouped=True), opt-in)",
     "te-cp": "TE CP: fixed CP groups, every sequence zigzag-split over its group, packed by tokens",
     "te-cp-routing": "TE CP plus Zeppelin's NIC-aware routing of cross-node ring hops (routing alone)",
     "allgather-cp": "all-gather K/V CP (LLaMA-3 style): TE CP's groups, K/V all-gathered, dK/dV reduce-scattered",
@@ -183,6 +185,7 @@ _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
     "zeppelin-local-only": _zeppelin(placements=("local",)),
     "zeppelin-no-head-parallel": _zeppelin(head_parallel=False),
     "zeppelin-remap-always": _zeppelin(remap=True),
+    "zeppelin-grouped": _zeppelin(grouped=True),
     "te-cp": _te_cp(routing=False),
     "te-cp-routing": _te_cp(routing=True),
     "allgather-cp": _allgather,
