@@ -74,7 +74,7 @@ from .plan import StepPlan
 from .plan_parts import TokenRange
 from .routing import route_parts
 from .transfers import ACC_TAG, HEADS_TAG, KV_TAG, ROUNDS, TOKENS_TAG, Hop, Message, Transfer, TransferId, message_hops
-from .zigzag import next_position, ring_source, zigzag_ranges
+from .zigzag import next_position, ring_source, zigzag_tokens
 
 __all__ = ["Message", "Hop", "TransferId", "Transfer", "RingCall", "LocalCall", "Post", "Wait", "RankOp", "RingPart",
            "LocalChunk", "RemapExchange", "RankProgram", "StepProgram", "lower", "lower_rank", "lower_remaps",
@@ -226,7 +226,7 @@ def _transfers(plan: StepPlan, k: int, routing: bool) -> tuple[list[Transfer], l
     routes = plan.routes_for(ring.ranks) if routing and a == 1 else {}
     lengths = [plan.sequences[s].length for s in ring.seqs]
     if a == 1:
-        held = [sum(sum(e - s for s, e in zigzag_ranges(n, g, p)) for n in lengths) for p in range(g)]
+        held = [sum(zigzag_tokens(n, g, p) for n in lengths) for p in range(g)]
     else:
         held = [sum(e - s for n in lengths for s, e in block_ranges(n, len(ring.ranks), a, b)) for b in range(g)]
     who = _participants(plan, k, routing)
@@ -244,8 +244,7 @@ def _transfers(plan: StepPlan, k: int, routing: bool) -> tuple[list[Transfer], l
            for j in range(g)] if g > 1 else []
     if a == 1:
         return kv, acc, []
-    fine = [sum(e - s for n in lengths for s, e in zigzag_ranges(n, len(ring.ranks), p))
-            for p in range(len(ring.ranks))]
+    fine = [sum(zigzag_tokens(n, len(ring.ranks), p) for n in lengths) for p in range(len(ring.ranks))]
     pairs = [(b * a + x, b * a + y) for b in range(g) for x in range(a) for y in range(a) if x != y]
     heads = tuple(Message(src=ring.ranks[x], dst=ring.ranks[y], tokens=fine[x]) for x, y in pairs)
     back = tuple(Message(src=ring.ranks[y], dst=ring.ranks[x], tokens=fine[x]) for x, y in pairs)

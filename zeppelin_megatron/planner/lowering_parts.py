@@ -13,7 +13,7 @@ from typing import Sequence
 
 from .head_parallel import block_ranges
 from .plan_parts import TokenRange
-from .zigzag import zigzag_ranges
+from .zigzag import zigzag_ranges, zigzag_tokens
 
 __all__ = ["RingPart", "LocalChunk", "buffer_rows", "token_rows", "row_span", "ranges_span"]
 
@@ -85,7 +85,7 @@ class RingPart:
 
     def fine_tokens(self, position: int) -> int:
         """Tokens zigzag ``position`` holds of the ring."""
-        return sum(b - a for _, a, b in self.fine_ranges(position))
+        return sum(zigzag_tokens(n, len(self.ranks), position) for n in self.lengths)
 
     def lane_rows(self, lane: int) -> tuple[int, ...]:
         """Rows of this rank's head buffer (block :attr:`position`) that lane ``lane``'s tokens fill,
