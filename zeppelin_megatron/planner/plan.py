@@ -77,16 +77,17 @@ class StepPlan:
     ``workload_balanced``, ``attention``); ``None``: not recorded (hand-made plans, older documents)."""
     predicted: Prediction | None = None
     validate: InitVar[bool] = True
-    """``False`` skips the layout checks (only for plans built from a validated one)."""
+    """``False`` skips the layout and sequence checks (only for plans built from a validated one with the
+    same sequences, or sequences checked otherwise)."""
 
     def __post_init__(self, validate: bool) -> None:
         if validate:
             validate_plan(self)
+            check_head_parallel(self)  # a sequence check, like validate_plan's: evolve keeps the sequences valid
         else:
             check_routing(self)
         check_local_slots(self)
         check_linear(self.linear, self.linear_layout, self.attention_layout)
-        check_head_parallel(self)
         gpn = self.gpus_per_node
         if (len(set(self.remap_proxies)) != len(self.remap_proxies)
                 or not all(isinstance(p, int) and 0 <= p < gpn for p in self.remap_proxies)):
