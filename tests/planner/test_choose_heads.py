@@ -183,12 +183,16 @@ def test_local_work_of_members_ahead_fits_the_heads_wait() -> None:
         assert ms[0] < ms[1], (charges, ms)
 
 
-def test_predicted_step_never_above_the_plain_plans() -> None:
+@pytest.fixture(scope="module")
+def on_off_plans() -> list[tuple[StepPlan, StepPlan]]:
+    """4x8 long-tailed batches (seeds 0-11), planned with head-parallel rings on and off."""
     cost = _cost("4x8")
-    for seed in range(12):
-        lengths = long_tailed_batch(1 << 20, seed)
-        on = plan_step(lengths, cost)
-        off = plan_step(lengths, cost, PlannerOptions(head_parallel=False))
+    return [(plan_step(lengths, cost), plan_step(lengths, cost, PlannerOptions(head_parallel=False)))
+            for lengths in (long_tailed_batch(1 << 20, seed) for seed in range(12))]
+
+
+def test_predicted_step_never_above_the_plain_plans(on_off_plans: list[tuple[StepPlan, StepPlan]]) -> None:
+    for seed, (on, off) in enumerate(on_off_plans):
         assert on.predicted.step_ms <= off.predicted.step_ms + 1e-6, seed  # type: ignore[union-attr]
         assert [(s.placement, s.ranks) for s in on.sequences] == [(s.placement, s.ranks) for s in off.sequences]
 
@@ -234,13 +238,9 @@ def test_timeline_of_a_hybrid_ring() -> None:
     assert [(x.rank, x.ring, x.step) for x in plan.local_slots] == [(3, 0, 0)]  # the local call fills it
 
 
-def test_ring_order_does_not_depend_on_widths() -> None:
+def test_ring_order_does_not_depend_on_widths(on_off_plans: list[tuple[StepPlan, StepPlan]]) -> None:
     """The choice reads the all-plain plan's timeline in ring order; the plan keeps that order."""
-    cost = _cost("4x8")
-    for seed in range(4):
-        lengths = long_tailed_batch(1 << 20, seed)
-        on = plan_step(lengths, cost)
-        off = plan_step(lengths, cost, PlannerOptions(head_parallel=False))
+    for on, off in on_off_plans[:4]:
         assert any(r.a2a > 1 for r in on.rings)
         assert [r.ranks for r in on.rings] == [r.ranks for r in off.rings]
 

@@ -3,31 +3,12 @@ one-by-one greedy does while the other bins stay above them (issue 14 follow-up)
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 
 from zeppelin_megatron.planner.even_rounds import MIN_ROUNDS, even_rounds
 
-
-def _greedy(loads: list[float], tokens: list[int], cost: float, size: int, items: int, token_limit: float,
-            load_limit: float) -> tuple[list[int], list[float]]:
-    """One by one (heap of (load, bin)); stops at the first pick over a limit."""
-    loads, tokens = list(loads), list(tokens)
-    heap = [(x, b) for b, x in enumerate(loads)]
-    heapq.heapify(heap)
-    picks: list[int] = []
-    for _ in range(items):
-        while heap[0][0] != loads[heap[0][1]]:
-            heapq.heappop(heap)
-        b = heap[0][1]
-        if tokens[b] + size > token_limit or loads[b] + cost > load_limit:
-            break
-        loads[b] += cost
-        tokens[b] += size
-        heapq.heapreplace(heap, (loads[b], b))
-        picks.append(b)
-    return picks, loads
+from .test_even_rounds import _greedy  # the one-by-one reference
 
 
 def test_docstring_examples() -> None:
@@ -61,7 +42,7 @@ def test_subset_rounds_match_the_greedy_on_random_cases() -> None:
         used += 1
         partial += len(order) < k
         assert rounds >= MIN_ROUNDS and rounds * len(order) <= items and len(set(order)) == len(order)
-        picks, ref_loads = _greedy(loads, tokens, cost, size, rounds * len(order), token_limit, load_limit)
+        picks, ref_loads, _ = _greedy(loads, tokens, cost, size, rounds * len(order), token_limit, load_limit)
         assert picks == order * rounds  # every one of these picks passed the limits, in this order
         assert after == ref_loads  # bit for bit
         if len(order) == k:  # every bin: what the plain rounds give
