@@ -15,6 +15,7 @@ For each: the best wall time (and CPU time: on a shared machine the fairer
 figure) of ``plan_step`` (a fresh cost model each run, caches
 cold), of ``StepPlan.to_json`` on the result, the plan's predicted attention
 max/mean (busiest rank over the mean of ``predicted.attention_ms``) and predicted step.
+Exits 1, naming them, when a case's best CPU time is over its budget.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def main() -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
     model = load_model(None)
+    over: list[str] = []
     for name in args.case or list(CASES):
         spec, make, budget = CASES[name]
         cluster = load_cluster(spec)
@@ -66,6 +68,10 @@ def main() -> None:
               f"to_json {min(json_s):.2f} s ({len(text) / 1e6:.1f} MB), attention max/mean {ratio:.4f}, "
               f"predicted step {plan.predicted.step_ms:.1f} ms",
               flush=True)
+        if min(cpu_s) > budget:
+            over.append(f"{name} {min(cpu_s):.2f} s > {budget:.0f} s")
+    if over:
+        raise SystemExit(f"over budget (CPU time): {', '.join(over)}")
 
 
 if __name__ == "__main__":

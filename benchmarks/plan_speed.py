@@ -2,7 +2,8 @@
 
 Run: python benchmarks/plan_speed.py [--repeat 5]
 Prints the median and best wall time of plan_step (a fresh CostModel each time,
-so its caches start cold) over several seeds.
+so its caches start cold) over several seeds; exits 1 when the median is over ``--budget-ms``
+(50: issue 12's budget for 1M tokens on 128 GPUs).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--cluster", default="16x8")
     ap.add_argument("--tokens", type=int, default=1 << 20)
+    ap.add_argument("--budget-ms", type=float, default=50.0)
     args = ap.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
@@ -35,6 +37,8 @@ def main() -> None:
         times.append((time.perf_counter() - t0) * 1e3)
     print(f"plan_step: {args.tokens} tokens, {cluster.world_size} GPUs ({args.cluster}): "
           f"median {statistics.median(times):.1f} ms, best {min(times):.1f} ms over {len(times)} seeds")
+    if statistics.median(times) > args.budget_ms:
+        raise SystemExit(f"over budget: median {statistics.median(times):.1f} ms > {args.budget_ms:.0f} ms")
 
 
 if __name__ == "__main__":
