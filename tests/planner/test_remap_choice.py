@@ -96,7 +96,7 @@ def test_unrouted_plan_chosen_when_the_routed_one_predicts_slower(monkeypatch: p
 
     def slower_when_routed(plan: StepPlan, c: CostModel) -> Any:
         p = real(plan, c)
-        return replace(p, step_ms=p.step_ms + (1000.0 if plan.routing or plan.remap_proxies else 0.0))
+        return replace(p, step_ms=p.step_ms + (1e6 if plan.routing or plan.remap_proxies else 0.0))
 
     monkeypatch.setattr(layout_choice, "predict", slower_when_routed)
     plan = plan_step(lengths, cost, PlannerOptions(head_parallel=False))
@@ -129,7 +129,9 @@ def test_auto_is_never_predicted_slower_than_a_forced_layout(spec: str, tokens: 
     on = plan_step(lengths, cost, PlannerOptions(remap=True))
     off = plan_step(lengths, cost, PlannerOptions(remap=False))
     auto = plan_step(lengths, cost)  # the default: "auto"
-    assert on.attention_layout == off.attention_layout == auto.attention_layout
+    # the same ranges on each rank (their order within a rank follows the slots: remap windows' last)
+    assert [sorted(r) for r in on.attention_layout] == [sorted(r) for r in off.attention_layout] \
+        == [sorted(r) for r in auto.attention_layout]
     assert (on.linear, off.linear) == ("token_balanced", "attention")
     assert off.linear_layout == off.attention_layout
     assert auto.predicted.step_ms <= min(on.predicted.step_ms, off.predicted.step_ms)  # type: ignore[union-attr]

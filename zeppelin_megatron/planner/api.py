@@ -130,7 +130,8 @@ def _finish(lengths: list[int], assignments: Sequence[Assignment], cost_model: C
 
 def engine_order(plan: StepPlan) -> StepPlan:
     """``plan`` with each rank's attention ranges in engine order (:func:`~.layout_check.engine_attention_layout`:
-    ring by ring, each member's ring tokens seq-major, then each local chunk's sequences), so every ring's
+    ring by ring, each member's ring tokens seq-major, then each local chunk's sequences, remap slots'
+    last), so every ring's
     and every local chunk's rows are one contiguous range and the engine takes views instead of gathers
     (``runtime/engine.py``). Only the order within each rank changes: the same tokens on the same ranks,
     so the remap moves the same rows between the same ranks (its exchange lists are rebuilt: ``evolve``
@@ -141,11 +142,11 @@ def engine_order(plan: StepPlan) -> StepPlan:
     Example: sequence 0 (3 tokens) local on rank 1 and sequence 1 (8 tokens) on a ring over ranks 0
     and 1: rank 1's ``((0, 0, 3), (1, 2, 6))`` becomes ``((1, 2, 6), (0, 0, 3))``.
     """
-    if not plan.local_slots and not plan.rings:
+    if not plan.local_slots and not plan.rings and not plan.remap_slots:
         return plan
     att = tuple(map(tuple, engine_attention_layout(plan.sequences, plan.rings, plan.local_slots,
-                                                   plan.world_size)))
+                                                   plan.world_size, plan.remap_slots)))
     if att == plan.attention_layout:
         return plan
     lin = att if plan.linear_layout == plan.attention_layout else plan.linear_layout
-    return plan.evolve(attention_layout=att, linear_layout=lin)
+    return plan.evolve(attention_layout=att, linear_layout=lin, remap_slots=plan.remap_slots)  # same ranks' tokens

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .plan_parts import LocalSlot, Ring, SequencePlan, TokenRange
+from .plan_parts import LocalSlot, RemapSlot, Ring, SequencePlan, TokenRange
 from .zigzag import position_ranges
 
 if TYPE_CHECKING:
@@ -79,13 +79,15 @@ def planner_attention_layout(sequences: Sequence[SequencePlan], world: int) -> l
 
 
 def engine_attention_layout(sequences: Sequence[SequencePlan], rings: Sequence[Ring],
-                            local_slots: Sequence[LocalSlot], world: int) -> list[list[TokenRange]]:
+                            local_slots: Sequence[LocalSlot], world: int,
+                            remap_slots: Sequence[RemapSlot] = ()) -> list[list[TokenRange]]:
     """Each rank's attention ranges in *engine order*, the order :func:`~.api.plan_step` writes them
     in: ring by ring (``rings``: :attr:`~.plan.StepPlan.rings` order), each ring's sequences in its
     order, each one's zigzag ranges (:func:`~.zigzag.position_ranges`: early chunk, then late), so a
     member's ring rows (:attr:`~.lowering_parts.RingPart.rows`, seq-major) are one contiguous range;
     then the local sequences of each slot (``local_slots`` sorted by ``(ring, step, seqs)``, the
-    lowering's chunk order) and the rank's other local sequences by index, so every local chunk's
+    lowering's chunk order), the rank's other local sequences by index, then the sequences of its
+    ``remap_slots`` (``to_attention``'s, then ``to_linear``'s), so every local chunk's
     rows (:attr:`~.lowering_parts.LocalChunk.rows`) are one range too. A slot's sequence that is
     not local on the slot's rank, or already placed, is skipped (it lands with the rest), so the
     result holds every token once whatever the slots say.
@@ -107,9 +109,18 @@ def engine_attention_layout(sequences: Sequence[SequencePlan], rings: Sequence[R
             if s is not None and s.placement == "local" and s.ranks[0] == x.rank and i not in placed:
                 placed.add(i)
                 out[x.rank].append((i, 0, s.length))
+    last: list[tuple[int, int]] = []  # remap slots' sequences: after the rest
+    for y in sorted(remap_slots, key=lambda y: (y.rank, y.direction != "to_attention", y.seqs)):
+        for i in y.seqs:
+            s = sequences[i] if isinstance(i, int) and 0 <= i < len(sequences) else None
+            if s is not None and s.placement == "local" and s.ranks[0] == y.rank and i not in placed:
+                placed.add(i)
+                last.append((y.rank, i))
     for i, s in enumerate(sequences):
         if s.placement == "local" and i not in placed:
             out[s.ranks[0]].append((i, 0, s.length))
+    for r, i in last:
+        out[r].append((i, 0, sequences[i].length))
     return out
 
 
@@ -131,5 +142,5 @@ def attention_in_planner_order(plan: "StepPlan") -> bool:
         return True
     if not all(isinstance(s.ranks[0], int) for s in plan.sequences if s.placement == "local"):
         return False
-    engine = engine_attention_layout(plan.sequences, plan.rings, plan.local_slots, world)
+    engine = engine_attention_layout(plan.sequences, plan.rings, plan.local_slots, world, plan.remap_slots)
     return tuple(map(tuple, engine)) == have

@@ -9,7 +9,8 @@ Given the plan's placement and attention layout, the candidates are
   :func:`~.plan_json.derive_routing`; the remap over the NICs' proxies where that pays,
   :func:`~.remap_cost.remap_proxies_for`) and the unrouted one (``routing=()``, ``remap_proxies=()``).
 
-Each candidate gets its local slots (they follow the routing) and its prediction
+Each candidate gets its local slots (they follow the routing), its remap windows when it remaps
+(``PlannerOptions.remap_overlap``, :mod:`.remap_windows`: they follow the linear layout) and its prediction
 (:func:`~.predict.predict`); the lowest predicted step wins. Ties keep the earlier candidate in
 this order: routed before unrouted; within each, token-balanced, workload-balanced, attention
 (:data:`~.plan_parts.LINEAR_LAYOUTS`), so a plan that gains nothing from a change is today's plan.
@@ -41,6 +42,7 @@ from .plan import Prediction, StepPlan
 from .plan_json import derive_routing
 from .predict import attention_time, predict
 from .remap_cost import remap_proxies_for
+from .remap_windows import with_remap_windows
 
 if TYPE_CHECKING:
     from .cost_model import CostModel
@@ -86,6 +88,8 @@ def choose_plan(base: StepPlan, cost: "CostModel", options: "PlannerOptions") ->
             proxies = remap_proxies_for(cand, cost)
             if proxies:
                 cand = cand.evolve(remap_proxies=proxies)
+        if options.remap_overlap and cand.linear != "attention":
+            cand = with_remap_windows(cand, cost)
         pred = predict(cand, cost)
         if best is None or pred.step_ms < best[1].step_ms:
             best = (cand, pred)

@@ -37,6 +37,10 @@ The row arithmetic of a rank's buffers is :mod:`.lowering_parts`; the remap's is
 
 Remap (:class:`RemapExchange`, per rank :func:`rank_remap`): ``to_attention`` before attention,
 ``to_linear`` after: one ``all_to_all``, or with ``remap_proxies`` the three phases of :mod:`~.remap_routing`.
+A rank's :attr:`RankProgram.windows` (the plan's :class:`~.plan.RemapSlot` s) run between the post and
+the wait of an exchange, forward and backward: ``Post(to_attention)``, the ``to_attention`` window call,
+``Wait(to_attention)``, then ``forward`` (``backward``), then ``Post(to_linear)``, the ``to_linear`` window
+call, ``Wait(to_linear)``; a window call reads and writes the rank's *linear* rows (its sequences stay).
 
 Rows. A member at ring position ``i`` keeps the ring's tokens *seq-major*
 (``[s0 early, s0 late, s1 early, ...]``, :func:`~.zigzag.zigzag_ranges`;
@@ -76,7 +80,8 @@ from .routing import route_parts
 from .transfers import ACC_TAG, HEADS_TAG, KV_TAG, ROUNDS, TOKENS_TAG, Hop, Message, Transfer, TransferId, message_hops
 from .zigzag import next_position, ring_source, zigzag_tokens
 
-__all__ = ["Message", "Hop", "TransferId", "Transfer", "RingCall", "LocalCall", "Post", "Wait", "RankOp", "RingPart",
+__all__ = ["Message", "Hop", "TransferId", "Transfer", "RingCall", "LocalCall", "WindowCall", "Post", "Wait", "RankOp",
+           "RingPart",
            "LocalChunk", "RemapExchange", "RankProgram", "StepProgram", "lower", "lower_rank", "lower_remaps",
            "rank_remap", "message_hops", "ROUNDS", "KV_TAG", "ACC_TAG", "HEADS_TAG", "TOKENS_TAG"]
 
@@ -158,6 +163,23 @@ class LocalCall:
     step: int | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class WindowCall:
+    """Run local chunk ``chunk`` while the layout exchange ``direction`` is in flight: after this rank
+    posts it, before it waits (forward, and the same place in backward; :class:`~.plan.RemapSlot`).
+    The chunk's sequences stay on the rank, so the call reads q/k/v (backward: the output gradient)
+    at ``linear_rows`` of the rank's *linear* buffers and writes there (``[start, end)`` per sequence
+    of the chunk, in its order), not at attention rows.
+
+    Example: linear ranges ``((3, 0, 5), (7, 0, 4))`` and a window of sequence 7:
+    ``WindowCall(chunk=1, direction="to_attention", linear_rows=((5, 9),))``.
+    """
+
+    chunk: int
+    direction: str
+    linear_rows: tuple[tuple[int, int], ...]
+
+
 @dataclass(frozen=True)
 class Post:
     """Post this rank's hops of a transfer (its payload: what it holds of the ring)."""
@@ -178,8 +200,10 @@ RankOp = Union[RingCall, LocalCall, Post, Wait]
 @dataclass(frozen=True, kw_only=True)
 class RankProgram:
     """Everything rank ``rank`` runs for one attention layer (module docstring): ``rings`` it takes part
-    in (queue order), ``local_chunks`` (slots in ring and step order, then the sequences in no slot),
-    the ``forward`` / ``backward`` op lists, the ``transfers`` they name, attention-layout ``tokens``."""
+    in (queue order), ``local_chunks`` (slots in ring and step order, then the sequences in no slot,
+    then the remap windows' chunks), the ``forward`` / ``backward`` op lists, the ``transfers`` they
+    name, attention-layout ``tokens``, and ``windows``: the calls run inside the remap in (before
+    ``forward``/``backward``) and the remap out (after them), ``to_attention``'s first."""
 
     rank: int
     rings: tuple[RingPart, ...]
@@ -188,6 +212,7 @@ class RankProgram:
     backward: tuple[RankOp, ...]
     transfers: dict[TransferId, Transfer] = field(hash=False, compare=False)
     tokens: int
+    windows: tuple[WindowCall, ...] = ()
 
     @property
     def local_lens(self) -> tuple[int, ...]:
@@ -275,10 +300,11 @@ class _Shared:
     own: dict[int, list[int]]
     slots: dict[int, list[tuple[int, int, tuple[int, ...]]]]
     transfers: dict[int, tuple[list[Transfer], list[Transfer], list[Transfer]]]
+    windows: dict[int, list[tuple[str, tuple[int, ...]]]]
 
 
 def _shared(plan: StepPlan, routing: bool) -> _Shared:
-    sh = _Shared(rings_of={}, own={}, slots={}, transfers={})
+    sh = _Shared(rings_of={}, own={}, slots={}, transfers={}, windows={})
     for k in range(len(plan.rings)):
         for r in _participants(plan, k, routing):
             sh.rings_of.setdefault(r, []).append(k)
@@ -287,7 +313,20 @@ def _shared(plan: StepPlan, routing: bool) -> _Shared:
             sh.own.setdefault(seq.ranks[0], []).append(i)
     for x in plan.local_slots:
         sh.slots.setdefault(x.rank, []).append((x.ring, x.step, x.seqs))
+    for y in sorted(plan.remap_slots, key=lambda y: (y.rank, y.direction != "to_attention")):
+        sh.windows.setdefault(y.rank, []).append((y.direction, y.seqs))
     return sh
+
+
+def _linear_rows(plan: StepPlan, rank: int, seqs: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """``[start, end)`` rows of each (whole) sequence of ``seqs`` in ``rank``'s linear buffer."""
+    at: dict[int, tuple[int, int]] = {}
+    row = 0
+    for i, a, b in plan.linear_layout[rank]:
+        if a == 0 and b == plan.sequences[i].length:
+            at[i] = (row, row + b)
+        row += b - a
+    return tuple(at[i] for i in seqs)
 
 
 def _rank_program(plan: StepPlan, rank: int, routing: bool, sh: _Shared) -> RankProgram:
@@ -295,11 +334,16 @@ def _rank_program(plan: StepPlan, rank: int, routing: bool, sh: _Shared) -> Rank
     layout = plan.attention_layout[rank]
     mine = sorted(sh.slots.get(rank, ()))
     own = sh.own.get(rank, [])
-    slotted = {i for _, _, seqs in mine for i in seqs}
-    groups = [seqs for _, _, seqs in mine] + [tuple(i for i in own if i not in slotted)]
+    wins = sh.windows.get(rank, [])
+    slotted = {i for _, _, seqs in mine for i in seqs} | {i for _, seqs in wins for i in seqs}
+    rest = tuple(i for i in own if i not in slotted)
+    groups = [seqs for _, _, seqs in mine] + ([rest] if rest else []) + [seqs for _, seqs in wins]
     chunks = tuple(LocalChunk(seqs=tuple(idx), lens=tuple(plan.sequences[i].length for i in idx), layout=layout)
-                   for idx in groups if idx)
+                   for idx in groups)
     slot_of = {(k, j): c for c, (k, j, _) in enumerate(mine)}
+    first_window = len(mine) + (1 if rest else 0)
+    windows = tuple(WindowCall(chunk=first_window + n, direction=d, linear_rows=_linear_rows(plan, rank, seqs))
+                    for n, (d, seqs) in enumerate(wins))
     rings: list[RingPart] = []
     fwd: list[RankOp] = []
     bwd: list[RankOp] = []
@@ -337,11 +381,11 @@ def _rank_program(plan: StepPlan, rank: int, routing: bool, sh: _Shared) -> Rank
             bwd.append(Wait(acc[g - 1].id))
         fwd += to_tokens
         bwd += to_tokens
-    if len(chunks) > len(mine):  # the sequences in no slot, after the rings
-        fwd.append(LocalCall(chunk=len(chunks) - 1))
-        bwd.append(LocalCall(chunk=len(chunks) - 1))
+    if rest:  # the sequences in no slot, after the rings
+        fwd.append(LocalCall(chunk=len(mine)))
+        bwd.append(LocalCall(chunk=len(mine)))
     return RankProgram(rank=rank, rings=tuple(rings), local_chunks=chunks, forward=tuple(fwd), backward=tuple(bwd),
-                       transfers=transfers, tokens=plan.tokens(rank, "attention"))
+                       transfers=transfers, tokens=plan.tokens(rank, "attention"), windows=windows)
 
 
 def lower(plan: StepPlan, *, routing: bool = True) -> StepProgram:

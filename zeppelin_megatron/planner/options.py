@@ -65,6 +65,9 @@ class PlannerOptions:
     """Let each ring run head-parallel (:mod:`.choose_heads`): an all-to-all over heads inside blocks of
     its ranks, then a ring over the blocks (Ulysses when one block spans the ring), where the cost model
     predicts that ring faster than the plain one; ``False``: every ring plain (``a2a == 1``)."""
+    remap_overlap: bool = True
+    """Run staying local sequences while the layout exchanges are in flight (:mod:`.remap_windows`:
+    ``StepPlan.remap_slots``), where the call fits the rank's predicted exchange time; ``False``: none."""
     grouped: bool = False
     """Also try TE-CP-a2a+p2p-style candidates (:mod:`.grouped`: every split sequence on a whole CP group of
     nodes, head-parallel) and keep one where it beats the partitioner's plan on both the predicted step and
@@ -77,6 +80,8 @@ class PlannerOptions:
             raise PlanError(f"routing is {self.routing!r}, expected True or False")
         if not isinstance(self.head_parallel, bool):
             raise PlanError(f"head_parallel is {self.head_parallel!r}, expected True or False")
+        if not isinstance(self.remap_overlap, bool):
+            raise PlanError(f"remap_overlap is {self.remap_overlap!r}, expected True or False")
         if not isinstance(self.grouped, bool):
             raise PlanError(f"grouped is {self.grouped!r}, expected True or False")
         if not _is_remap(self.remap):

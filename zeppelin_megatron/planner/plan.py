@@ -11,6 +11,8 @@ A plan says, for one global batch:
   all-to-all's cross-node traffic (:mod:`~.remap_routing`; empty: direct);
 * ``local_slots``: where local sequences run among their rank's ring steps
   (:class:`LocalSlot`; those named nowhere run after the rings);
+* ``remap_slots``: staying local sequences run while a layout exchange is in flight
+  (:class:`RemapSlot`, :mod:`.remap_windows`);
 * ``predicted``: the cost model's step and per-rank times (may be absent).
 
 Split by concern: the parts (:class:`SequencePlan`, :class:`Ring`,
@@ -32,10 +34,11 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .head_parallel import check_head_parallel
-from .plan_check import check_local_slots, check_routing, validate_plan
+from .plan_check import check_local_slots, check_remap_slots, check_routing, validate_plan
 from .plan_json import derive_routing, plan_from_json, plan_to_dict, plan_to_json
 from .plan_parts import (
-    PLACEMENTS, PLAN_SCHEMA, LocalSlot, Placement, PlanError, Prediction, Ring, SequencePlan, TokenRange,
+    PLACEMENTS, PLAN_SCHEMA, REMAP_DIRECTIONS, LocalSlot, Placement, PlanError, Prediction, RemapSlot, Ring,
+    SequencePlan, TokenRange,
     check_linear,
 )
 from .remap import RemapPlan, build_remap
@@ -47,7 +50,8 @@ if TYPE_CHECKING:
     from .cost_model import CostModel
 
 __all__ = [
-    "PlanError", "SequencePlan", "Ring", "LocalSlot", "Prediction", "StepPlan", "derive_routing", "ring_order",
+    "PlanError", "SequencePlan", "Ring", "LocalSlot", "RemapSlot", "REMAP_DIRECTIONS", "Prediction",
+    "StepPlan", "derive_routing", "ring_order",
     "PLAN_SCHEMA", "PLACEMENTS", "Placement", "TokenRange",
 ]
 
@@ -72,6 +76,9 @@ class StepPlan:
     local_slots: tuple[LocalSlot, ...] = ()
     """Ring-step slots of local sequences (:class:`LocalSlot`); a local sequence in no slot runs
     after its rank's rings, with the other such sequences of that rank, in one call."""
+    remap_slots: tuple[RemapSlot, ...] = ()
+    """Staying local sequences run inside a layout exchange (:class:`RemapSlot`; at most one per rank
+    and direction; only when the remap moves rows); such a sequence is in no ``local_slots`` entry."""
     linear: str | None = None
     """How the linear layout was chosen (:data:`~.plan_parts.LINEAR_LAYOUTS`: ``token_balanced``,
     ``workload_balanced``, ``attention``); ``None``: not recorded (hand-made plans, older documents)."""
@@ -87,6 +94,7 @@ class StepPlan:
         else:
             check_routing(self)
         check_local_slots(self)
+        check_remap_slots(self)
         check_linear(self.linear, self.linear_layout, self.attention_layout)
         gpn = self.gpus_per_node
         if (len(set(self.remap_proxies)) != len(self.remap_proxies)
@@ -145,7 +153,11 @@ class StepPlan:
 
     def evolve(self, **changes: Any) -> "StepPlan":
         """``dataclasses.replace`` without re-validating the layouts (only for changes that keep the plan
-        valid), keeping the derived remap when neither layout changes (it is the costly one to rebuild)."""
+        valid), keeping the derived remap when neither layout changes (it is the costly one to rebuild).
+        A change of either layout drops ``remap_slots`` unless they are given too (they were chosen for the
+        old layouts; their sequences then run after the rings)."""
+        if self.remap_slots and "remap_slots" not in changes and {"attention_layout", "linear_layout"} & changes.keys():
+            changes = dict(changes, remap_slots=())
         new = replace(self, validate=False, **changes)
         if not {"attention_layout", "linear_layout"} & changes.keys():
             for name in ("remap", "remap_traffic"):

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Sequence
 
 from .gc_pause import gc_paused
 from .layout_check import attention_in_planner_order
-from .plan_parts import PlanError, TokenRange
+from .plan_parts import REMAP_DIRECTIONS, PlanError, TokenRange
 from .zigzag import chunk_bounds, next_position
 
 if TYPE_CHECKING:
     from .plan import StepPlan
 
-__all__ = ["validate_plan", "check_local_slots", "check_routing"]
+__all__ = ["validate_plan", "check_local_slots", "check_remap_slots", "check_routing"]
 
 
 def validate_plan(plan: "StepPlan") -> None:
@@ -202,6 +202,52 @@ def check_local_slots(plan: "StepPlan") -> None:
                                 f"sequence of rank {x.rank}")
             if i in seen:
                 raise PlanError(f"{where}: sequence {i} is already in local_slots[{seen[i]}]")
+            seen[i] = k
+
+
+def check_remap_slots(plan: "StepPlan") -> None:
+    """Each remap slot names a rank, a direction (``to_attention`` | ``to_linear``) and local sequences of
+    that rank that stay on it (the rank's linear layout holds each whole, as ``(seq, 0, length)``); no
+    sequence in two slots or also in ``local_slots``; at most one slot per rank and direction; the plan's
+    remap moves rows (otherwise there is no exchange to overlap).
+
+    Example: sequence 4 (10 tokens) local on rank 1, whose linear ranges are ``((4, 0, 6), (2, 0, 3))``:
+    ``RemapSlot(1, "to_attention", (4,))`` fails (rows 6..10 of sequence 4 are on another rank)."""
+    if not plan.remap_slots:
+        return
+    if plan.linear_layout == plan.attention_layout:
+        raise PlanError(f"remap_slots given ({len(plan.remap_slots)}) but the linear layout is the attention "
+                        f"layout: no exchange to overlap")
+    world = plan.world_size
+    slotted = {i for x in plan.local_slots for i in x.seqs}
+    seen: dict[int, int] = {}
+    places: set[tuple[int, str]] = set()
+    for k, x in enumerate(plan.remap_slots):
+        where = f"remap_slots[{k}] (rank {x.rank}, {x.direction})"
+        if not (isinstance(x.rank, int) and 0 <= x.rank < world):
+            raise PlanError(f"{where}: rank {x.rank!r} is outside [0, {world})")
+        if x.direction not in REMAP_DIRECTIONS:
+            raise PlanError(f"{where}: direction {x.direction!r}, expected one of {list(REMAP_DIRECTIONS)}")
+        if (x.rank, x.direction) in places:
+            raise PlanError(f"{where}: a second slot of rank {x.rank} in {x.direction}")
+        places.add((x.rank, x.direction))
+        if not x.seqs:
+            raise PlanError(f"{where}: no sequences")
+        linear = set(plan.linear_layout[x.rank])
+        for i in x.seqs:
+            if not (isinstance(i, int) and 0 <= i < len(plan.sequences)):
+                raise PlanError(f"{where}: sequence index {i!r} is outside [0, {len(plan.sequences)})")
+            s = plan.sequences[i]
+            if s.placement != "local" or s.ranks != (x.rank,):
+                raise PlanError(f"{where}: sequence {i} ({s.placement} on ranks {list(s.ranks)}) is not a local "
+                                f"sequence of rank {x.rank}")
+            if (i, 0, s.length) not in linear:
+                raise PlanError(f"{where}: sequence {i} ({s.length} tokens) is not whole on rank {x.rank} in the "
+                                f"linear layout, so its rows move in the remap")
+            if i in slotted:
+                raise PlanError(f"{where}: sequence {i} is also in local_slots")
+            if i in seen:
+                raise PlanError(f"{where}: sequence {i} is already in remap_slots[{seen[i]}]")
             seen[i] = k
 
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from .gc_pause import gc_paused
 from .plan_parts import (
-    LINEAR_LAYOUTS, PLACEMENTS, PLAN_SCHEMA, LocalSlot, PlanError, Prediction, SequencePlan, TokenRange,
+    LINEAR_LAYOUTS, PLACEMENTS, PLAN_SCHEMA, LocalSlot, PlanError, Prediction, RemapSlot, SequencePlan,
+    TokenRange,
 )
 from .routing import Route, plan_routing
 from .zigzag import ring_chunk_pair_tokens
@@ -31,7 +32,7 @@ __all__ = ["plan_to_dict", "plan_to_json", "plan_from_json", "derive_routing"]
 def plan_to_dict(plan: "StepPlan") -> dict[str, Any]:
     """The ``zeppelin-plan/1`` document of ``plan``.
 
-    ``linear``, ``remap_proxies``, ``local_slots`` and ``predicted`` appear only when present.
+    ``linear``, ``remap_proxies``, ``local_slots``, ``remap_slots`` and ``predicted`` appear only when present.
     """
     d: dict[str, Any] = {
         "schema": PLAN_SCHEMA,
@@ -62,6 +63,9 @@ def _tail(plan: "StepPlan") -> dict[str, Any]:
     if plan.local_slots:  # absent when empty: plans without slots keep their JSON and digest
         d["local_slots"] = [{"rank": x.rank, "ring": x.ring, "step": x.step, "seqs": list(x.seqs)}
                             for x in plan.local_slots]
+    if plan.remap_slots:  # absent when empty, like local_slots
+        d["remap_slots"] = [{"rank": x.rank, "direction": x.direction, "seqs": list(x.seqs)}
+                            for x in plan.remap_slots]
     if plan.predicted is not None:
         d["predicted"] = plan.predicted.to_dict()
     return d
@@ -133,6 +137,7 @@ def plan_from_json(
     if doc.get("predicted") is not None:
         predicted = _prediction(doc["predicted"])
     slots = _local_slots(doc)
+    windows = _remap_slots(doc)
     proxies = tuple(_list(doc, "remap_proxies", "plan")) if "remap_proxies" in doc else ()
     linear = doc.get("linear")
     if "linear" in doc and (not isinstance(linear, str) or linear not in LINEAR_LAYOUTS):
@@ -147,10 +152,10 @@ def plan_from_json(
                                  _int(r, "dst", where, 0), tuple(_list(r, "proxies", where))))
         return cls(nodes=nodes, gpus_per_node=gpus, sequences=tuple(sequences), attention_layout=att,
                    linear_layout=lin, routing=tuple(routing), remap_proxies=proxies, local_slots=slots,
-                   linear=linear, predicted=predicted)
+                   remap_slots=windows, linear=linear, predicted=predicted)
     plan = cls(nodes=nodes, gpus_per_node=gpus, sequences=tuple(sequences), attention_layout=att,
                linear_layout=lin, routing=(), remap_proxies=proxies, local_slots=slots,
-               linear=linear, predicted=predicted)
+               remap_slots=windows, linear=linear, predicted=predicted)
     if cost_model is not None:
         cluster = cost_model.cluster
     if cluster is None:
@@ -234,6 +239,22 @@ def _local_slots(doc: dict[str, Any]) -> tuple[LocalSlot, ...]:
         # step -1: inside a head-parallel ring's heads all-to-all (checked against the ring by check_local_slots)
         out.append(LocalSlot(_int(x, "rank", where, 0), _int(x, "ring", where, 0), _int(x, "step", where, -1),
                              tuple(seqs)))
+    return tuple(out)
+
+
+def _remap_slots(doc: dict[str, Any]) -> tuple[RemapSlot, ...]:
+    out = []
+    for k, x in enumerate(_list(doc, "remap_slots", "plan") if "remap_slots" in doc else []):
+        where = f"remap_slots[{k}]"
+        if not isinstance(x, dict):
+            raise PlanError(f"{where}: expected an object")
+        seqs = _list(x, "seqs", where)
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in seqs):
+            raise PlanError(f"{where}.seqs must be integers, got {seqs!r}")
+        direction = x.get("direction")
+        if not isinstance(direction, str):
+            raise PlanError(f"{where}.direction must be a string, got {direction!r}")
+        out.append(RemapSlot(_int(x, "rank", where, 0), direction, tuple(seqs)))  # checked by check_remap_slots
     return tuple(out)
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["PlanError", "SequencePlan", "Ring", "LocalSlot", "Prediction", "PLAN_SCHEMA", "PLACEMENTS",
+__all__ = ["PlanError", "SequencePlan", "Ring", "LocalSlot", "RemapSlot", "REMAP_DIRECTIONS", "Prediction",
+           "PLAN_SCHEMA", "PLACEMENTS",
            "Placement", "TokenRange", "LINEAR_LAYOUTS", "check_linear"]
 
 PLAN_SCHEMA = "zeppelin-plan/1"
@@ -93,6 +94,28 @@ class LocalSlot:
     rank: int
     ring: int
     step: int
+    seqs: tuple[int, ...]
+
+
+REMAP_DIRECTIONS = ("to_attention", "to_linear")
+"""The two layout exchanges of a layer: ``to_attention`` (the remap in, before attention) and
+``to_linear`` (the remap out, after it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RemapSlot:
+    """Local sequences ``seqs`` of ``rank`` run as one causal call while the layout exchange
+    ``direction`` is in flight: after the rank posts it, before it waits (forward and backward).
+    Each sequence is *staying*: local on ``rank`` and whole on ``rank`` in the linear layout too
+    (one linear range ``(seq, 0, length)``), so its q/k/v rows are in the rank's linear buffers and
+    need no remapped row (:mod:`.remap_windows`).
+
+    Example: ``RemapSlot(rank=2, direction="to_attention", seqs=(5, 9))``: rank 2 computes the
+    attention of sequences 5 and 9 from its linear rows while the remap in moves other rows.
+    """
+
+    rank: int
+    direction: str
     seqs: tuple[int, ...]
 
 

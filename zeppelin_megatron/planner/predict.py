@@ -30,6 +30,8 @@ Per layer, forward + backward, for each rank ``r``:
   ``1/a`` of the heads, its lane hop, the two all-to-alls and the copies around them); its all-to-alls are exposed
   communication that local work does not fill (nothing runs between a ``Post`` and ``Wait`` of
   one), so they count as the rank's own time in the rule above and as ``exposed_comm_ms``.
+* Local sequences in :attr:`~.plan.StepPlan.remap_slots` run while an exchange is in flight, within
+  the rank's estimated wait there (:mod:`.remap_windows`): they cost nothing above the remap.
 * Linear modules: ``linear_ms(tokens in the linear layout)``; with them, the remap's row gathers
   and copies (``copy_r``, :func:`~.engine_costs.remap_copy_bytes`, the planner's count of what the
   simulator charges exactly: the runtime runs them in and out even when no row moves; ``zeppelin``
@@ -109,8 +111,9 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
     local = [0.0] * world
     by_length: dict[int, float] = {}  # batches repeat lengths
     per_token = local_copy_ms_per_token(cost, charges)  # the engine's copies around local calls
-    for s in plan.sequences:
-        if s.placement == "local":
+    windowed = {i for x in plan.remap_slots for i in x.seqs}  # hidden by the exchanges (remap_windows.py)
+    for i, s in enumerate(plan.sequences):
+        if s.placement == "local" and i not in windowed:
             t = by_length.get(s.length)
             if t is None:
                 t = by_length[s.length] = cost.local_ms(s.length) + s.length * per_token
