@@ -1,7 +1,8 @@
 """Collective and point-to-point primitives over a :class:`ZeppelinGroup`.
 
 * :func:`all_to_all_uneven`: ``all_to_all_single`` with per-rank token counts
-  (gloo and NCCL both accept uneven splits of one flat tensor);
+  (gloo and NCCL both accept uneven splits of one flat tensor); :func:`all_to_all_start`: the same
+  started asynchronously, finished by :meth:`PendingAllToAll.wait` (work runs in between);
 * :class:`P2P` / :func:`post`: ``batch_isend_irecv`` with Zeppelin-rank peers;
 * :class:`CommStream`: on CUDA, a side stream so that posted transfers and the
   waits between routing rounds do not queue behind compute; a no-op on CPU;
@@ -18,19 +19,99 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 
 from .agreement import check_plan_agreement, plan_hash
 from .group import ZeppelinGroup
-from .waits import collective, wait_work
+from .waits import comm_error, wait_work
 
-__all__ = ["P2P", "Posted", "post", "all_to_all_uneven", "CommStream", "plan_hash", "check_plan_agreement"]
+__all__ = ["P2P", "Posted", "post", "all_to_all_uneven", "all_to_all_start", "PendingAllToAll", "CommStream",
+           "plan_hash", "check_plan_agreement"]
 
 
 # -- all-to-all --------------------------------------------------------------------
+
+
+class PendingAllToAll:
+    """An :func:`all_to_all_start` in flight; :meth:`wait` -> the received rows [sum(recv_counts), *F].
+
+    The wait runs under the group's timeout like every other (:func:`~.waits.wait_work`): a peer that
+    failed makes it raise :class:`~.errors.ZeppelinTimeoutError` / ``ZeppelinCommError`` naming ``what``
+    and the other ranks, never hang. Call :meth:`wait` exactly once; the send buffer must stay unchanged
+    until then.
+    """
+
+    def __init__(self, work: dist.Work | None, finish: Callable[[], torch.Tensor], group: ZeppelinGroup,
+                 what: str) -> None:
+        self._work, self._finish, self._group, self._what = work, finish, group, what
+
+    def _describe(self) -> tuple[str, list[int]]:
+        return self._what, [r for r in range(self._group.size) if r != self._group.rank]
+
+    def wait(self) -> torch.Tensor:
+        if self._work is not None:
+            work, self._work = self._work, None
+            wait_work(work, self._group, self._describe)
+        return self._finish()
+
+
+def all_to_all_start(
+    send: torch.Tensor,
+    send_counts: Sequence[int],
+    recv_counts: Sequence[int],
+    group: ZeppelinGroup,
+    what: str = "a remap all_to_all",
+) -> PendingAllToAll:
+    """Start exchanging rows of ``send`` ([sum(send_counts), *F]) (``async_op=True``); the result
+    [sum(recv_counts), *F] comes from :meth:`PendingAllToAll.wait`, so work can run in between.
+
+    ``send_counts[r]`` / ``recv_counts[r]`` are indexed by *Zeppelin* rank; rows
+    of ``send`` are grouped by destination in Zeppelin-rank order and the result
+    is grouped by source in Zeppelin-rank order. A rank map that is not the
+    identity is handled here by permuting the blocks into process-group order (before the
+    start) and back (at the wait). ``what`` names the step in a timeout error.
+    Example: 2 ranks, rank 0 sends rows ``[a, b, c]`` with ``send_counts=[1, 2]``: ``a`` stays,
+    ``b, c`` go to rank 1; ``all_to_all_start(...).wait()`` on rank 1 gives ``[b, c, <rank 1's own>]``.
+    """
+    feat = tuple(send.shape[1:])
+    if group.size == 1:
+        copy = send.clone()
+        return PendingAllToAll(None, lambda: copy, group, what)
+    recv = send.new_empty((sum(recv_counts), *feat))
+    if group.is_identity_map:
+        send_c = send.contiguous()
+        work = _start(lambda: dist.all_to_all_single(recv, send_c, list(recv_counts), list(send_counts),
+                                                     group=group.pg, async_op=True), group, what)
+        return PendingAllToAll(work, lambda: recv, group, what)
+    # Reorder blocks from Zeppelin-rank order to process-group-rank order and back.
+    order = [group.zeppelin_rank(g) for g in range(group.size)]
+    send_blocks = list(torch.split(send, list(send_counts)))
+    send_pg = torch.cat([send_blocks[z] for z in order]) if send.shape[0] else send
+    recv_pg = send.new_empty((sum(recv_counts), *feat))
+    send_pg = send_pg.contiguous()
+    work = _start(lambda: dist.all_to_all_single(
+        recv_pg, send_pg, [recv_counts[z] for z in order], [send_counts[z] for z in order],
+        group=group.pg, async_op=True,
+    ), group, what)
+
+    def finish() -> torch.Tensor:
+        blocks = dict(zip(order, torch.split(recv_pg, [recv_counts[z] for z in order])))
+        if recv.shape[0]:
+            torch.cat([blocks[z] for z in range(group.size)], out=recv)
+        return recv
+
+    return PendingAllToAll(work, finish, group, what)
+
+
+def _start(start: Callable[[], dist.Work | None], group: ZeppelinGroup, what: str) -> dist.Work | None:
+    """``start()``, a backend failure raised as the Zeppelin error naming ``what`` and the other ranks."""
+    try:
+        return start()
+    except RuntimeError as exc:
+        raise comm_error(exc, group, what, [r for r in range(group.size) if r != group.rank]) from exc
 
 
 def all_to_all_uneven(
@@ -40,37 +121,9 @@ def all_to_all_uneven(
     group: ZeppelinGroup,
     what: str = "a remap all_to_all",
 ) -> torch.Tensor:
-    """Exchange rows of ``send`` ([sum(send_counts), *F]) -> [sum(recv_counts), *F].
-
-    ``send_counts[r]`` / ``recv_counts[r]`` are indexed by *Zeppelin* rank; rows
-    of ``send`` are grouped by destination in Zeppelin-rank order and the result
-    is grouped by source in Zeppelin-rank order. A rank map that is not the
-    identity is handled here by permuting the blocks into process-group order.
-    ``what`` names the step in a timeout error.
-    """
-    feat = tuple(send.shape[1:])
-    if group.size == 1:
-        return send.clone()
-    recv = send.new_empty((sum(recv_counts), *feat))
-    if group.is_identity_map:
-        send_c = send.contiguous()
-        collective(lambda: dist.all_to_all_single(recv, send_c, list(recv_counts), list(send_counts),
-                                                  group=group.pg, async_op=True), group, what=what)
-        return recv
-    # Reorder blocks from Zeppelin-rank order to process-group-rank order and back.
-    order = [group.zeppelin_rank(g) for g in range(group.size)]
-    send_blocks = list(torch.split(send, list(send_counts)))
-    send_pg = torch.cat([send_blocks[z] for z in order]) if send.shape[0] else send
-    recv_pg = send.new_empty((sum(recv_counts), *feat))
-    send_pg = send_pg.contiguous()
-    collective(lambda: dist.all_to_all_single(
-        recv_pg, send_pg, [recv_counts[z] for z in order], [send_counts[z] for z in order],
-        group=group.pg, async_op=True,
-    ), group, what=what)
-    blocks = dict(zip(order, torch.split(recv_pg, [recv_counts[z] for z in order])))
-    if recv.shape[0]:
-        torch.cat([blocks[z] for z in range(group.size)], out=recv)
-    return recv
+    """Exchange rows of ``send`` ([sum(send_counts), *F]) -> [sum(recv_counts), *F]: :func:`all_to_all_start`
+    and its wait at once (the same collective, counts and rank-map handling)."""
+    return all_to_all_start(send, send_counts, recv_counts, group, what).wait()
 
 
 # -- point-to-point ----------------------------------------------------------------

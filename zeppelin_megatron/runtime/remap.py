@@ -25,6 +25,12 @@ cross-node rows over the proxies' rail-aligned NICs::
         buf = cat(buf[keep_index], all_to_all(buf[send_index], send_counts, recv_counts))
     y_i = buf[:, cols_i][gather_index]        # gather_index[recv_index] = final_index
 
+Posted (:func:`post_parts` -> :class:`PostedRemap`, :meth:`PostedRemap.wait`): the same exchange split
+at the first collective: the post packs ``send`` and starts the direct ``all_to_all`` (routed: phase 1)
+with ``async_op=True``, the wait finishes it (routed: then runs phases 2 and 3, which need phase 1's
+rows) and unpacks; :func:`remap_parts` is the post and the wait at once. :mod:`.overlap` runs the
+plan's remap windows in between.
+
 ``to_attention`` and ``to_linear`` are exact inverses, so each one's backward is
 the other's forward applied to the gradient.
 """
@@ -43,11 +49,11 @@ from ..planner.lowering import rank_remap
 from ..planner.remap_staging import gather_plan, staging_plan
 from ..planner.remap import Direction
 from ..planner.plan import StepPlan
-from .comm import all_to_all_uneven
+from .comm import PendingAllToAll, all_to_all_start, all_to_all_uneven
 from .group import ZeppelinGroup
 
-__all__ = ["remap_parts", "remap_tokens", "to_attention", "to_linear", "qkv_to_attention", "RemapFunction",
-           "QKVRemapFunction"]
+__all__ = ["remap_parts", "post_parts", "PostedRemap", "remap_tokens", "to_attention", "to_linear",
+           "qkv_to_attention", "RemapFunction", "QKVRemapFunction"]
 
 
 _Gather = tuple[tuple[int, "torch.Tensor | None", "torch.Tensor | None"], ...]
@@ -123,7 +129,7 @@ def remap_parts(
     parts: Sequence[torch.Tensor], plan: StepPlan, group: ZeppelinGroup, direction: Direction
 ) -> tuple[torch.Tensor, ...]:
     """Move tensors ``parts[i]`` [T_src, H_i, *F] (this rank's buffers in the source layout, one dtype,
-    one ``F``) together -> ``[T_dst, H_i, *F]`` each (no autograd).
+    one ``F``) together -> ``[T_dst, H_i, *F]`` each (no autograd): :func:`post_parts` and its wait.
 
     The rows of all parts travel in one packed buffer ``send`` [S, sum(H_i), *F], filled by one
     ``index_select`` per part straight into its column slice (no ``cat``); the received buffer is
@@ -132,6 +138,49 @@ def remap_parts(
     destination row is read from the buffer it arrived in (no staging buffer is built).
     Example: ``q`` [T, 32, 128], ``k``, ``v`` [T, 8, 128] travel as one [S, 48, 128] buffer.
     """
+    return post_parts(parts, plan, group, direction).wait()
+
+
+class PostedRemap:
+    """A remap started by :func:`post_parts`; :meth:`wait` -> the parts in the destination layout.
+
+    Direct: the one ``all_to_all`` is in flight; the wait finishes it and unpacks. Routed: phase 1
+    is in flight; the wait finishes it, then runs phases 2 .. n one after the other (each sends rows
+    the previous one delivered), then unpacks. Call :meth:`wait` once.
+    """
+
+    def __init__(self, idx: _Indices, sources: list[torch.Tensor], pending: PendingAllToAll | None,
+                 widths: list[int], t_dst: int, group: ZeppelinGroup, direction: Direction) -> None:
+        self._idx, self._sources, self._pending = idx, sources, pending
+        self._widths, self._t_dst, self._group, self._direction = widths, t_dst, group, direction
+
+    def wait(self) -> tuple[torch.Tensor, ...]:
+        idx, sources, group, direction = self._idx, self._sources, self._group, self._direction
+        if self._pending is not None:
+            sources.append(self._pending.wait())
+            self._pending = None
+        if idx.routed is not None and group.size > 1:
+            send = sources[0]
+            for n in range(len(sources), len(idx.routed.phases) + 1):  # phases 2 .. n, each after the last
+                phase, g = idx.routed.phases[n - 1], idx.phases[n - 1]
+                buf = _assemble(sources, g, int(sum(phase.send_counts)), send)
+                sources.append(all_to_all_uneven(buf, phase.send_counts, phase.recv_counts, group,
+                                                 what=f"the routed remap {direction} (phase {n} of 3)"))
+        out, off = [], 0
+        for w in self._widths:
+            cols = [t.narrow(1, off, w) for t in sources]
+            out.append(_assemble(cols, idx.final, self._t_dst, cols[0]))
+            off += w
+        return tuple(out)
+
+
+def post_parts(
+    parts: Sequence[torch.Tensor], plan: StepPlan, group: ZeppelinGroup, direction: Direction
+) -> PostedRemap:
+    """Pack ``parts`` (as :func:`remap_parts`) and start the exchange: the direct ``all_to_all``, or
+    phase 1 of a routed remap (phases 2 .. n need phase 1's rows: they run in :meth:`PostedRemap.wait`).
+    Work issued between this and the wait overlaps the exchange (:mod:`.overlap`); ``parts`` may be
+    changed once this returns (they are packed into ``send``)."""
     rank = group.rank
     src_layout = "linear" if direction == "to_attention" else "attention"
     dst_layout = "attention" if direction == "to_attention" else "linear"
@@ -152,23 +201,18 @@ def remap_parts(
         torch.index_select(x, 0, idx.send_index, out=send.narrow(1, off, w))
         off += w
     sources = [send]
+    pending = None
     if group.size == 1:  # one rank: it receives what it sends (a one-rank plan is never routed)
         sources.append(send)
     elif idx.routed is not None:
-        for n, (phase, g) in enumerate(zip(idx.routed.phases, idx.phases), 1):
-            buf = _assemble(sources, g, int(sum(phase.send_counts)), send)
-            sources.append(all_to_all_uneven(buf, phase.send_counts, phase.recv_counts, group,
-                                             what=f"the routed remap {direction} (phase {n} of 3)"))
+        phase, g = idx.routed.phases[0], idx.phases[0]
+        buf = _assemble(sources, g, int(sum(phase.send_counts)), send)
+        pending = all_to_all_start(buf, phase.send_counts, phase.recv_counts, group,
+                                   what=f"the routed remap {direction} (phase 1 of 3)")
     else:
-        sources.append(all_to_all_uneven(send, idx.ex.send_counts, idx.ex.recv_counts, group,
-                                         what=f"the remap {direction}"))
-    t_dst = plan.tokens(rank, dst_layout)
-    out, off = [], 0
-    for w in widths:
-        cols = [t.narrow(1, off, w) for t in sources]
-        out.append(_assemble(cols, idx.final, t_dst, cols[0]))
-        off += w
-    return tuple(out)
+        pending = all_to_all_start(send, idx.ex.send_counts, idx.ex.recv_counts, group,
+                                   what=f"the remap {direction}")
+    return PostedRemap(idx, sources, pending, widths, plan.tokens(rank, dst_layout), group, direction)
 
 
 def remap_tokens(x: torch.Tensor, plan: StepPlan, group: ZeppelinGroup, direction: Direction) -> torch.Tensor:
