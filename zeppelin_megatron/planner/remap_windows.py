@@ -24,9 +24,9 @@ So the rank can compute it between posting an exchange and waiting for it (the r
    a window never delays the rank's rings or its share of the exchange.
 
 Worked example, 1 node x 2 GPUs, NVLink 1 byte/ms, ``2 q + kv = 1`` byte per row: rank 0 sends
-6 rows to rank 1; both windows of both ranks are 6 ms. Rank 1's staying sequence 3
-(``local_ms`` 4 ms) goes to its ``to_attention`` window (4 <= 6, least room left among the two),
-a second one of 5 ms to ``to_linear``.
+6 rows to rank 1; both windows of both ranks are 6 ms. Rank 1's staying sequences of 5 and 4 ms
+(``local_ms``, above the overhead): the 5 ms one (largest first) goes to ``to_attention`` (equal
+room: the first window), the 4 ms one no longer fits there (9 > 6) and goes to ``to_linear``.
 
 Pure and deterministic (float arithmetic in a fixed order, explicit tie-breaks).
 """
@@ -35,45 +35,70 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
+
 from .plan import LocalSlot, RemapSlot, StepPlan
 from .remap_cost import remap_pairs
-from .remap_routing import proxy_parts
 
 if TYPE_CHECKING:
     from .cost_model import CostModel
 
 __all__ = ["window_ms", "staying_sequences", "remap_slots", "with_remap_windows"]
 
-_Leg = tuple[int, int, tuple[tuple[str, int], ...], int]  # (src rank, dst rank, ports, rows)
+def _direction_wait(pairs: Sequence[tuple[int, int, int]], cost: "CostModel", proxies: Sequence[int],
+                    world: int) -> list[float]:
+    """Per rank, when the last leg it sends or receives ends in one exchange moving ``pairs``
+    (``(src, dst, rows)``; module docstring, step 1). Vectorised over pairs: legs are arrays of
+    ``(src, dst, rows, out port, in port)``, ports numbered NVLink out ``[0, W)``, NVLink in
+    ``[W, 2W)``, NIC out ``[2W, 2W + P)``, NIC in ``[2W + P, 2W + 2P)`` (``P = nodes * nics``)."""
+    cl = cost.cluster
+    g = cl.gpus_per_node
+    nic_of = np.asarray(cl.gpu_nic, dtype=np.int64)
+    nics = int(nic_of.max()) + 1
+    nports = world // g * nics
+    per_row = 2 * cost.q_bytes_per_token + cost.kv_bytes_per_token
+    a, b, n = (np.asarray(col, dtype=np.int64) for col in zip(*pairs))
+    na, nb = a // g, b // g
+    legs: list[list[tuple[np.ndarray, ...]]] = []  # chains of equal shape: [leg 1, leg 2, ...]
 
+    def nvl(src: np.ndarray, dst: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        return src, dst, rows, src, world + dst
 
-def _chains(pairs: Sequence[tuple[int, int, int]], gpus_per_node: int, gpu_nic: Sequence[int],
-            proxies: Sequence[int]) -> list[list[_Leg]]:
-    """The legs of every moved row's path (module docstring), chain by chain; ports are
-    ``("nvl_out" | "nvl_in", rank)`` and ``("nic_out" | "nic_in", node * nics + nic)``."""
-    g = gpus_per_node
-    nics = max(gpu_nic) + 1
+    def nic(src: np.ndarray, dst: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        x = nic_of[src % g]
+        return src, dst, rows, 2 * world + (src // g) * nics + x, 2 * world + nports + (dst // g) * nics + x
 
-    def nvl(a: int, b: int, n: int) -> _Leg:
-        return (a, b, (("nvl_out", a), ("nvl_in", b)), n)
-
-    def nic(a: int, b: int, n: int) -> _Leg:
-        x = gpu_nic[a % g]
-        return (a, b, (("nic_out", (a // g) * nics + x), ("nic_in", (b // g) * nics + x)), n)
-
-    out: list[list[_Leg]] = []
-    for a, b, n in pairs:
-        na, nb = a // g, b // g
-        if na == nb:
-            out.append([nvl(a, b, n)])
-        elif not proxies:
-            rail = nb * g + a % g
-            out.append([nic(a, rail, n)] + ([nvl(rail, b, n)] if rail != b else []))
-        else:
-            for _, rows, pa, pb in proxy_parts(a, b, n, g, tuple(proxies)):
-                chain = ([nvl(a, pa, rows)] if pa != a else []) + [nic(pa, pb, rows)]
-                out.append(chain + ([nvl(pb, b, rows)] if pb != b else []))
-    return out
+    local = na == nb
+    legs.append([nvl(a[local], b[local], n[local])])
+    a, b, n, na, nb = a[~local], b[~local], n[~local], na[~local], nb[~local]
+    if not proxies:
+        rail = nb * g + a % g
+        legs.append([nic(a, rail, n), nvl(rail, b, n)])  # rail == b: an empty NVLink leg (0 ms, same end)
+    else:
+        k = len(proxies)
+        for p, x in enumerate(proxies):  # split_counts: the first n % k parts one row more
+            part = n // k + (p < n % k)
+            pa, pb = na * g + x, nb * g + x
+            legs.append([nvl(a, pa, part), nic(pa, pb, part), nvl(pb, b, part)])
+    load = np.zeros(2 * world + 2 * nports, dtype=np.int64)
+    for chain in legs:
+        for src, dst, rows, po, pi in chain:
+            moved = src != dst
+            np.add.at(load, po[moved], rows[moved])
+            np.add.at(load, pi[moved], rows[moved])
+    port_ms = np.zeros(len(load))
+    for i in np.flatnonzero(load):
+        nbytes = float(load[i]) * per_row
+        port_ms[i] = cost.nvlink_ms(nbytes) if i < 2 * world else cost.nic_ms(nbytes)
+    wait = np.zeros(world)
+    for chain in legs:
+        end = np.zeros(len(chain[0][0]))
+        for src, dst, rows, po, pi in chain:
+            moved = (src != dst) & (rows > 0)
+            end = end + np.where(moved, np.maximum(port_ms[po], port_ms[pi]), 0.0)
+            np.maximum.at(wait, src[moved], end[moved])
+            np.maximum.at(wait, dst[moved], end[moved])
+    return [float(x) for x in wait]
 
 
 def window_ms(plan: StepPlan, cost: "CostModel") -> tuple[list[float], list[float]]:
@@ -85,26 +110,11 @@ def window_ms(plan: StepPlan, cost: "CostModel") -> tuple[list[float], list[floa
     """
     world = plan.world_size
     pairs = remap_pairs(plan)
-    result: list[list[float]] = []
-    cl = cost.cluster
-    per_row = 2 * cost.q_bytes_per_token + cost.kv_bytes_per_token
-    for moving in (pairs, [(b, a, n) for a, b, n in pairs]):
-        chains = _chains(moving, cl.gpus_per_node, cl.gpu_nic, plan.remap_proxies)
-        load: dict[tuple[str, int], int] = {}
-        for chain in chains:
-            for _, _, ports, n in chain:
-                for port in ports:
-                    load[port] = load.get(port, 0) + n
-        wait = [0.0] * world
-        for chain in chains:
-            end = 0.0
-            for src, dst, ports, _ in chain:
-                busiest = max(load[p] for p in ports) * per_row
-                end += cost.nic_ms(busiest) if ports[0][0] == "nic_out" else cost.nvlink_ms(busiest)
-                wait[src] = max(wait[src], end)
-                wait[dst] = max(wait[dst], end)
-        result.append(wait)
-    return result[0], result[1]
+    if not pairs:
+        return [0.0] * world, [0.0] * world
+    back = [(b, a, n) for a, b, n in pairs]
+    return (_direction_wait(pairs, cost, plan.remap_proxies, world),
+            _direction_wait(back, cost, plan.remap_proxies, world))
 
 
 def staying_sequences(plan: StepPlan) -> dict[int, list[int]]:
