@@ -91,6 +91,10 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="Let the planner run a ring head-parallel (an all-to-all over heads inside blocks of its "
                         "GPUs, a ring across the blocks; Ulysses when one block spans it) where the cost model "
                         f"predicts it faster (default: {_word(_PLANNER.head_parallel)}; off: every ring plain).")
+    g.add_argument("--zeppelin-remap-overlap", choices=("on", "off"), default=_word(_PLANNER.remap_overlap),
+                   help="Let the planner run a GPU's staying local sequences (whole on it in both layouts) while "
+                        "the layout exchanges (remap in / out) are in flight, where the call fits the predicted "
+                        f"exchange time (default: {_word(_PLANNER.remap_overlap)}; off: no remap windows).")
     g.add_argument("--zeppelin-backend", type=str, default=None, choices=sorted(BACKENDS),
                    help="Attention kernel backend (default: the best usable one).")
     g.add_argument("--zeppelin-check-plan", action=argparse.BooleanOptionalAction, default=False,
@@ -164,13 +168,13 @@ def _remap_from_args(args: argparse.Namespace) -> Remap:
 
 _PLANNER_FLAGS = {"routing": "--zeppelin-routing", "remap": "--zeppelin-remap", "slack": "--zeppelin-slack",
                   "min_ratio": "--zeppelin-min-ratio", "placements": "--zeppelin-placements",
-                  "head_parallel": "--zeppelin-head-parallel"}
+                  "head_parallel": "--zeppelin-head-parallel", "remap_overlap": "--zeppelin-remap-overlap"}
 """PlannerOptions field -> the flag that sets it (errors name the flag)."""
 
 
 def planner_options_from_args(args: argparse.Namespace) -> PlannerOptions:
     """The planner's settings from ``--zeppelin-routing/-remap/-remap-auto/-slack/-min-ratio/-placements``
-    and ``--zeppelin-head-parallel {on,off}``.
+    and ``--zeppelin-head-parallel {on,off}``, ``--zeppelin-remap-overlap {on,off}``.
 
     :class:`PlannerOptions` validates the values; its error is re-raised naming
     the flag, e.g. ``--zeppelin-slack 2.0: slack is 2.0, expected a fraction in [0, 1)``.
@@ -183,6 +187,10 @@ def planner_options_from_args(args: argparse.Namespace) -> PlannerOptions:
     if hp not in ("on", "off"):
         raise ZeppelinArgsError(f"--zeppelin-head-parallel {hp}: expected on or off")
     values["head_parallel"] = hp == "on"
+    ro = getattr(args, "zeppelin_remap_overlap", _word(_PLANNER.remap_overlap))
+    if ro not in ("on", "off"):
+        raise ZeppelinArgsError(f"--zeppelin-remap-overlap {ro}: expected on or off")
+    values["remap_overlap"] = ro == "on"
     for name, flag in _PLANNER_FLAGS.items():
         try:
             PlannerOptions(**{name: values[name]})
