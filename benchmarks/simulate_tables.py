@@ -40,7 +40,8 @@ PEERS = ("te-cp", "allgather-cp", "hybrid-dp", "wlb-llm", "flexsp", "megatron-hc
 """The baselines a best peer is chosen from (``te-cp-routing`` is an ablation: TE CP with Zeppelin's routing)."""
 MAIN = ("zeppelin",) + PEERS + ("lower-bound",)
 ABLATION = ("te-cp", "te-cp-routing", "zeppelin-partition-only", "zeppelin-no-routing", "zeppelin-no-remap",
-            "zeppelin-remap-always", "zeppelin-no-head-parallel", "zeppelin", "zeppelin-no-inter",
+            "zeppelin-remap-always", "zeppelin-no-head-parallel", "zeppelin-no-remap-overlap", "zeppelin",
+            "zeppelin-no-inter",
             "zeppelin-local-only")
 FIXED_CP = ("te-cp@cp16", "te-cp@cp32")
 CLUSTER = "configs/clusters/h100.yaml"

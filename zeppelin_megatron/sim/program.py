@@ -11,6 +11,10 @@ bytes). Per rank, in this order:
    bytes per moved row (forward q, k, v in and backward output-gradient in);
    with ``remap_proxies`` each cross-node pair is split over the proxies' NICs
    as the runtime routes it (:meth:`~zeppelin_megatron.planner.lowering.RemapExchange.chains`);
+   between its post and its wait the rank's ``to_attention`` remap window calls
+   (:attr:`~zeppelin_megatron.planner.lowering.RankProgram.windows`, the plan's ``remap_slots``:
+   staying local sequences computed from the linear rows while the exchange flows), each
+   ``max(sum local_ms, call overhead)`` (label ``remap in window``) and its row copies;
 3. attention, group by group in ``plan.rings`` order:
 
    * ``ring`` (Zeppelin, TE CP, ...): the rank's lowered forward program
@@ -41,9 +45,11 @@ bytes). Per rank, in this order:
    queue (longest first, at least one call overhead's worth per call, not
    preempted): the three-queue engine of the paper, which
    :func:`~zeppelin_megatron.planner.predict.predict` assumes. The
-   ``ulysses`` and ``allgather`` groups interleave nothing.
+   ``ulysses`` and ``allgather`` groups interleave nothing. The fill engine also queues the remap
+   windows' sequences (they are in ``RankProgram.local_lens``): no window calls then.
 
-4. remap out: attention rank -> linear rank, ``(2 q + kv)`` bytes per token;
+4. remap out: attention rank -> linear rank, ``(2 q + kv)`` bytes per token; its ``to_linear``
+   window calls (``remap out window``) between its post and its wait, as in step 2;
 5. linear modules, second half.
 
 Communication is :class:`Traffic`: named sets of chains of :class:`Leg` s (one
@@ -56,14 +62,15 @@ runtime's messages and wire hops; a ring transfer becomes one ``Traffic``.)
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Literal, Mapping
 
 from ..planner.cost_model import CostModel
 from ..planner.lowering import (
     LocalCall, Post, RankProgram, RemapExchange, RingCall, Transfer, Wait, lower, lower_remaps, message_hops,
 )
-from ..planner.plan import LocalSlot, Ring, StepPlan
+from .plain_rings import plain_rings
+from ..planner.plan import Ring, StepPlan
 from ..planner.zigzag import ring_chunk_pair_tokens, zigzag_tokens
 from .peer_plan import PEER_COMMS, PeerPlan
 from .charges import (
@@ -270,6 +277,27 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
     return ops
 
 
+def _window_ops(rank: RankProgram, direction: str, cost: CostModel, charges: str) -> list[Op]:
+    """The rank's remap window calls of exchange ``direction`` (``to_attention``: remap in, ``to_linear``: remap
+    out), each ``max(sum local_ms, call overhead)`` (kind ``local``), then with ``zeppelin`` charges its row
+    copies (:func:`~.charges.zeppelin_local_bytes`; views when its ``linear_rows`` are one range). E.g. a window
+    of sequences of 3000 and 2000 tokens at linear rows ``((0, 3000), (3000, 5000))``: one op of
+    ``local_ms(3000) + local_ms(2000)``, then the contiguous copy charge of 5000 tokens."""
+    ops: list[Op] = []
+    name = "remap in window" if direction == "to_attention" else "remap out window"
+    for w in rank.windows:
+        if w.direction != direction:
+            continue
+        lens = rank.local_chunks[w.chunk].lens
+        ops.append(Op("compute", max(sum(cost.local_ms(n) for n in lens), cost.call_overhead_ms), "local",
+                      label=name))
+        if charges == "zeppelin":
+            one = all(a[1] == b[0] for a, b in zip(w.linear_rows, w.linear_rows[1:]))
+            ops.append(Op("compute", hbm_ms(cost, zeppelin_local_bytes(shape_of(cost), sum(lens), contiguous=one)),
+                          "copy", label=f"{name}: row copies"))
+    return ops
+
+
 def _call_copy_bytes(sh: Shape, op: RingCall, charges: str, started: set[int]) -> float:
     """Bytes a ring call moves through device memory besides its kernel under charge model ``charges``;
     ``started``: rings whose first call this rank has seen (updated; its first call adds the ring's
@@ -342,26 +370,6 @@ def _group_ops(plan: StepPlan, ring: Ring, cost: CostModel, attention_comm: str,
                    Op("post", key=trs), Op("wait", key=trs, kind="group", label=f"{label} reduce-scatter dK/dV")]
 
 
-def plain_rings(plan: StepPlan) -> StepPlan:
-    """``plan`` with every head-parallel ring run as a plain ring (``a2a = 1``; same ranks, layouts and local
-    sequences): the simulator's same-plan ablation of head-parallel rings (``simulate(..., head_parallel=False)``).
-    Local slots follow their ring (by ranks; slots that land on one step of a merged ring join; a slot in a
-    head-parallel ring's ``heads`` all-to-all, step -1, goes to step 0, where the plain ring waits); a plan
-    without head-parallel rings is returned as is. Example: a Ulysses ring over ranks (0, 1, 2, 3) becomes
-    the 4-position zigzag ring over the same ranks."""
-    if all(s.a2a == 1 for s in plan.sequences):
-        return plan
-    old = plan.rings
-    plain = replace(plan, sequences=tuple(replace(s, a2a=1) if s.a2a != 1 else s for s in plan.sequences),
-                    local_slots=())
-    index = {r.ranks: k for k, r in enumerate(plain.rings)}
-    slots: dict[tuple[int, int, int], tuple[int, ...]] = {}
-    for x in plan.local_slots:
-        at = (x.rank, index[old[x.ring].ranks], max(x.step, 0))
-        slots[at] = slots.get(at, ()) + x.seqs
-    return replace(plain, local_slots=tuple(LocalSlot(r, k, j, seqs) for (r, k, j), seqs in sorted(slots.items())))
-
-
 def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "ring",
                         routing: bool = True, interleave_local: bool = True,
                         charges: str = "zeppelin") -> LayerProgram:
@@ -413,12 +421,21 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
     for r in range(world):
         if remap_copy[r] > 0:
             ops[r].append(Op("compute", remap_copy[r], "copy", label="remap in: row gathers"))
+    # remap windows (interleaved engine only; the fill engine queues their sequences with the other locals)
+    windows = ([lowered.ranks[r] if interleave_local and lowered.ranks[r].windows else None for r in range(world)]
+               if lowered is not None else [None] * world)
     if remaps is not None:  # remap in/out: the lowered exchanges
         tin = add(_remap_transfer(("remap", "in"), cost, remaps[0], per_token))
         tout = add(_remap_transfer(("remap", "out"), cost, remaps[1], per_token))
         remap_keys = (tin, tout)
-        for r in range(world):
-            ops[r] += [Op("post", key=tin), Op("wait", key=tin, kind="remap", label="remap in")]
+    for r in range(world):
+        w = windows[r]
+        inside = _window_ops(w, "to_attention", cost, charges) if w is not None else []
+        if remap_keys is not None:
+            ops[r] += [Op("post", key=remap_keys[0]), *inside, Op("wait", key=remap_keys[0], kind="remap",
+                                                                  label="remap in")]
+        else:
+            ops[r] += inside
 
     local_lens: list[list[int]] = [[] for _ in range(world)]  # what the fill queue / other comms run after
     if lowered is not None:
@@ -464,10 +481,14 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
         queue[r] = sorted((cost.local_ms(n) + extra(n) for n in local_lens[r]), reverse=True)
         if queue[r]:
             ops[r].append(Op("local", kind="local", label="local sequences"))
-    if remap_keys is not None:
-        tout = remap_keys[1]
-        for r in range(world):
-            ops[r] += [Op("post", key=tout), Op("wait", key=tout, kind="remap", label="remap out")]
+    for r in range(world):
+        w = windows[r]
+        inside = _window_ops(w, "to_linear", cost, charges) if w is not None else []
+        if remap_keys is not None:
+            ops[r] += [Op("post", key=remap_keys[1]), *inside, Op("wait", key=remap_keys[1], kind="remap",
+                                                                  label="remap out")]
+        else:
+            ops[r] += inside
     for r in range(world):
         if remap_copy[r] > 0:
             ops[r].append(Op("compute", remap_copy[r], "copy", label="remap out: row gathers, copies"))

@@ -158,6 +158,8 @@ _DESCRIPTIONS: dict[str, str] = {
     "zeppelin-no-inter": "Zeppelin with local and intra-node placements only",
     "zeppelin-local-only": "Zeppelin with the local placement only (sequences too long for a GPU still split)",
     "zeppelin-no-head-parallel": "Zeppelin without head-parallel rings (every split sequence a plain zigzag ring)",
+    "zeppelin-no-remap-overlap": "Zeppelin without remap windows (no staying local sequence runs while the layout "
+                                 "exchanges are in flight; PlannerOptions(remap_overlap=False))",
     "zeppelin-remap-always": "Zeppelin with the linear layout forced token-balanced (a remap every step; no per-step "
                              "choice of layout)",
     "zeppelin-grouped": "Zeppelin also trying TE-CP-a2a+p2p-style whole-node CP groups as candidates "
@@ -184,6 +186,7 @@ _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
     "zeppelin-no-inter": _zeppelin(placements=("local", "intra_node")),
     "zeppelin-local-only": _zeppelin(placements=("local",)),
     "zeppelin-no-head-parallel": _zeppelin(head_parallel=False),
+    "zeppelin-no-remap-overlap": _zeppelin(remap_overlap=False),
     "zeppelin-remap-always": _zeppelin(remap=True),
     "zeppelin-grouped": _zeppelin(grouped=True),
     "te-cp": _te_cp(routing=False),
