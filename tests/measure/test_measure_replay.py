@@ -65,16 +65,26 @@ def check_ring_work(plan: StepPlan, heads: int, kv_heads: int) -> None:
         local = sorted(s.length for s in plan.sequences if s.placement == "local" and s.ranks == (r,))
         ring_index = {ring.ranks: k for k, ring in enumerate(plan.rings)}
         slots = {(x.ring, x.step): x.seqs for x in plan.local_slots if x.rank == r}
-        leftover = len(local) > sum(len(seqs) for seqs in slots.values())
-        n_chunks = len(slots) + leftover
+        windows = {x.direction: x.seqs for x in plan.remap_slots if x.rank == r}
+        leftover = len(local) > sum(len(seqs) for seqs in [*slots.values(), *windows.values()])
+        n_chunks = len(slots) + leftover + len(windows)
         # one call per ring step of every ring the rank is in, plus one call per local chunk
         assert len(work.calls) == sum(ring.blocks for ring in rings) + n_chunks  # blocks: head-parallel
         chunks = [c for c in work.calls if c.kind == "local"]
         assert len(chunks) == n_chunks and sorted(c.step for c in chunks) == list(range(n_chunks))
         assert sorted(n for c in chunks for n in c.batch.lens_q) == local  # whole sequences, each once
+        # remap windows: the to_attention call first, the to_linear call last
+        lens = {d: tuple(plan.sequences[j].length for j in seqs) for d, seqs in windows.items()}
+        inner = list(enumerate(work.calls))
+        if "to_attention" in windows:
+            assert work.calls[0].kind == "local" and work.calls[0].batch.lens_q == lens["to_attention"], r
+            inner = inner[1:]
+        if "to_linear" in windows:
+            assert work.calls[-1].kind == "local" and work.calls[-1].batch.lens_q == lens["to_linear"], r
+            inner = inner[:-1]
         # a slot's chunk follows its ring step's call; the leftover chunk comes last
         placed = 0
-        for i, c in enumerate(work.calls):
+        for i, c in inner:
             if c.kind != "local":
                 continue
             prev = work.calls[i - 1]
@@ -83,7 +93,7 @@ def check_ring_work(plan: StepPlan, heads: int, kv_heads: int) -> None:
                 assert c.batch.lens_q == tuple(plan.sequences[j].length for j in slots[at]), (r, i)
                 placed += 1
             else:
-                assert leftover and i == len(work.calls) - 1, (r, i, prev)
+                assert leftover and i == inner[-1][0], (r, i, prev)
         assert placed == len(slots)
         # diagonal steps + the local calls cover the tokens the rank computes exactly once (its attention-layout
         # tokens; its block's in a head-parallel ring)
@@ -362,3 +372,41 @@ def test_head_parallel_rings_replay_each_lanes_calls_with_its_heads() -> None:
     with pytest.raises(ValueError, match=r"ring 2 \(ranks \[0, 1, 2, 3\]\) is head-parallel of width 4, but 6 query "
                                          r"and 2 K/V heads cannot split over it: 4 lanes do not divide 6"):
         rank_work(plan, 0, q_heads=6, kv_heads=2, device=CPU)
+
+
+def _window_plan() -> StepPlan:
+    """1 x 2 GPUs: sequence 0 (16 tokens) a ring over (0, 1), sequences 1 (5), 2 (3) and 3 (4) local on rank 0,
+    4 (6) local on rank 1. Linear layout: rank 0 keeps 1 and 2 whole and gives 3 to rank 1, so the remap moves
+    rows; sequence 1 runs in rank 0's remap in window, 2 in its remap out window, 4 in rank 1's remap in."""
+    from zeppelin_megatron.planner.plan import RemapSlot, SequencePlan
+
+    seqs = (SequencePlan(16, "intra_node", (0, 1)), SequencePlan(5, "local", (0,)), SequencePlan(3, "local", (0,)),
+            SequencePlan(4, "local", (0,)), SequencePlan(6, "local", (1,)))
+    att = (((0, 0, 4), (0, 12, 16), (3, 0, 4), (1, 0, 5), (2, 0, 3)), ((0, 4, 12), (4, 0, 6)))
+    lin = (((1, 0, 5), (0, 0, 4), (0, 12, 16), (2, 0, 3)), ((0, 4, 12), (3, 0, 4), (4, 0, 6)))
+    return StepPlan(nodes=1, gpus_per_node=2, sequences=seqs, attention_layout=att, linear_layout=lin,
+                    remap_slots=(RemapSlot(0, "to_attention", (1,)), RemapSlot(0, "to_linear", (2,)),
+                                 RemapSlot(1, "to_attention", (4,))))
+
+
+def test_remap_window_calls_are_replayed_where_the_engine_runs_them() -> None:
+    """Rank 0: its remap in window (sequence 1) before the ring, the ring's two steps, the leftover local
+    sequence 3 after the rings, its remap out window (sequence 2) last; rank 1: its window (sequence 4), then
+    the ring. Every window call is a causal local call over whole sequences; replay runs each forward
+    then backward."""
+    plan = _window_plan()
+    works = {r: rank_work(plan, r, q_heads=2, kv_heads=1, device=CPU) for r in range(2)}
+    calls = {r: [(c.kind, c.batch.lens_q, c.batch.lens_k, c.batch.causal) for c in w.calls] for r, w in works.items()}
+    assert calls[0] == [("local", (5,), (5,), True), ("ring_diag", (8,), (8,), True),
+                        ("ring_late", (4,), (8,), False), ("local", (4,), (4,), True), ("local", (3,), (3,), True)]
+    assert calls[1] == [("local", (6,), (6,), True), ("ring_diag", (8,), (8,), True),
+                        ("ring_early", (8,), (4,), False)]
+    check_ring_work(plan, 2, 1)
+    model = ModelShape(layers=2, hidden=32, q_heads=2, kv_heads=1, ffn=64, head_dim=16, name="window-tiny")
+    rec = Recorder()
+    res = replay_plan(plan, model=model, kernel=rec, dtype=torch.float32, device=CPU, warmup=0, repeats=1)
+    for direction in ("fwd", "bwd"):
+        assert [(e[1].lens_q, e[2][0]) for e in rec.log if e[0] == direction] == [
+            ((5,), 5), ((8,), 8), ((4,), 4), ((4,), 4), ((3,), 3), ((6,), 6), ((8,), 8), ((8,), 8)]
+    assert [r.calls for r in res.ranks] == [5, 3]
+    assert [r.head_pairs for r in res.ranks] == [expected_head_pairs(plan, r, 2) for r in range(2)]

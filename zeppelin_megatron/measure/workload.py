@@ -6,7 +6,11 @@ runtime engine executes): the rank's :class:`~zeppelin_megatron.planner.lowering
 and :class:`~zeppelin_megatron.planner.lowering.LocalCall` s of the forward
 op list, in order: each ring's step ``j`` call (its ``lens_q``, ``lens_k``,
 mask), the local chunk the plan's ``local_slots`` put after it, and the local
-sequences in no slot after the rings. Relays compute nothing, and routes do
+sequences in no slot after the rings; the rank's remap window calls
+(:attr:`~zeppelin_megatron.planner.lowering.RankProgram.windows`, the plan's ``remap_slots``)
+where the engine runs them: the ``to_attention`` window first (inside the remap in), the
+``to_linear`` one last (inside the remap out), each one causal call over its chunk's
+sequences like a local call. Relays compute nothing, and routes do
 not change calls, so the program is lowered without routing.
 
 Worked example: a ring over ranks (4, 1) holding one sequence of 8 tokens
@@ -83,16 +87,22 @@ def rank_work(
     calls: list[KernelCall] = []
     if attention_comm == "ring":
         heads = {p.ring: lane_heads_of(p, q_heads, kv_heads) for p in members}
+
+        def local(chunk: int) -> KernelCall:  # local chunk c: queue ``local_queue``, step c
+            lens = program.local_chunks[chunk].lens
+            return KernelCall(queue=local_queue, kind="local", step=chunk, batch=VarlenBatch(
+                lens_q=lens, lens_k=lens, causal=True, device=device), q_heads=q_heads, kv_heads=kv_heads)
+
+        calls += [local(w.chunk) for w in program.windows if w.direction == "to_attention"]
         for op in program.forward:
             if isinstance(op, RingCall):
                 batch = VarlenBatch(lens_q=op.lens_q, lens_k=op.lens_k, causal=op.causal, device=device)
                 hq, hkv = heads[op.ring]
                 calls.append(KernelCall(queue=queue_of[op.ring], kind=f"ring_{op.kind}", step=op.step, batch=batch,
                                         q_heads=hq, kv_heads=hkv))
-            elif isinstance(op, LocalCall):  # local chunk c: queue ``local_queue``, step c
-                lens = program.local_chunks[op.chunk].lens
-                calls.append(KernelCall(queue=local_queue, kind="local", step=op.chunk, batch=VarlenBatch(
-                    lens_q=lens, lens_k=lens, causal=True, device=device), q_heads=q_heads, kv_heads=kv_heads))
+            elif isinstance(op, LocalCall):
+                calls.append(local(op.chunk))
+        calls += [local(w.chunk) for w in program.windows if w.direction == "to_linear"]
     else:
         for queue, part in enumerate(members):
             if attention_comm == "allgather":
