@@ -3,7 +3,7 @@
 Public entry point: :func:`zeppelin_attention`. Building blocks: :class:`ZeppelinGroup`
 (ranks, nodes, global ranks, timeout), :mod:`.comm` (all-to-all, point-to-point),
 :mod:`.agreement` (the start-of-call check), :mod:`.waits` (timeouts naming step and peer),
-:mod:`.remap` (linear <-> attention layout), :mod:`.ring` (zigzag ring attention),
+:mod:`.remap` (linear <-> attention layout), :mod:`.overlap` (remap windows), :mod:`.ring` (zigzag ring attention),
 :mod:`.router` (proxy routing), :mod:`.engine` (queues), :mod:`.kernels` (backends).
 Never imports megatron.
 """

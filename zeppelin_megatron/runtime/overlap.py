@@ -1,0 +1,206 @@
+"""Remap windows: the layout exchanges overlapped with the attention of staying local sequences.
+
+A rank's lowered program (:func:`~zeppelin_megatron.planner.lowering.lower_rank`) may carry
+``windows`` (:class:`~zeppelin_megatron.planner.lowering.WindowCall`, from the plan's
+:class:`~zeppelin_megatron.planner.plan.RemapSlot` s): causal calls over local sequences that *stay*
+(whole on the rank in the linear layout too), so their q/k/v rows are already in the rank's *linear*
+buffers and their output goes straight to its linear output rows. Such a call needs no remapped row
+and runs while an exchange is in flight. Per layer, :class:`RemapWindows` runs::
+
+    forward:  post(q, k, v -> attention)   window to_attention call(s)   wait
+              engine forward (rings, slots, the call after the rings)
+              post(out -> linear)          window to_linear call(s)      wait
+              write the windows' outputs into their linear rows of out
+    backward: post(dout -> attention)      window to_attention calls' backward   wait
+              engine backward
+              post(dq, dk, dv -> linear)   window to_linear calls' backward      wait
+              write the windows' dq, dk, dv into their linear rows
+
+*Post* packs the send buffer and starts the direct ``all_to_all`` with ``async_op=True``
+(:func:`~.remap.post_parts`, :func:`~.comm.all_to_all_start`); *wait* finishes it under the group's
+timeout (a failed peer raises :class:`~.errors.ZeppelinTimeoutError`, never hangs) and unpacks. A
+routed remap (``plan.remap_proxies``) posts only its phase 1: phases 2 and 3 send rows that phase 1
+delivered, so they run at the wait, one after the other (on every backend; no side stream). The
+exchange also carries the window sequences' rows (to their own rank: they stay); the engine leaves
+their attention rows zero and the window results overwrite what arrives at their linear rows.
+
+Window rows are read (forward) as one copy per tensor: a contiguous ``[start, end)`` range is copied
+as a slice, other rows gathered with ``index_select`` (saving views would keep the caller's whole
+linear q/k/v alive until backward); the copies and each call's ``(out, lse)`` are what backward keeps.
+
+Example (2 ranks): sequence 3 (5 tokens) is local on rank 0 and its linear rows are ``[4, 9)`` of
+rank 0's buffer; ``RemapSlot(0, "to_attention", (3,))`` makes rank 0 run one causal call on
+``q[4:9], k[4:9], v[4:9]`` between posting and waiting for the remap in, and write its output to
+``out[4:9]`` after the remap out. Plans with no window on a rank take the plain path
+(:func:`~.remap.qkv_to_attention`, :class:`~.engine.EngineFunction`, :func:`~.remap.to_linear`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..planner.lowering import RankProgram
+from ..planner.plan import StepPlan
+from .engine import AttentionEngine
+from .kernels import VarlenBatch
+from .remap import post_parts
+
+__all__ = ["WindowIndex", "window_index", "RemapWindows", "OverlapFunction", "overlap_attention"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowIndex:
+    """One window call on a device: ``direction``, ``chunk`` (index into ``local_chunks``), its linear
+    ``rows`` [n] (sequence after sequence), ``span`` ``(start, end)`` when they are ``range(start, end)``
+    (slices, no gather) else None, and the varlen ``batch`` (causal, the chunk's lengths)."""
+
+    direction: str
+    chunk: int
+    rows: torch.Tensor
+    span: tuple[int, int] | None
+    batch: VarlenBatch
+
+
+_WINDOWS: "weakref.WeakKeyDictionary[StepPlan, dict[Any, tuple[WindowIndex, ...]]]" = weakref.WeakKeyDictionary()
+
+
+def window_index(plan: StepPlan, program: RankProgram, device: torch.device) -> tuple[WindowIndex, ...]:
+    """``program.windows`` with their index tensors on ``device``, in program order (``to_attention``'s
+    first), built once per plan, rank and device. Raises ``ValueError`` when a window's linear rows do
+    not match its chunk's lengths or leave the rank's linear buffer (a plan the lowering did not make).
+
+    Example: ``WindowCall(chunk=2, direction="to_linear", linear_rows=((5, 9), (0, 3)))`` over sequences
+    of 4 and 3 tokens -> rows ``[5, 6, 7, 8, 0, 1, 2]``, span None, batch lengths ``(4, 3)``.
+    """
+    per_plan = _WINDOWS.setdefault(plan, {})
+    key = (program.rank, program.windows, str(device))
+    hit = per_plan.get(key)
+    if hit is not None:
+        return hit
+    t_lin = plan.tokens(program.rank, "linear")
+    out = []
+    for w in program.windows:
+        chunk = program.local_chunks[w.chunk]
+        got = tuple(b - a for a, b in w.linear_rows)
+        if got != chunk.lens or any(a < 0 or b > t_lin for a, b in w.linear_rows):
+            raise ValueError(f"rank {program.rank}: window {w.direction} over sequences {list(chunk.seqs)} has "
+                             f"linear rows {list(w.linear_rows)} ({list(got)} tokens), expected lengths "
+                             f"{list(chunk.lens)} inside the rank's {t_lin} linear rows")
+        ranges = w.linear_rows
+        span = ((ranges[0][0], ranges[-1][1]) if all(b0 == a1 for (_, b0), (a1, _) in zip(ranges, ranges[1:]))
+                else None)
+        rows = torch.tensor([r for a, b in ranges for r in range(a, b)], dtype=torch.long, device=device)
+        out.append(WindowIndex(direction=w.direction, chunk=w.chunk, rows=rows, span=span,
+                               batch=VarlenBatch(lens_q=chunk.lens, lens_k=chunk.lens, causal=True, device=device)))
+    hit = per_plan[key] = tuple(out)
+    return hit
+
+
+def _copy_rows(x: torch.Tensor, w: WindowIndex) -> torch.Tensor:
+    """A contiguous copy of ``x``'s window rows (a slice copy when they are one range)."""
+    if w.span is None:
+        return x.index_select(0, w.rows)
+    return x[w.span[0]:w.span[1]].clone(memory_format=torch.contiguous_format)
+
+
+def _rows(x: torch.Tensor, w: WindowIndex) -> torch.Tensor:
+    """``x``'s window rows: a view when they are one range, else a gather."""
+    return x.index_select(0, w.rows) if w.span is None else x[w.span[0]:w.span[1]]
+
+
+def _write(dst: torch.Tensor, w: WindowIndex, src: torch.Tensor) -> None:
+    """Overwrite ``dst``'s window rows with ``src`` (cast to ``dst``'s dtype)."""
+    if w.span is None:
+        dst.index_copy_(0, w.rows, src.to(dst.dtype))
+    else:
+        dst[w.span[0]:w.span[1]].copy_(src)
+
+
+class RemapWindows:
+    """The remap in, the engine and the remap out of one rank, with its window calls inside the exchanges
+    (module docstring). ``engine``: the rank's :class:`~.engine.AttentionEngine` (its program has windows)."""
+
+    def __init__(self, engine: AttentionEngine) -> None:
+        self.engine = engine
+        self.plan, self.group, self.kernel, self.scale = engine.plan, engine.group, engine.kernel, engine.scale
+        self.windows = window_index(engine.plan, engine.program, engine.device)
+
+    def _calls(self, direction: str) -> list[WindowIndex]:
+        return [w for w in self.windows if w.direction == direction]
+
+    def _forward_calls(self, direction: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       saved: dict[int, tuple[torch.Tensor, ...]]) -> None:
+        for w in self._calls(direction):
+            qw, kw, vw = _copy_rows(q, w), _copy_rows(k, w), _copy_rows(v, w)
+            o, lse = self.kernel.forward(qw, kw, vw, w.batch, self.scale)
+            saved[w.chunk] = (qw, kw, vw, o, lse)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``q`` [T_l, Hq, D], ``k``, ``v`` [T_l, Hkv, D] in the linear layout -> ``(out [T_l, Hq, D], saved)``."""
+        plan, group = self.plan, self.group
+        wins: dict[int, tuple[torch.Tensor, ...]] = {}
+        posted = post_parts([q, k, v], plan, group, "to_attention")
+        self._forward_calls("to_attention", q, k, v, wins)
+        q_a, k_a, v_a = posted.wait()
+        out_a, eng = self.engine.forward(q_a, k_a, v_a)
+        posted = post_parts([out_a], plan, group, "to_linear")
+        self._forward_calls("to_linear", q, k, v, wins)
+        (out,) = posted.wait()
+        for w in self.windows:
+            _write(out, w, wins[w.chunk][3])
+        return out, {"qkv": (q_a, k_a, v_a), "engine": eng, "windows": wins}
+
+    def _backward_calls(self, direction: str, dout: torch.Tensor, saved: dict[int, tuple[torch.Tensor, ...]],
+                        grads: dict[int, tuple[torch.Tensor, ...]]) -> None:
+        for w in self._calls(direction):
+            qw, kw, vw, o, lse = saved[w.chunk]
+            grads[w.chunk] = self.kernel.backward(_rows(dout, w), qw, kw, vw, o, lse, w.batch, self.scale)
+
+    def backward(self, dout: torch.Tensor, saved: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``dout`` [T_l, Hq, D] (linear, contiguous) -> ``(dq, dk, dv)`` in the linear layout."""
+        plan, group = self.plan, self.group
+        wins = saved["windows"]
+        grads: dict[int, tuple[torch.Tensor, ...]] = {}
+        posted = post_parts([dout], plan, group, "to_attention")
+        self._backward_calls("to_attention", dout, wins, grads)
+        (dout_a,) = posted.wait()
+        q_a, k_a, v_a = saved["qkv"]
+        dq_a, dk_a, dv_a = self.engine.backward(dout_a, q_a, k_a, v_a, saved["engine"])
+        posted = post_parts([dq_a, dk_a, dv_a], plan, group, "to_linear")
+        self._backward_calls("to_linear", dout, wins, grads)
+        dq, dk, dv = posted.wait()
+        for w in self.windows:
+            for acc, part in zip((dq, dk, dv), grads[w.chunk]):
+                _write(acc, w, part)
+        return dq, dk, dv
+
+
+class OverlapFunction(torch.autograd.Function):
+    """Autograd wrapper of :class:`RemapWindows`: ``(q, k, v)`` linear -> ``out`` linear, one Function for
+    the remap in, the engine and the remap out (the windows sit inside the exchanges, both directions)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run: RemapWindows) -> torch.Tensor:
+        out, saved = run.forward(q, k, v)
+        ctx.run, ctx.saved = run, saved
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        if ctx.saved is None:
+            raise RuntimeError("zeppelin_attention with remap windows: backward ran twice on one call "
+                               "(its saved tensors are freed after the first)")
+        dq, dk, dv = ctx.run.backward(dout.contiguous(), ctx.saved)
+        ctx.saved = None
+        return dq, dk, dv, None
+
+
+def overlap_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, engine: AttentionEngine) -> torch.Tensor:
+    """``q`` [T_l, Hq, D], ``k``, ``v`` [T_l, Hkv, D] (linear layout) -> ``out`` [T_l, Hq, D], differentiable:
+    the remap in, ``engine`` and the remap out with the rank's remap windows (:class:`RemapWindows`)."""
+    out: torch.Tensor = OverlapFunction.apply(q, k, v, RemapWindows(engine))
+    return out
