@@ -240,14 +240,24 @@ def check_window_order(group: ZeppelinGroup, plan: StepPlan, *, routing: bool, h
 
 
 def _results(group: ZeppelinGroup, plan: StepPlan, dtype: torch.dtype, hq: int, hkv: int,
-             routing: bool) -> list[torch.Tensor]:
+             routing: bool, packed: bool = False) -> list[torch.Tensor]:
+    """out, dq, dk, dv of ``zeppelin_attention``; ``packed``: q, k, v are non-contiguous views of one
+    [T, Hq + 2 Hkv, D] leaf (as Megatron splits its fused QKV projection)."""
     d, rank = 8, group.rank
     data = global_data(plan, hq, hkv, d, seed=9)
     lin = plan.linear_layout[rank]
     e = lambda h: torch.zeros(0, h, d, dtype=torch.float64)  # noqa: E731
-    q, k, v = (gather(lin, [x[i] for x in data], e(hkv if i in (1, 2) else hq)).to(dtype).requires_grad_(True)
-               for i in range(3))
+    q, k, v = (gather(lin, [x[i] for x in data], e(hkv if i in (1, 2) else hq)).to(dtype) for i in range(3))
     dout = gather(lin, [x[3] for x in data], e(hq)).to(dtype)
+    if packed:
+        leaf = torch.cat([q, k, v], dim=1).requires_grad_(True)
+        q, k, v = leaf[:, :hq], leaf[:, hq:hq + hkv], leaf[:, hq + hkv:]
+        assert not q.is_contiguous() or q.shape[0] <= 1
+        out = zeppelin_attention(q, k, v, plan, group, softmax_scale=0.4, routing=routing, backend="reference")
+        out.backward(dout)
+        assert leaf.grad is not None
+        return [out.detach(), leaf.grad[:, :hq], leaf.grad[:, hq:hq + hkv], leaf.grad[:, hq + hkv:]]
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     out = zeppelin_attention(q, k, v, plan, group, softmax_scale=0.4, routing=routing, backend="reference")
     out.backward(dout)
     return [out.detach(), q.grad, k.grad, v.grad]
@@ -255,11 +265,13 @@ def _results(group: ZeppelinGroup, plan: StepPlan, dtype: torch.dtype, hq: int, 
 
 def check_same_without(group: ZeppelinGroup, plan: StepPlan, *, dtype: torch.dtype, hq: int, hkv: int,
                        routing: bool) -> None:
-    """The plan with its windows gives bitwise the results of the same plan without them (the window
-    sequences then run after the rings, in the engine, on attention rows)."""
+    """The plan with its windows, its q, k, v non-contiguous views of one fused tensor, gives bitwise the
+    results of the same plan without them (the window sequences then run after the rings, in the engine,
+    on attention rows) from contiguous q, k, v."""
     plain = plan.evolve(remap_slots=())
     assert not any(p.windows for p in lower(plain).ranks)
-    with_w, without = _results(group, plan, dtype, hq, hkv, routing), _results(group, plain, dtype, hq, hkv, routing)
+    with_w = _results(group, plan, dtype, hq, hkv, routing, packed=True)
+    without = _results(group, plain, dtype, hq, hkv, routing)
     for nm, a, b in zip(("out", "dq", "dk", "dv"), with_w, without):
         assert torch.equal(a, b), f"rank {group.rank} {dtype} Hq={hq} Hkv={hkv}: {nm} differs with and without windows"
 
