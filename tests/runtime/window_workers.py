@@ -156,12 +156,14 @@ def check_window_order(group: ZeppelinGroup, plan: StepPlan, *, routing: bool, h
     q, k, v, dout = (gather(lin, [x[i] for x in data], e(hkv if i in (1, 2) else hq)) for i in range(4))
     ref = get_kernel("reference", cpu, dtype)
     log: list[Any] = []
+    q_store = q.untyped_storage().data_ptr()
 
     class Recording:
         name = "recording"
 
         def forward(self, q, k, v, batch, scale):  # type: ignore[no-untyped-def]
-            log.append(("kernel", batch.lens_q, batch.lens_k, batch.causal, q.clone(), k.clone(), v.clone()))
+            view = q.untyped_storage().data_ptr() == q_store  # a view of the linear q (no copy)
+            log.append(("kernel", batch.lens_q, batch.lens_k, batch.causal, q.clone(), k.clone(), v.clone(), view))
             return ref.forward(q, k, v, batch, scale)
 
         def backward(self, dout, q, k, v, out, lse, batch, scale):  # type: ignore[no-untyped-def]
@@ -229,7 +231,11 @@ def check_window_order(group: ZeppelinGroup, plan: StepPlan, *, routing: bool, h
                 seqs = wins[item[1]]
                 lens = tuple(plan.sequences[s].length for s in seqs)
                 assert ev[:4] == ("kernel", lens, lens, True), f"{what}: {name} event {i} is {ev[:4]}, expected {item}"
-                for x, j in zip(ev[4:], (3, 0, 1) if backward else (0, 1, 2)):  # dout, q, k / q, k, v
+                if not backward:  # its q is a view of the linear q exactly when its rows are one range
+                    w = next(w for w in prog.windows if w.direction == item[1])
+                    one = all(b == c for (_, b), (c, _) in zip(w.linear_rows, w.linear_rows[1:]))
+                    assert ev[7] == one, f"{what}: window {item[1]} q is a view: {ev[7]}, one range: {one}"
+                for x, j in zip(ev[4:7], (3, 0, 1) if backward else (0, 1, 2)):  # dout, q, k / q, k, v
                     assert torch.equal(x, rows(seqs, j)), f"{what}: {name}: window {item[1]} read other rows"
     q_, k_, v_ = (t.clone().requires_grad_(True) for t in (q, k, v))
     o_ = zeppelin_attention(q_, k_, v_, plan, group, softmax_scale=0.3, routing=routing, backend="reference")

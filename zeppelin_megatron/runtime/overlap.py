@@ -24,9 +24,13 @@ delivered, so they run at the wait, one after the other (on every backend; no si
 exchange also carries the window sequences' rows (to their own rank: they stay); the engine leaves
 their attention rows zero and the window results overwrite what arrives at their linear rows.
 
-Window rows are read (forward) as one copy per tensor: a contiguous ``[start, end)`` range is copied
-as a slice, other rows gathered with ``index_select`` (saving views would keep the caller's whole
-linear q/k/v alive until backward); the copies and each call's ``(out, lse)`` are what backward keeps.
+Rows. Forward, a window call reads its linear rows as views when they are one ``[start, end)`` range
+(``.contiguous()`` copies only when the caller's q/k/v are strided views, e.g. of a fused QKV tensor),
+else with one ``index_select``. Backward reads dout at the same linear rows, and q/k/v from the
+attention-layout buffers the engine keeps anyway (the remap in carried the staying rows to the rank's
+own attention rows, the chunk's :attr:`~zeppelin_megatron.planner.lowering.LocalChunk.rows`; views when
+they are one range, as ``plan_step`` writes them): a window keeps only its call's ``(out, lse)`` for
+backward, never a view of the caller's linear q/k/v (which would hold them alive until backward).
 
 Example (2 ranks): sequence 3 (5 tokens) is local on rank 0 and its linear rows are ``[4, 9)`` of
 rank 0's buffer; ``RemapSlot(0, "to_attention", (3,))`` makes rank 0 run one causal call on
@@ -100,16 +104,10 @@ def window_index(plan: StepPlan, program: RankProgram, device: torch.device) -> 
     return hit
 
 
-def _copy_rows(x: torch.Tensor, w: WindowIndex) -> torch.Tensor:
-    """A contiguous copy of ``x``'s window rows (a slice copy when they are one range)."""
-    if w.span is None:
-        return x.index_select(0, w.rows)
-    return x[w.span[0]:w.span[1]].clone(memory_format=torch.contiguous_format)
-
-
-def _rows(x: torch.Tensor, w: WindowIndex) -> torch.Tensor:
-    """``x``'s window rows: a view when they are one range, else a gather."""
-    return x.index_select(0, w.rows) if w.span is None else x[w.span[0]:w.span[1]]
+def _rows(x: torch.Tensor, rows: torch.Tensor, span: tuple[int, int] | None) -> torch.Tensor:
+    """``x``'s ``rows``, contiguous: a view when they are ``range(*span)`` of a contiguous ``x``, else a
+    gather (or a copy of a strided slice)."""
+    return x.index_select(0, rows) if span is None else x[span[0]:span[1]].contiguous()
 
 
 def _write(dst: torch.Tensor, w: WindowIndex, src: torch.Tensor) -> None:
@@ -133,16 +131,15 @@ class RemapWindows:
         return [w for w in self.windows if w.direction == direction]
 
     def _forward_calls(self, direction: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       saved: dict[int, tuple[torch.Tensor, ...]]) -> None:
+                       saved: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
         for w in self._calls(direction):
-            qw, kw, vw = _copy_rows(q, w), _copy_rows(k, w), _copy_rows(v, w)
-            o, lse = self.kernel.forward(qw, kw, vw, w.batch, self.scale)
-            saved[w.chunk] = (qw, kw, vw, o, lse)
+            qw, kw, vw = (_rows(x, w.rows, w.span) for x in (q, k, v))
+            saved[w.chunk] = self.kernel.forward(qw, kw, vw, w.batch, self.scale)  # (out, lse)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
         """``q`` [T_l, Hq, D], ``k``, ``v`` [T_l, Hkv, D] in the linear layout -> ``(out [T_l, Hq, D], saved)``."""
         plan, group = self.plan, self.group
-        wins: dict[int, tuple[torch.Tensor, ...]] = {}
+        wins: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         posted = post_parts([q, k, v], plan, group, "to_attention")
         self._forward_calls("to_attention", q, k, v, wins)
         q_a, k_a, v_a = posted.wait()
@@ -151,27 +148,30 @@ class RemapWindows:
         self._forward_calls("to_linear", q, k, v, wins)
         (out,) = posted.wait()
         for w in self.windows:
-            _write(out, w, wins[w.chunk][3])
+            _write(out, w, wins[w.chunk][0])
         return out, {"qkv": (q_a, k_a, v_a), "engine": eng, "windows": wins}
 
-    def _backward_calls(self, direction: str, dout: torch.Tensor, saved: dict[int, tuple[torch.Tensor, ...]],
+    def _backward_calls(self, direction: str, dout: torch.Tensor, saved: dict[str, Any],
                         grads: dict[int, tuple[torch.Tensor, ...]]) -> None:
+        dev = self.engine.dev
         for w in self._calls(direction):
-            qw, kw, vw, o, lse = saved[w.chunk]
-            grads[w.chunk] = self.kernel.backward(_rows(dout, w), qw, kw, vw, o, lse, w.batch, self.scale)
+            o, lse = saved["windows"][w.chunk]
+            rows, span = dev.local[w.chunk][0], dev.local_spans[w.chunk]  # the chunk's attention rows
+            qw, kw, vw = (_rows(x, rows, span) for x in saved["qkv"])
+            grads[w.chunk] = self.kernel.backward(_rows(dout, w.rows, w.span), qw, kw, vw, o, lse, w.batch,
+                                                  self.scale)
 
     def backward(self, dout: torch.Tensor, saved: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``dout`` [T_l, Hq, D] (linear, contiguous) -> ``(dq, dk, dv)`` in the linear layout."""
         plan, group = self.plan, self.group
-        wins = saved["windows"]
         grads: dict[int, tuple[torch.Tensor, ...]] = {}
         posted = post_parts([dout], plan, group, "to_attention")
-        self._backward_calls("to_attention", dout, wins, grads)
+        self._backward_calls("to_attention", dout, saved, grads)
         (dout_a,) = posted.wait()
         q_a, k_a, v_a = saved["qkv"]
         dq_a, dk_a, dv_a = self.engine.backward(dout_a, q_a, k_a, v_a, saved["engine"])
         posted = post_parts([dq_a, dk_a, dv_a], plan, group, "to_linear")
-        self._backward_calls("to_linear", dout, wins, grads)
+        self._backward_calls("to_linear", dout, saved, grads)
         dq, dk, dv = posted.wait()
         for w in self.windows:
             for acc, part in zip((dq, dk, dv), grads[w.chunk]):
