@@ -123,6 +123,10 @@ def test_window_calls_read_linear_rows() -> None:
     plan = _plan("2x8", 1 << 19, 0)
     low = lower(plan)
     n = 0
+    staying = staying_sequences(plan)
+    for rp in low.ranks:  # a chunk of staying sequences only knows its linear rows (windows' chunks too)
+        for c in rp.local_chunks:
+            assert (c.linear_rows is not None) == all(i in staying.get(rp.rank, ()) for i in c.seqs)
     for rp in low.ranks:
         assert [w.direction for w in rp.windows] == sorted((w.direction for w in rp.windows),
                                                          key=lambda d: d != "to_attention")
@@ -154,6 +158,8 @@ def test_bad_remap_slots_are_named() -> None:
     assert staying_sequences(plan) == {0: [1], 1: [2]}
     low = lower(plan)
     assert low.ranks[0].windows[0].linear_rows == ((2, 6),)
+    assert low.ranks[0].local_chunks[0].linear_rows is None  # sequence 0 moves
+    assert low.ranks[0].local_chunks[1].linear_rows == ((2, 6),) and low.ranks[0].local_chunks[1].linear_span == (2, 6)
     assert low.ranks[1].windows[0].linear_rows == ((4, 6),)
     bad = {
         "not whole on rank 0 in the linear layout": (RemapSlot(0, "to_attention", (0,)),),

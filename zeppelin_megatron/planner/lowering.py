@@ -301,10 +301,13 @@ class _Shared:
     slots: dict[int, list[tuple[int, int, tuple[int, ...]]]]
     transfers: dict[int, tuple[list[Transfer], list[Transfer], list[Transfer]]]
     windows: dict[int, list[tuple[str, tuple[int, ...]]]]
+    whole: dict[int, dict[int, tuple[int, int]]] | None
+    """Per rank, its staying local sequences' linear rows (None when the plan does not remap)."""
 
 
 def _shared(plan: StepPlan, routing: bool) -> _Shared:
-    sh = _Shared(rings_of={}, own={}, slots={}, transfers={}, windows={})
+    sh = _Shared(rings_of={}, own={}, slots={}, transfers={}, windows={},
+                 whole=None if plan.linear_layout == plan.attention_layout else _staying_rows(plan))
     for k in range(len(plan.rings)):
         for r in _participants(plan, k, routing):
             sh.rings_of.setdefault(r, []).append(k)
@@ -316,6 +319,21 @@ def _shared(plan: StepPlan, routing: bool) -> _Shared:
     for y in sorted(plan.remap_slots, key=lambda y: (y.rank, y.direction != "to_attention")):
         sh.windows.setdefault(y.rank, []).append((y.direction, y.seqs))
     return sh
+
+
+def _staying_rows(plan: StepPlan) -> dict[int, dict[int, tuple[int, int]]]:
+    """Per rank, ``seq -> [start, end)`` linear rows of each local sequence of that rank that is whole
+    on it in the linear layout (a *staying* sequence, :func:`~.remap_windows.staying_sequences`)."""
+    out: dict[int, dict[int, tuple[int, int]]] = {}
+    seqs = plan.sequences
+    for r, ranges in enumerate(plan.linear_layout):
+        row = 0
+        for i, a, b in ranges:
+            s = seqs[i]
+            if a == 0 and b == s.length and s.placement == "local" and s.ranks[0] == r:
+                out.setdefault(r, {})[i] = (row, row + b)
+            row += b - a
+    return out
 
 
 def _linear_rows(plan: StepPlan, rank: int, seqs: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
@@ -338,12 +356,15 @@ def _rank_program(plan: StepPlan, rank: int, routing: bool, sh: _Shared) -> Rank
     slotted = {i for _, _, seqs in mine for i in seqs} | {i for _, seqs in wins for i in seqs}
     rest = tuple(i for i in own if i not in slotted)
     groups = [seqs for _, _, seqs in mine] + ([rest] if rest else []) + [seqs for _, seqs in wins]
-    chunks = tuple(LocalChunk(seqs=tuple(idx), lens=tuple(plan.sequences[i].length for i in idx), layout=layout)
+    whole = sh.whole.get(rank, {}) if sh.whole is not None else {}
+    chunks = tuple(LocalChunk(seqs=tuple(idx), lens=tuple(plan.sequences[i].length for i in idx), layout=layout,
+                              linear_rows=tuple(whole[i] for i in idx) if all(i in whole for i in idx) else None)
                    for idx in groups)
     slot_of = {(k, j): c for c, (k, j, _) in enumerate(mine)}
     first_window = len(mine) + (1 if rest else 0)
     windows = tuple(WindowCall(chunk=first_window + n, direction=d, linear_rows=_linear_rows(plan, rank, seqs))
                     for n, (d, seqs) in enumerate(wins))
+    assert all(chunks[w.chunk].linear_rows == w.linear_rows for w in windows)
     rings: list[RingPart] = []
     fwd: list[RankOp] = []
     bwd: list[RankOp] = []

@@ -27,6 +27,19 @@ class LocalChunk:
     lens: tuple[int, ...]
     layout: tuple[TokenRange, ...] = field(repr=False, compare=False)
     """The rank's attention layout (``plan.attention_layout[rank]``)."""
+    linear_rows: tuple[tuple[int, int], ...] | None = None
+    """When every sequence of the chunk stays on the rank (whole there in the linear layout too) and the
+    plan remaps: ``[start, end)`` of each sequence's rows in the rank's *linear* buffer, in ``seqs``
+    order; the engine may then run the call on those rows in place. None otherwise. Example: linear
+    ranges ``((3, 0, 5), (7, 0, 4))``, a chunk of sequence 7: ``((5, 9),)``."""
+
+    @property
+    def linear_span(self) -> tuple[int, int] | None:
+        """``(start, end)`` when :attr:`linear_rows` are one contiguous range, else None."""
+        lr = self.linear_rows
+        if not lr or any(a[1] != b[0] for a, b in zip(lr, lr[1:])):
+            return None
+        return lr[0][0], lr[-1][1]
 
     @cached_property
     def rows(self) -> tuple[int, ...]:
