@@ -298,14 +298,14 @@ def check_plan(group: ZeppelinGroup, plan: StepPlan, p_idx: int) -> None:
     check_same_without(group, plan, dtype=torch.float32, hq=4, hkv=4, routing=False)
 
 
-def run_windows(rank: int, world: int, n_plans: int) -> None:
-    """Every check on window plans of each topology of ``world`` (``runtime_workers.topologies``), direct
-    and (two nodes or more) routed remaps; on 4 ranks also ``plan_step`` plans."""
+def run_windows(rank: int, world: int, n_plans: int, seed0: int = 0) -> None:
+    """Every check on ``n_plans`` window plans per topology of ``world`` (``runtime_workers.topologies``),
+    direct and (two nodes or more) routed remaps; on 4 ranks also ``plan_step`` plans."""
     for nodes, gpn in runtime_workers.topologies(world):
         group = ZeppelinGroup(process_group=None, gpus_per_node=gpn)
         for p_idx in range(n_plans):
             for routed in (False, True) if nodes >= 2 else (False,):
-                plan = window_plan(100 * world + 10 * nodes + p_idx, nodes, gpn, routed=routed)
+                plan = window_plan(seed0 + 100 * world + 10 * nodes + p_idx, nodes, gpn, routed=routed)
                 assert bool(plan.remap_proxies) == routed
                 check_plan(group, plan, p_idx)
         dist.barrier()
