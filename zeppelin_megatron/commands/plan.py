@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-head-parallel", action="store_true",
                    help="keep every ring plain (no head-parallel rings: all-to-all over heads inside blocks "
                         "of a ring's GPUs, Ulysses when one block spans it)")
+    p.add_argument("--no-remap-overlap", action="store_true",
+                   help="no remap windows: staying local sequences never run while a layout exchange is in "
+                        "flight (PlannerOptions.remap_overlap=False)")
     remap = p.add_mutually_exclusive_group()
     # default None (meaning "auto"): argparse's exclusivity check ignores an option given its own default value
     remap.add_argument("--remap", choices=tuple(_REMAP), default=None,
@@ -102,10 +105,18 @@ def _table(plan: StepPlan) -> str:
         + (f", cross-node rows routed over local GPUs {list(plan.remap_proxies)}" if plan.remap_proxies else ""),
         f"local sequences in ring waits: {sum(len(x.seqs) for x in plan.local_slots)} "
         f"(in {len(plan.local_slots)} calls; the rest after their rank's rings)",
+        _window_line(plan),
         f"predicted step: {pred.step_ms:.1f} ms (cost model), remap {pred.remap_ms:.1f} ms, "
         f"attention max/mean: {max(att) / mean if mean else 1.0:.3f}",
     ]
     return "\n".join(lines)
+
+
+def _window_line(plan: StepPlan) -> str:
+    """``local sequences in remap windows: 7 (remap in: 3 calls, remap out: 2 calls)``."""
+    calls = Counter(x.direction for x in plan.remap_slots)
+    return (f"local sequences in remap windows: {sum(len(x.seqs) for x in plan.remap_slots)} "
+            f"(remap in: {calls['to_attention']} calls, remap out: {calls['to_linear']} calls)")
 
 
 def _head_line(plan: StepPlan) -> str:
@@ -158,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
     setup = build_planning(args.cluster, args.model, args.profile, tensor_parallel=args.tensor_parallel,
                            tokens_per_gpu=args.tokens_per_gpu,
                            options=PlannerOptions(routing=not args.no_routing, remap=_REMAP[args.remap or "auto"],
-                                                  head_parallel=not args.no_head_parallel))
+                                                  head_parallel=not args.no_head_parallel,
+                                                  remap_overlap=not args.no_remap_overlap))
     warning = profile_range_warning(setup.cost.profile, lengths) if args.profile else None
     if warning:
         print(f"zeppelin plan: {warning}", file=sys.stderr)

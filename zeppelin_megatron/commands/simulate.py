@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-head-parallel", action="store_true",
                    help="plan Zeppelin without head-parallel rings: runs the zeppelin strategy as "
                         "zeppelin-no-head-parallel (every ring plain)")
+    p.add_argument("--no-remap-overlap", action="store_true",
+                   help="plan Zeppelin without remap windows: runs the zeppelin strategy as "
+                        "zeppelin-no-remap-overlap")
     p.add_argument("--steps", type=int, default=4, help="global batches to simulate (default 4)")
     p.add_argument("--tokens-per-step", type=int, default=1 << 20, help="tokens per global batch (default 1M)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (--dist)")
@@ -151,17 +154,19 @@ def _timeline(res: Any, path: str, title: str) -> None:
     plt.close(fig)
 
 
-def no_head_parallel(names: list[str]) -> list[str]:
+def no_head_parallel(names: list[str], variant: str = "zeppelin-no-head-parallel") -> list[str]:
     """``--no-head-parallel``: ``zeppelin`` -> ``zeppelin-no-head-parallel`` (planned with
-    ``PlannerOptions(head_parallel=False)``); the other Zeppelin ablations have no such variant.
+    ``PlannerOptions(head_parallel=False)``); ``variant="zeppelin-no-remap-overlap"`` does the same for
+    ``--no-remap-overlap``; the other Zeppelin ablations have no such variant.
 
     Example: ``["zeppelin", "te-cp"]`` -> ``["zeppelin-no-head-parallel", "te-cp"]``.
     """
-    other = [n for n in names if n.startswith("zeppelin-") and n != "zeppelin-no-head-parallel"]
+    flag = "--" + variant.removeprefix("zeppelin-")
+    other = [n for n in names if n.startswith("zeppelin-") and n != variant]
     if other:
-        raise ValueError(f"--no-head-parallel applies to the zeppelin strategy only, not to {other} "
-                         "(drop the flag, or list zeppelin-no-head-parallel next to them)")
-    return list(dict.fromkeys("zeppelin-no-head-parallel" if n == "zeppelin" else n for n in names))
+        raise ValueError(f"{flag} applies to the zeppelin strategy only, not to {other} "
+                         f"(drop the flag, or list {variant} next to them)")
+    return list(dict.fromkeys(variant if n == "zeppelin" else n for n in names))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -176,8 +181,14 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(getattr(args, flag), f"--{flag}")
     if args.plot or args.timeline:
         check_matplotlib("--plot" if args.plot else "--timeline")
-    names = no_head_parallel(parse_strategies(args.strategies)) if args.no_head_parallel else \
-        parse_strategies(args.strategies)
+    if args.no_head_parallel and args.no_remap_overlap:
+        raise ValueError("--no-head-parallel and --no-remap-overlap each replace the zeppelin strategy: give one "
+                         "(or list zeppelin-no-head-parallel,zeppelin-no-remap-overlap in --strategies)")
+    names = parse_strategies(args.strategies)
+    if args.no_head_parallel:
+        names = no_head_parallel(names)
+    if args.no_remap_overlap:
+        names = no_head_parallel(names, "zeppelin-no-remap-overlap")
     cluster, cost = setup(args.cluster, args.model, args.profile, args.tensor_parallel, args.tokens_per_gpu)
     batches, what = load_batches(args)
     warning = profile_range_warning(cost.profile, [max(b) for b in batches]) if args.profile else None
