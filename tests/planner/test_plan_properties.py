@@ -59,9 +59,13 @@ def check_plan(plan: StepPlan, lengths: list[int], capacity: int | None = None) 
         assert [len(outbox[(src, r)]) for src in range(world)] == list(ex.recv_counts)
         out = np.full(len(att[r]), -1, dtype=np.int64)
         out[ex.recv_index] = got
+        buf = np.array([q * (1 << 32) + t for q, t in lin[r]], dtype=np.int64)
+        out[ex.keep_dst] = buf[ex.keep_src] if len(buf) else buf[:0]  # staying rows: never sent
+        assert ex.send_counts[r] == 0
         assert out.tolist() == [q * (1 << 32) + t for q, t in att[r]]
         back = plan.remap.exchange(r, "to_linear")
         assert sorted(back.send_index.tolist()) == sorted(ex.recv_index.tolist())
+        assert back.keep_src.tolist() == ex.keep_dst.tolist() and back.keep_dst.tolist() == ex.keep_src.tolist()
     # Placement kinds are consistent with the ranks.
     g = plan.gpus_per_node
     for s in plan.sequences:

@@ -56,7 +56,9 @@ def _play(plan: StepPlan, direction: str, proxies: tuple[int, ...]) -> tuple[lis
     out = []
     for r in range(world):
         y = np.full(plan.tokens(r, dst), -1, dtype=np.int64)
-        y[plan.remap.exchange(r, direction).recv_index] = bufs[r][ex[r].final_index]
+        direct = plan.remap.exchange(r, direction)
+        y[direct.recv_index] = bufs[r][ex[r].final_index]
+        y[direct.keep_dst] = _tokens(plan, src, r)[direct.keep_src]  # staying rows never enter a phase
         out.append(y)
     return out, nic
 

@@ -13,7 +13,7 @@ from plan_factory import random_plan
 from zeppelin_megatron.planner.lowering import rank_remap
 from zeppelin_megatron.planner.plan import StepPlan
 from zeppelin_megatron.planner.remap_routing import RoutedExchange, RoutedPhase
-from zeppelin_megatron.planner.remap_staging import Gather, gather_plan, staging_plan
+from zeppelin_megatron.planner.remap_staging import Gather, gather_plan, rank_staging, staging_plan
 
 
 def _labels(plan: StepPlan, rank: int, layout: str) -> np.ndarray:
@@ -49,12 +49,14 @@ def test_gathers_deliver_the_destination_layout(seed: int, nodes: int, gpn: int,
     world = plan.world_size
     lowered = [rank_remap(plan, r, direction) for r in range(world)]  # type: ignore[arg-type]
     assert all(routed is not None for _, routed in lowered)
-    plans = []
-    for r, (ex, routed) in enumerate(lowered):
-        recv = np.asarray(ex.recv_index)
-        gather = np.empty(plan.tokens(r, dst), dtype=np.int64)
-        gather[recv] = routed.final_index
-        plans.append(staging_plan(routed, len(ex.send_index), gather))
+    plans = [rank_staging(ex, routed, plan.tokens(r, src), plan.tokens(r, dst))
+             for r, (ex, routed) in enumerate(lowered)]
+    for r, (ex, routed) in enumerate(lowered):  # staying rows never enter the send buffer nor a phase
+        assert ex.send_counts[r] == ex.recv_counts[r] == 0 and routed is not None
+        labels = _labels(plan, r, src)
+        sent = set(labels[np.asarray(ex.send_index, dtype=np.int64)].tolist())
+        assert not sent & set(labels[ex.keep_src].tolist())
+        assert all(p.send_counts[r] == p.recv_counts[r] == 0 for p in routed.phases)
     sources = [[_labels(plan, r, src)[np.asarray(ex.send_index, dtype=np.int64)]] for r, (ex, _) in enumerate(lowered)]
     for t in range(3):
         bufs = [_apply(plans[r].phases[t], sources[r], int(sum(lowered[r][1].phases[t].send_counts)))
@@ -65,13 +67,37 @@ def test_gathers_deliver_the_destination_layout(seed: int, nodes: int, gpn: int,
             sources[r].append(got[r])
     moved = copied = 0
     for r in range(world):
-        y = _apply(plans[r].final, sources[r], plan.tokens(r, dst))
+        y = _apply(plans[r].final, sources[r] + [_labels(plan, r, src)], plan.tokens(r, dst))
         assert np.array_equal(y, _labels(plan, r, dst)), f"rank {r} {direction}"
         phase_rows, final_rows = plans[r].rows_read()
         moved += phase_rows
         copied += sum(len(p.send_index) + len(p.keep_index) + plans[r].sizes[t + 1]
                       for t, p in enumerate(lowered[r][1].phases))  # the staging buffers' copies
     assert moved < copied
+
+
+@pytest.mark.parametrize("seed,nodes,gpn", [(s, n, g) for s in range(3) for n, g in ((1, 2), (2, 2), (2, 4))])
+@pytest.mark.parametrize("direction", ["to_attention", "to_linear"])
+def test_direct_gathers_keep_staying_rows_out_of_the_exchange(seed: int, nodes: int, gpn: int,
+                                                              direction: str) -> None:
+    """Direct: one all_to_all of the moving rows only; the staying rows come from the source buffer."""
+    plan = replace(random_plan(seed, nodes, gpn), remap_proxies=())
+    src, dst = ("linear", "attention") if direction == "to_attention" else ("attention", "linear")
+    world = plan.world_size
+    lowered = [rank_remap(plan, r, direction)[0] for r in range(world)]  # type: ignore[arg-type]
+    plans = [rank_staging(ex, None, plan.tokens(r, src), plan.tokens(r, dst)) for r, ex in enumerate(lowered)]
+    send = [_labels(plan, r, src)[np.asarray(ex.send_index, dtype=np.int64)] for r, ex in enumerate(lowered)]
+    got = _all_to_all(send, [ex.send_counts for ex in lowered])
+    staying = 0
+    for r, ex in enumerate(lowered):
+        assert ex.send_counts[r] == 0 and plans[r].sizes == (len(send[r]), len(got[r]), plan.tokens(r, src))
+        y = _apply(plans[r].final, [send[r], got[r], _labels(plan, r, src)], plan.tokens(r, dst))
+        assert np.array_equal(y, _labels(plan, r, dst)), f"rank {r} {direction}"
+        staying += len(ex.keep_src)
+        assert len(ex.keep_src) + sum(ex.send_counts) == plan.tokens(r, src)
+    assert staying > 0  # random plans keep some rows in place
+    with pytest.raises(ValueError, match="not each of the destination"):
+        rank_staging(lowered[0], None, plan.tokens(0, src), plan.tokens(0, dst) + 1)
 
 
 def test_docstring_example() -> None:
@@ -83,7 +109,7 @@ def test_docstring_example() -> None:
         RoutedPhase(send_counts=(0,), send_index=empty, recv_counts=(1,), keep_index=np.arange(3)),  # + g3
     ), final_index=np.array([3, 1, 2, 0]))
     st = staging_plan(routed, 2, np.array([3, 1, 2, 0]))
-    assert st.sizes == (2, 1, 0, 1)
+    assert st.sizes == (2, 1, 0, 1, 0)
     assert st.phases == ((), (), ())
     (o0, r0, p0), (o1, r1, p1), (o3, r3, p3) = st.final
     assert (o0, r0.tolist(), p0.tolist()) == (0, [1, 0], [1, 3])

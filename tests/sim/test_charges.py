@@ -153,11 +153,14 @@ def test_one_ring_pays_its_merges_and_copies_by_hand() -> None:
     comm = 5e-3 + 4 * cost.ring_step_bytes(16384, 2) / nvl
     lin = cost.linear_ms(8192)
     f_in, f_out, b = 4096 + 8192, 4096, 2
-    # 4 remap_parts: send gathers 2 b F' 8192 each; here every rank's received rows are already in
-    # destination order (rank 0: chunks 0 | 3, rank 1: 1 | 2), so q/k/v are read out once per part
-    # (2 b F_in 8192) and out / its gradient (one part) is the received buffer itself
-    remap = 2 * (2 * b * f_in * 8192 + 2 * b * f_in * 8192) + 2 * (2 * b * f_out * 8192)
-    assert zeppelin_remap_bytes(sh, plan) == [remap, remap]
+    # 4 remap_parts: the linear layout is the attention layout here (rank 0: chunks 0 | 3, rank 1: 1 | 2),
+    # every row stays: nothing enters a send buffer and each destination is its (contiguous) source
+    remap = 0
+    assert zeppelin_remap_bytes(sh, plan) == [remap, remap] and not plan.remap.moves()
+    # the same plan with rank 0's two ranges swapped in its linear layout: one reordering gather per part
+    swapped = replace(plan, linear_layout=(plan.linear_layout[0][::-1], plan.linear_layout[1]))
+    assert zeppelin_remap_bytes(sh, swapped) == [2 * (2 * b * f_in * 8192 + 2 * b * f_out * 8192), 0]  # index_select
+    assert remap_gathers(swapped, "to_attention")[0].rows_read() == (0, 8192)
     ring = zeppelin_ring_bytes(sh, 8192, contiguous=True)
     step0 = {0: 6 * 8192 * 4096 + ring, 1: 6 * 8192 * 4096 + ring}
     blocks = {0: cost.block_fitted_ms(4096, 8192), 1: cost.block_fitted_ms(8192, 4096)}  # late: wide, early: tall
@@ -260,10 +263,11 @@ def test_a_remap_pays_its_gathers_and_a_routed_remap_its_staging() -> None:
         # (three index_select + cat of every staged row, 12 b F' T_src per remap)
         staging = sum(12 * b * f * src for f, src in ((f_in, t_lin), (f_out, t_att), (f_out, t_lin), (f_in, t_att)))
         assert plain[r] < routed[r] < plain[r] + staging
-    # rows read by hand for rank 0 of the 2-GPU ring (to_attention): 8192 sent, 8192 read out
+    # rows by hand for rank 0 of the 2-GPU ring (to_attention): none sent (every row stays), 8192 kept,
+    # read as the source itself
     ring = build_plan([16384], [(0, 1)], _cluster(1, 2), _cost(_cluster(1, 2)))
     (g0, _) = remap_gathers(ring, "to_attention")
-    assert g0.sizes == (8192, 8192) and g0.phases == () and g0.rows_read() == (0, 8192)
+    assert g0.sizes == (0, 0, 8192) and g0.phases == () and g0.final == ((-1, None, None),)
     # In a layer program: remap copies before and after attention on every rank, even when no row moves.
     cl = _cluster(2, 2)
     cost = _cost(cl)

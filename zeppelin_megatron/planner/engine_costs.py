@@ -58,14 +58,18 @@ forward + backward of one layer, as the cost model's kernel times are.
   ``index_copy_`` (``2 b T (2 Eq + Ekv) + 2 b T (Eq + Ekv)``). Rows in one range (``LocalChunk.span``):
   views instead of the gathers, slice copies instead of the ``index_copy_`` (the same bytes):
   ``2 b T Eq + 2 b T (Eq + Ekv)``.
-* the layer's remap (always run, even when no row moves): four ``remap_parts`` (``runtime/remap.py``:
-  ``q``, ``k``, ``v`` in as one packed buffer, out back, and both again in backward), each one
-  ``index_select`` per part straight into its column slice of the send buffer (``2 b F' T_src``,
-  ``F' = Eq + Ekv`` for q/k/v, ``Eq`` for out; no ``cat``) and the destination gathered per part from
-  the buffer(s) its rows arrived in (no split copies; counted per rank from the plan's own gathers,
-  :func:`remap_gathers`: ``2 b F_i`` per row read by one ``index_select``, ``4 b F_i`` per row of an
-  ``index_select`` + ``index_copy_`` when rows come from several buffers, nothing when one part's
-  received buffer already is its result). A routed remap (``plan.remap_proxies``) also gathers each
+* the layer's remap: four ``remap_parts`` (``runtime/remap.py``: ``q``, ``k``, ``v`` in as one packed
+  buffer, out back, and both again in backward), each one ``index_select`` per part of the rows that
+  *move* (change rank) straight into its column slice of the send buffer (``2 b F' S``, ``S`` moving
+  source rows, ``F' = Eq + Ekv`` for q/k/v, ``Eq`` for out; no ``cat``) and the destination gathered per
+  part from the buffer(s) its rows arrived in and, for the rows that stay on the rank (never sent), from
+  the source tensor itself (no split copies; counted per rank from the plan the runtime reads,
+  :func:`remap_gathers` / ``remap_staging.rank_staging``: ``2 b F_i`` per row read by one
+  ``index_select``, ``4 b F_i`` per row of an ``index_select`` + ``index_copy_`` when rows come from
+  several buffers, ``2 b F_i`` per row of a whole buffer ``index_copy_`` -ed, nothing when one part's
+  received buffer already is its result or the destination is its own source in order: a rank whose
+  linear and attention ranges are one, in order, copies nothing, and when no row changes rank no
+  collective runs). A routed remap (``plan.remap_proxies``) also gathers each
   phase's send buffer from where its rows arrived (the same rules, exact per rank): rows that stay in
   the node are never copied again, no staging buffer is built (before: three ``index_select`` + ``cat``
   of every staged row, ``12 b F' T_src``).
@@ -99,12 +103,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-import numpy as np
 
 from .head_parallel import head_split_error, lane_kv_heads
 from .remap import Direction
 from .remap_routing import routed_exchange
-from .remap_staging import Gather, StagingPlan, gather_plan, staging_plan
+from .remap_staging import SOURCE, Gather, StagingPlan, rank_staging
 
 if TYPE_CHECKING:
     from .cost_model import CostModel
@@ -262,39 +265,28 @@ def zeppelin_local_bytes(sh: Shape, tokens: int, *, contiguous: bool = False) ->
 
 
 def remap_gathers(plan: "StepPlan", direction: Direction) -> list[StagingPlan]:
-    """Every rank's gathers of ``runtime/remap.py``'s ``remap_parts`` in ``direction`` (as its ``_indices``
-    builds them): direct, the destination read from the received buffer; routed
-    (:func:`~zeppelin_megatron.planner.remap_staging.staging_plan`), each phase's send buffer and the
-    destination read from the buffers their rows arrived in."""
-    dst = "attention" if direction == "to_attention" else "linear"
+    """Every rank's gathers of ``runtime/remap.py``'s ``remap_parts`` in ``direction``: the plan its ``_indices``
+    reads too (:func:`~zeppelin_megatron.planner.remap_staging.rank_staging`): direct, the destination read
+    from the received buffer and, for rows that stay on the rank, from the source tensor (they are never sent);
+    routed, each phase's send buffer and the destination read from the buffers their rows arrived in."""
+    src, dst = ("linear", "attention") if direction == "to_attention" else ("attention", "linear")
     world = plan.world_size
     routed = (routed_exchange(plan.remap, direction, plan.gpus_per_node, plan.remap_proxies)
               if plan.remap_proxies and world > 1 else None)
-    out = []
-    for r in range(world):
-        ex = plan.remap.exchange(r, direction)
-        recv = np.asarray(ex.recv_index, dtype=np.int64)
-        gather = np.empty(plan.tokens(r, dst), dtype=np.int64)
-        if routed is None:
-            gather[recv] = np.arange(len(recv))
-            sizes = (len(ex.send_index), len(recv))
-            out.append(StagingPlan(sizes=sizes, phases=(), final=gather_plan(np.ones(len(gather), np.int64),
-                                                                              gather, sizes)))
-        else:
-            gather[recv] = routed[r].final_index
-            out.append(staging_plan(routed[r], len(ex.send_index), gather))
-    return out
+    return [rank_staging(plan.remap.exchange(r, direction), None if routed is None else routed[r],
+                         plan.tokens(r, src), plan.tokens(r, dst)) for r in range(world)]
 
 
 def _gather_bytes(g: Gather, sizes: Sequence[int], n: int, row_bytes: int, *, whole_is_free: bool) -> float:
     """Bytes ``remap._assemble`` moves to build an ``n``-row buffer of ``row_bytes`` per row: one entry
-    over all rows in order is the source itself (free when ``whole_is_free``, a full-width view; else a
+    over all rows in order is the source itself (free when ``whole_is_free`` (a full-width view) or when it
+    is the rank's own source tensor (:data:`~.remap_staging.SOURCE`, a contiguous part); else a
     ``.contiguous()`` copy), one over some rows an ``index_select``; several entries an ``index_select``
     each (skipped for all rows) and an ``index_copy_`` each."""
     if len(g) == 1 and g[0][2] is None:
         rows = g[0][1]
         if rows is None:
-            return 0.0 if whole_is_free else 2.0 * row_bytes * n
+            return 0.0 if whole_is_free or g[0][0] == SOURCE else 2.0 * row_bytes * n
         return 2.0 * row_bytes * len(rows)
     total = 0.0
     for o, rows, _ in g:
@@ -316,7 +308,7 @@ def zeppelin_remap_bytes(sh: Shape, plan: "StepPlan") -> list[float]:
                          ("to_linear", (q, kv, kv))):
             st = plans[d][r]
             width = sum(parts)
-            total += 2 * b * width * st.sizes[0]  # index_select of each part into the packed send buffer
+            total += 2 * b * width * st.sizes[0]  # index_select of each part's moving rows into the send buffer
             for g in st.phases:  # routed: each phase's send buffer
                 n = sum(st.sizes[o] if rows is None else len(rows) for o, rows, _ in g)
                 total += _gather_bytes(g, st.sizes, n, b * width, whole_is_free=True)
@@ -327,15 +319,34 @@ def zeppelin_remap_bytes(sh: Shape, plan: "StepPlan") -> list[float]:
     return out
 
 
-def remap_copy_bytes(sh: Shape, linear_tokens: int, attention_tokens: int) -> float:
+def remap_copy_bytes(sh: Shape, linear_tokens: int, attention_tokens: int, *, staying: int = 0,
+                     identity: bool = False) -> float:
     """The planner's count of one rank's remap copies (:func:`zeppelin_remap_bytes` needs every rank's gathers,
-    0.6 s per candidate plan at 128 GPUs): each of the four ``remap_parts`` reads its source rows into the
-    send buffer and gathers its destination rows out of what arrived, ``2 b F (T_src + T_dst)`` with ``F``
-    the part's width, so ``2 b (T_lin + T_att)(4 Eq + 2 Ekv)`` in all. It does not know which single-part
-    gathers are free nor a routed remap's relay gathers: against :func:`zeppelin_remap_bytes` on 128- and
-    32-GPU plans it is 1.05-1.14x of a direct remap's and 0.54-1.14x of a routed one's (measured at e10759d).
-    Example (Llama-7B bf16, 8192 linear and 8192 attention tokens): ``4 * 16384 * 32768`` = 2.15 GB."""
-    return float(2 * sh.b * (linear_tokens + attention_tokens) * (4 * sh.eq + 2 * sh.ekv))
+    0.6 s per candidate plan at 128 GPUs). Per row of each of the four ``remap_parts`` (width ``F``, ``2 b F``
+    per row read or written): a moving source row is read into the send buffer, a received row copied into
+    the destination, and a ``staying`` row (on this rank in both layouts: never sent) is read from the source
+    by one ``index_copy_`` when all the source's rows stay, else by an ``index_select`` + ``index_copy_``. With
+    ``F`` summed (q/k/v in and dq/dk/dv back, out back and dout in: ``2 Eq + Ekv`` per direction)::
+
+        rows(src, dst) = (src - K) + (dst - K) + K * (1 if K == src else 2)
+        bytes = 2 b (2 Eq + Ekv) (rows(T_lin, T_att) + rows(T_att, T_lin))
+
+    (``2 b (T_lin + T_att)(4 Eq + 2 Ekv)`` with no staying row). ``identity`` (the rank's linear ranges are its
+    attention ranges, in order): 0, each destination is its source; every row staying but reordered: one
+    ``index_select`` per part, ``2 b T (4 Eq + 2 Ekv)``. It does not know which single-part gathers are free
+    nor a routed remap's relay gathers. Example (Llama-7B bf16, 8192 linear and 8192 attention tokens, none
+    staying): ``4 * 16384 * 32768`` = 2.15 GB."""
+    if identity:
+        return 0.0
+    k = staying
+    if k == linear_tokens == attention_tokens:
+        return float(2 * sh.b * k * (4 * sh.eq + 2 * sh.ekv))
+
+    def rows(src: int, dst: int) -> int:
+        return (src - k) + (dst - k) + k * (1 if k == src else 2)
+
+    return float(2 * sh.b * (2 * sh.eq + sh.ekv) * (rows(linear_tokens, attention_tokens)
+                                                      + rows(attention_tokens, linear_tokens)))
 
 
 def te_step_bytes(sh: Shape, q_rows: float, kv_rows: float) -> float:

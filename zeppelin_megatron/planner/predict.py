@@ -121,10 +121,16 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
     attn, own_compute = rank_attention(ring_total, ring_own, local, o)
     own_compute = [c - f for c, f in zip(own_compute, fixed)]  # the all-to-alls are communication
     linear = [cost.linear_ms(plan.tokens(r, "linear")) for r in range(world)]
-    # the remap's row gathers and copies: the runtime runs remap_parts in and out even when no row moves
+    # the remap's row gathers and copies (none where the rank's layouts are one: its remap is the identity)
     sh = shape_of(cost)
-    copies = ([hbm_ms(cost, remap_copy_bytes(sh, plan.tokens(r, "linear"), plan.tokens(r, "attention")))
-               for r in range(world)] if charges == "zeppelin" else [0.0] * world)
+    copies = [0.0] * world
+    if charges == "zeppelin":
+        lin_t = [plan.tokens(r, "linear") for r in range(world)]
+        att_t = [plan.tokens(r, "attention") for r in range(world)]
+        stay = plan.remap.counts().diagonal().tolist()  # tokens that stay on each rank
+        copies = [hbm_ms(cost, remap_copy_bytes(sh, lin_t[r], att_t[r], staying=int(stay[r]),
+                                                identity=plan.linear_layout[r] == plan.attention_layout[r]))
+                  for r in range(world)]
     before = [t + c for t, c in zip(linear, copies)]  # all of a rank's work outside attention
 
     remap, remap_intra, remap_inter = remap_time(plan, cost, plan.remap_proxies)

@@ -41,18 +41,28 @@ class Segment:
 
 @dataclass(frozen=True)
 class RankExchange:
-    """What one rank sends and receives in one direction (``all_to_all_single`` form).
+    """What one rank sends and receives in one direction (``all_to_all_single`` form), and what it keeps.
 
-    ``send_index``: [sum(send_counts)] int64 positions into this rank's source
-    buffer, grouped by destination rank in rank order. ``recv_index``:
-    [sum(recv_counts)] int64 positions into this rank's destination buffer for
-    the received tokens, grouped by source rank in rank order.
+    Rows whose source and destination are this rank (*staying* rows) never enter the exchange: the
+    counts to and from the rank itself are 0 and ``keep_src`` [K] / ``keep_dst`` [K] say where they
+    are in the source buffer and where they go in the destination buffer (the runtime gathers them
+    straight from the source tensor). ``send_index``: [sum(send_counts)] int64 positions into this
+    rank's source buffer, grouped by destination rank in rank order. ``recv_index``:
+    [sum(recv_counts)] int64 positions into this rank's destination buffer for the received tokens,
+    grouped by source rank in rank order. ``recv_index`` and ``keep_dst`` together cover the
+    destination buffer once.
+
+    Example: rank 1 keeps its linear rows ``[0, 3)`` as attention rows ``[5, 8)`` and receives 5 rows
+    from rank 0: ``send_counts[1] == recv_counts[1] == 0``, ``keep_src = [0, 1, 2]``,
+    ``keep_dst = [5, 6, 7]``.
     """
 
     send_counts: tuple[int, ...]
     send_index: np.ndarray
     recv_counts: tuple[int, ...]
     recv_index: np.ndarray
+    keep_src: np.ndarray
+    keep_dst: np.ndarray
 
 
 def _spans(layout: Layout) -> dict[int, list[tuple[int, int, int, int]]]:
@@ -98,7 +108,8 @@ class RemapPlan:
         self._cache: dict[tuple[int, str], RankExchange] = {}
 
     def counts(self, direction: Direction = "to_attention") -> np.ndarray:
-        """[world, world] tokens sent from row rank to column rank."""
+        """[world, world] tokens sent from row rank to column rank (the diagonal: tokens that stay, which
+        :meth:`exchange` keeps out of the ``all_to_all``)."""
         m = np.zeros((self.world_size, self.world_size), dtype=np.int64)
         for g in self.segments:
             if direction == "to_attention":
@@ -107,8 +118,15 @@ class RemapPlan:
                 m[g.att_rank, g.lin_rank] += g.length
         return m
 
+    def moves(self) -> bool:
+        """Whether any token changes rank (else every rank's remap is a local reorder and no rank needs
+        the collective; every rank knows this from the plan)."""
+        m = self.counts()
+        return bool(m.sum() != np.trace(m))
+
     def exchange(self, rank: int, direction: Direction = "to_attention") -> RankExchange:
-        """Send/receive lists of ``rank``; ``to_linear`` is the inverse of ``to_attention``."""
+        """Send/receive lists of ``rank`` (rows to and from itself are in ``keep_src`` / ``keep_dst``, never
+        sent); ``to_linear`` is the inverse of ``to_attention``."""
         key = (rank, direction)
         hit = self._cache.get(key)
         if hit is not None:
@@ -123,8 +141,9 @@ class RemapPlan:
             else (g.att_rank, g.lin_rank, g.att_offset, g.lin_offset, g.length, g.lin_offset)
             for g in self.segments
         ]
-        send = sorted((r for r in rows if r[0] == rank), key=lambda r: (r[1], r[5]))
-        recv = sorted((r for r in rows if r[1] == rank), key=lambda r: (r[0], r[5]))
+        send = sorted((r for r in rows if r[0] == rank and r[1] != rank), key=lambda r: (r[1], r[5]))
+        recv = sorted((r for r in rows if r[1] == rank and r[0] != rank), key=lambda r: (r[0], r[5]))
+        keep = sorted((r for r in rows if r[0] == rank and r[1] == rank), key=lambda r: r[5])
         n = self.world_size
         send_counts = [0] * n
         recv_counts = [0] * n
@@ -134,7 +153,8 @@ class RemapPlan:
             recv_counts[r[0]] += r[4]
         send_index = _concat_ranges([(r[2], r[4]) for r in send])
         recv_index = _concat_ranges([(r[3], r[4]) for r in recv])
-        hit = RankExchange(tuple(send_counts), send_index, tuple(recv_counts), recv_index)
+        hit = RankExchange(tuple(send_counts), send_index, tuple(recv_counts), recv_index,
+                           _concat_ranges([(r[2], r[4]) for r in keep]), _concat_ranges([(r[3], r[4]) for r in keep]))
         self._cache[key] = hit
         return hit
 

@@ -17,8 +17,9 @@ the whole group; between phases every rank holds a *staging buffer*: its rows
 in transit. :func:`routed_exchange` plays all ranks' phases once (pure, no
 communication) and returns, per rank, what each phase sends and keeps.
 
-Staging order (what makes the index arithmetic agree on all ranks): a rank's
-first staging buffer is its direct send buffer (rows grouped by destination
+Rows that stay on their rank never enter a phase (:class:`~.remap.RankExchange`'s
+``keep_src`` / ``keep_dst``). Staging order (what makes the index arithmetic agree on all ranks): a
+rank's first staging buffer is its direct send buffer (rows grouped by destination
 rank, ``RankExchange.send_index`` order), which lists its pieces by
 ``(destination, part)``. In a phase, a rank sends the pieces whose next hop is
 another rank, grouped by that rank (ascending), each group in staging order,
@@ -104,7 +105,7 @@ def _pieces(remap: RemapPlan, direction: Direction, gpus_per_node: int,
     for a in range(world):
         for b in range(world):
             n = int(counts[a, b])
-            if n == 0:
+            if n == 0 or a == b:  # staying rows never enter the exchange (RankExchange.keep_src)
                 continue
             if a // gpus_per_node == b // gpus_per_node:
                 out[a].append((a, b, 0, n, (a, b, b, b)))

@@ -13,7 +13,11 @@ directly and never builds ``buf_t``.
 
 A :data:`Gather` is a tuple of ``(origin, rows, positions)``: read ``rows`` (None: all
 rows of the origin, in order) of ``origin`` into ``positions`` (None: the whole result,
-in order; only when it is the one entry) of the result.
+in order; only when it is the one entry) of the result. Origin :data:`SOURCE` (``-1``, the
+last entry of ``sizes``) is the rank's source tensor itself: rows that stay on the rank
+(``RankExchange.keep_src``) never enter the exchange and the destination reads them from there.
+:func:`rank_staging` builds a rank's whole plan (direct or routed); the runtime
+(``runtime/remap.py``) and the simulator's charges (:func:`~.engine_costs.remap_gathers`) both read it.
 
 Example: a rank keeps 2 rows (``send`` rows 0, 1) through every phase and receives 1 row
 in phase 1 and 1 in phase 3; its destination rows are ``[got_3 row 0, send row 1,
@@ -30,18 +34,23 @@ from typing import Sequence
 
 import numpy as np
 
+from .remap import RankExchange
 from .remap_routing import RoutedExchange
 
-__all__ = ["Gather", "StagingPlan", "gather_plan", "staging_plan"]
+__all__ = ["Gather", "StagingPlan", "SOURCE", "gather_plan", "staging_plan", "rank_staging"]
+
+SOURCE = -1
+"""The origin of staying rows: the rank's source tensor (``sizes[-1]`` rows)."""
 
 Gather = tuple[tuple[int, "np.ndarray | None", "np.ndarray | None"], ...]
 
 
 @dataclass(frozen=True)
 class StagingPlan:
-    """A rank's routed remap without staging copies: ``sizes[o]`` rows of origin ``o`` (``send``,
-    ``got_1``, ``got_2``, ``got_3``), ``phases[t - 1]`` the :data:`Gather` of phase ``t``'s send
-    buffer and ``final`` the one of the destination buffer [T_dst]."""
+    """A rank's remap without staging copies: ``sizes[o]`` rows of origin ``o`` (``send``, then
+    ``got_1`` .. ``got_n`` (direct: ``n = 1``, the received buffer), then the source tensor,
+    :data:`SOURCE`), ``phases[t - 1]`` the :data:`Gather` of routed phase ``t``'s send buffer (none
+    when direct) and ``final`` the one of the destination buffer [T_dst]."""
 
     sizes: tuple[int, ...]
     phases: tuple[Gather, ...]
@@ -70,10 +79,11 @@ def gather_plan(origin: np.ndarray, row: np.ndarray, sizes: Sequence[int]) -> Ga
     return tuple(out)
 
 
-def staging_plan(routed: RoutedExchange, send_rows: int, gather: np.ndarray) -> StagingPlan:
+def staging_plan(routed: RoutedExchange, send_rows: int, gather: np.ndarray, src_rows: int = 0) -> StagingPlan:
     """Follow ``routed``'s staging buffers for a rank sending ``send_rows`` rows in phase 0 order;
-    ``gather`` [T_dst]: each destination row's row in the last staging buffer."""
-    sizes = [send_rows] + [int(sum(p.recv_counts)) for p in routed.phases]
+    ``gather`` [T_dst]: each destination row's row in the last staging buffer, or ``-1 - i`` for row
+    ``i`` of the source tensor (``src_rows`` rows; origin :data:`SOURCE`)."""
+    sizes = [send_rows] + [int(sum(p.recv_counts)) for p in routed.phases] + [src_rows]
     origin = np.zeros(send_rows, dtype=np.int64)
     row = np.arange(send_rows, dtype=np.int64)
     phases = []
@@ -84,4 +94,37 @@ def staging_plan(routed: RoutedExchange, send_rows: int, gather: np.ndarray) -> 
         origin = np.concatenate([origin[ki], np.full(sizes[t], t, dtype=np.int64)])
         row = np.concatenate([row[ki], np.arange(sizes[t], dtype=np.int64)])
     g = np.asarray(gather, dtype=np.int64)
-    return StagingPlan(sizes=tuple(sizes), phases=tuple(phases), final=gather_plan(origin[g], row[g], sizes))
+    moved = g >= 0
+    fo, fr = np.full(len(g), SOURCE, dtype=np.int64), -1 - g
+    fo[moved], fr[moved] = origin[g[moved]], row[g[moved]]
+    return StagingPlan(sizes=tuple(sizes), phases=tuple(phases), final=gather_plan(fo, fr, sizes))
+
+
+def rank_staging(ex: RankExchange, routed: RoutedExchange | None, t_src: int, t_dst: int) -> StagingPlan:
+    """A rank's remap in one direction as gathers (:class:`StagingPlan`): the direct exchange ``ex`` (its
+    rows received, its staying rows ``keep_src`` -> ``keep_dst`` read from the source tensor of ``t_src``
+    rows) or, with ``routed``, its phases. Raises ``ValueError`` unless the received and kept rows fill each
+    of the ``t_dst`` destination rows once.
+
+    Example (direct): 2 rows received into destination rows ``[1, 2]``, source row 4 kept as row 0 ->
+    ``sizes (S, 2, t_src)``, ``final ((-1, [4], [0]), (1, None, [1, 2]))``.
+    """
+    recv = np.asarray(ex.recv_index, dtype=np.int64)
+    keep_src, keep_dst = np.asarray(ex.keep_src, dtype=np.int64), np.asarray(ex.keep_dst, dtype=np.int64)
+    filled = np.concatenate([recv, keep_dst])
+    if len(filled) != t_dst or (t_dst and np.bincount(filled, minlength=t_dst).max() != 1):
+        raise ValueError(f"the remap fills {len(recv)} received + {len(keep_dst)} kept rows, not each of the "
+                         f"destination's {t_dst} rows once")
+    if len(keep_src) and (keep_src.min() < 0 or keep_src.max() >= t_src):
+        raise ValueError(f"kept source rows must lie in [0, {t_src}), got [{keep_src.min()}, {keep_src.max()}]")
+    gather = np.empty(t_dst, dtype=np.int64)
+    gather[keep_dst] = -1 - keep_src
+    if routed is None:
+        gather[recv] = np.arange(len(recv))
+        sizes = (len(ex.send_index), len(recv), t_src)
+        moved = gather >= 0
+        origin = np.where(moved, 1, SOURCE)
+        row = np.where(moved, gather, -1 - gather)
+        return StagingPlan(sizes=sizes, phases=(), final=gather_plan(origin, row, sizes))
+    gather[recv] = routed.final_index
+    return staging_plan(routed, len(ex.send_index), gather, t_src)

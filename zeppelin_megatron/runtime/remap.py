@@ -42,11 +42,10 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 
 from ..planner.lowering import rank_remap
-from ..planner.remap_staging import gather_plan, staging_plan
+from ..planner.remap_staging import SOURCE, rank_staging
 from ..planner.remap import Direction
 from ..planner.plan import StepPlan
 from .comm import PendingAllToAll, all_to_all_start, all_to_all_uneven
@@ -63,14 +62,16 @@ _Gather = tuple[tuple[int, "torch.Tensor | None", "torch.Tensor | None"], ...]
 class _Indices:
     """``rank``'s remap in one direction on a device: the direct exchange ``ex``, ``send_index``, the
     routed exchange (or None) and, per buffer built, its gather from the origins (``send``, then what
-    each ``all_to_all`` delivered; :mod:`~zeppelin_megatron.planner.remap_staging`): ``phases`` (routed
-    only) and ``final`` (the destination)."""
+    each ``all_to_all`` delivered, and the source tensor; :mod:`~zeppelin_megatron.planner.remap_staging`):
+    ``phases`` (routed only) and ``final`` (the destination); ``moves``: whether any rank sends a row (else
+    no rank runs the collective)."""
 
     ex: Any
     send_index: torch.Tensor
     routed: Any
     phases: tuple[_Gather, ...]
     final: _Gather
+    moves: bool
 
 
 _INDEX_CACHE: "weakref.WeakKeyDictionary[StepPlan, dict[Any, _Indices]]" = weakref.WeakKeyDictionary()
@@ -80,11 +81,10 @@ def _indices(plan: StepPlan, rank: int, direction: Direction, device: torch.devi
     """``rank``'s lowered remap (:func:`~zeppelin_megatron.planner.lowering.rank_remap`) with its index
     tensors on ``device``, cached per plan.
 
-    The destination row ``j`` is row ``gather[j]`` of the received buffer (direct) or of the last
-    staging buffer (routed), ``gather`` being the inverse of ``recv_index`` (composed with
-    ``final_index``), so the destination is built by gathers, not a gather and a scatter; routed
-    rows are read from the buffer they arrived in (:func:`~zeppelin_megatron.planner.remap_staging.
-    staging_plan`), so no staging buffer is materialised.
+    The gathers are :func:`~zeppelin_megatron.planner.remap_staging.rank_staging`'s (the plan the simulator's
+    charges count too): the destination is built by gathers, not a gather and a scatter; staying rows are
+    read from the source tensor (origin ``SOURCE``, never sent); routed rows are read from the buffer they
+    arrived in, so no staging buffer is materialised.
     """
     per_plan = _INDEX_CACHE.setdefault(plan, {})
     key = (rank, direction, str(device))
@@ -92,33 +92,30 @@ def _indices(plan: StepPlan, rank: int, direction: Direction, device: torch.devi
     if hit is None:
         ex, routed = rank_remap(plan, rank, direction)
         as_t = lambda a: torch.as_tensor(a, dtype=torch.long).to(device)  # noqa: E731
-        recv_index = np.asarray(ex.recv_index, dtype=np.int64)
-        t_dst = plan.tokens(rank, "attention" if direction == "to_attention" else "linear")
-        if len(recv_index) != t_dst or (t_dst and np.bincount(recv_index, minlength=t_dst).max() != 1):
-            raise AssertionError(f"rank {rank}: the remap {direction} does not fill each of its {t_dst} rows once")
-        gather = np.empty(t_dst, dtype=np.int64)
-        gather[recv_index] = np.arange(len(recv_index)) if routed is None else routed.final_index
+        src, dst = ("linear", "attention") if direction == "to_attention" else ("attention", "linear")
+        try:
+            st = rank_staging(ex, routed, plan.tokens(rank, src), plan.tokens(rank, dst))
+        except ValueError as exc:
+            raise AssertionError(f"rank {rank}: the remap {direction}: {exc}") from None
 
         def on(g: Any) -> _Gather:
             return tuple((o, None if r is None else as_t(r), None if p is None else as_t(p)) for o, r, p in g)
 
-        if routed is None:
-            phases: tuple[_Gather, ...] = ()
-            final = on(gather_plan(np.ones(t_dst, dtype=np.int64), gather, (len(ex.send_index), len(recv_index))))
-        else:
-            st = staging_plan(routed, len(ex.send_index), gather)
-            phases, final = tuple(on(g) for g in st.phases), on(st.final)
-        hit = per_plan[key] = _Indices(ex=ex, send_index=as_t(ex.send_index), routed=routed, phases=phases,
-                                       final=final)
+        hit = per_plan[key] = _Indices(ex=ex, send_index=as_t(ex.send_index), routed=routed,
+                                       phases=tuple(on(g) for g in st.phases), final=on(st.final),
+                                       moves=plan.remap.moves())
     return hit
 
 
-def _assemble(sources: Sequence[torch.Tensor], plan: _Gather, n: int, like: torch.Tensor) -> torch.Tensor:
-    """The [n, *like.shape[1:]] buffer ``plan`` gathers from ``sources`` (one copy of each row read)."""
-    if len(plan) == 1 and plan[0][2] is None:
+def _assemble(sources: Sequence[torch.Tensor], plan: _Gather, n: int, like: torch.Tensor,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """The [n, *like.shape[1:]] buffer ``plan`` gathers from ``sources`` (one copy of each row read); origin
+    ``SOURCE`` (-1) is ``sources[-1]``. ``out``: an allocated buffer to fill (``plan``'s positions only)."""
+    if out is None and len(plan) == 1 and plan[0][2] is None:
         o, rows, _ = plan[0]
         return sources[o].contiguous() if rows is None else sources[o].index_select(0, rows)
-    out = like.new_empty((n, *like.shape[1:]))
+    if out is None:
+        out = like.new_empty((n, *like.shape[1:]))
     for o, rows, pos in plan:
         assert pos is not None
         out.index_copy_(0, pos, sources[o] if rows is None else sources[o].index_select(0, rows))
@@ -146,30 +143,36 @@ class PostedRemap:
 
     Direct: the one ``all_to_all`` is in flight; the wait finishes it and unpacks. Routed: phase 1
     is in flight; the wait finishes it, then runs phases 2 .. n one after the other (each sends rows
-    the previous one delivered), then unpacks. Call :meth:`wait` once.
+    the previous one delivered), then unpacks. The staying rows were gathered into the destination
+    buffers at the post. Call :meth:`wait` once.
     """
 
     def __init__(self, idx: _Indices, sources: list[torch.Tensor], pending: PendingAllToAll | None,
-                 widths: list[int], t_dst: int, group: ZeppelinGroup, direction: Direction) -> None:
+                 widths: list[int], t_dst: int, group: ZeppelinGroup, direction: Direction,
+                 results: list[torch.Tensor | None]) -> None:
         self._idx, self._sources, self._pending = idx, sources, pending
         self._widths, self._t_dst, self._group, self._direction = widths, t_dst, group, direction
+        self._results = results
 
     def wait(self) -> tuple[torch.Tensor, ...]:
         idx, sources, group, direction = self._idx, self._sources, self._group, self._direction
         if self._pending is not None:
             sources.append(self._pending.wait())
             self._pending = None
-        if idx.routed is not None and group.size > 1:
+        if idx.routed is not None and idx.moves and group.size > 1:
             send = sources[0]
             for n in range(len(sources), len(idx.routed.phases) + 1):  # phases 2 .. n, each after the last
                 phase, g = idx.routed.phases[n - 1], idx.phases[n - 1]
                 buf = _assemble(sources, g, int(sum(phase.send_counts)), send)
                 sources.append(all_to_all_uneven(buf, phase.send_counts, phase.recv_counts, group,
                                                  what=f"the routed remap {direction} (phase {n} of 3)"))
+        moved = tuple(e for e in idx.final if e[0] != SOURCE)
         out, off = [], 0
-        for w in self._widths:
-            cols = [t.narrow(1, off, w) for t in sources]
-            out.append(_assemble(cols, idx.final, self._t_dst, cols[0]))
+        for w, res in zip(self._widths, self._results):
+            if moved or res is None:  # res: None, or the staying rows gathered at the post
+                cols = [t.narrow(1, off, w) for t in sources]
+                res = _assemble(cols, idx.final if res is None else moved, self._t_dst, cols[0], out=res)
+            out.append(res)
             off += w
         return tuple(out)
 
@@ -179,8 +182,11 @@ def post_parts(
 ) -> PostedRemap:
     """Pack ``parts`` (as :func:`remap_parts`) and start the exchange: the direct ``all_to_all``, or
     phase 1 of a routed remap (phases 2 .. n need phase 1's rows: they run in :meth:`PostedRemap.wait`).
-    Work issued between this and the wait overlaps the exchange (:mod:`.overlap`); ``parts`` may be
-    changed once this returns (they are packed into ``send``)."""
+    The rows that stay on this rank are gathered from ``parts`` into the destination buffers here (they
+    never enter the send buffer nor the collective); when no rank sends a row (``plan.remap.moves()`` is
+    False) no collective runs. Work issued between this and the wait overlaps the exchange (:mod:`.overlap`);
+    ``parts`` may be changed once this returns. A destination that is all of a contiguous part, in order,
+    is that part (no copy)."""
     rank = group.rank
     src_layout = "linear" if direction == "to_attention" else "attention"
     dst_layout = "attention" if direction == "to_attention" else "linear"
@@ -194,16 +200,27 @@ def post_parts(
             raise ValueError(f"part {i} {tuple(x.shape)} {x.dtype} must be [tokens, heads, ...] like part 0 "
                              f"{tuple(first.shape)} {first.dtype} on {first.device}")
     idx = _indices(plan, rank, direction, first.device)
+    t_dst = plan.tokens(rank, dst_layout)
     widths = [x.shape[1] for x in parts]
+    kept = tuple(e for e in idx.final if e[0] == SOURCE)
+    results: list[torch.Tensor | None] = []
+    for x in parts:  # the staying rows, straight from the source
+        if not kept:
+            results.append(None)
+        elif len(idx.final) == 1:
+            results.append(_assemble([x], idx.final, t_dst, x))
+        else:
+            results.append(_assemble([x], kept, t_dst, x, out=x.new_empty((t_dst, *x.shape[1:]))))
     send = first.new_empty((idx.send_index.shape[0], sum(widths), *first.shape[2:]))
     off = 0
     for x, w in zip(parts, widths):
-        torch.index_select(x, 0, idx.send_index, out=send.narrow(1, off, w))
+        if idx.send_index.shape[0]:
+            torch.index_select(x, 0, idx.send_index, out=send.narrow(1, off, w))
         off += w
     sources = [send]
     pending = None
-    if group.size == 1:  # one rank: it receives what it sends (a one-rank plan is never routed)
-        sources.append(send)
+    if not idx.moves:  # no rank sends a row (a one-rank plan, or layouts that only reorder each rank's rows)
+        pass
     elif idx.routed is not None:
         phase, g = idx.routed.phases[0], idx.phases[0]
         buf = _assemble(sources, g, int(sum(phase.send_counts)), send)
@@ -212,7 +229,7 @@ def post_parts(
     else:
         pending = all_to_all_start(send, idx.ex.send_counts, idx.ex.recv_counts, group,
                                    what=f"the remap {direction}")
-    return PostedRemap(idx, sources, pending, widths, plan.tokens(rank, dst_layout), group, direction)
+    return PostedRemap(idx, sources, pending, widths, t_dst, group, direction, results)
 
 
 def remap_tokens(x: torch.Tensor, plan: StepPlan, group: ZeppelinGroup, direction: Direction) -> torch.Tensor:
