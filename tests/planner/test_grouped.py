@@ -87,3 +87,76 @@ def test_plan_step_tries_the_candidates_only_when_asked() -> None:
         plan_step(lengths, cost, PlannerOptions(head_parallel=False)).to_json()
     with pytest.raises(PlanError, match="grouped is 1, expected True or False"):
         PlannerOptions(grouped=1)  # type: ignore[arg-type]
+
+
+def _brute_force(lengths: list[int], cost, options: PlannerOptions, plan: StepPlan):  # type: ignore[no-untyped-def]
+    """Every candidate finished, ascending cp, the first strictly lower prediction that also ends its rings
+    sooner (best_plan's rule before the floors)."""
+    import zeppelin_megatron.planner.api as api
+    from zeppelin_megatron.planner.grouped import group_sizes
+
+    best, best_ms, ends = plan, plan.predicted.step_ms, rings_end_ms(plan, cost)  # type: ignore[union-attr]
+    finished = []
+    for cp in group_sizes(lengths, cost.cluster):
+        a = grouped_assignments(lengths, cost.cluster, cp)
+        if a is None:
+            continue
+        cand = api._finish(lengths, a, cost, options)
+        finished.append((a, cand))
+        if cand.predicted.step_ms < best_ms - 1e-9 and rings_end_ms(cand, cost) < ends - 1e-9:  # type: ignore[union-attr]
+            best, best_ms = cand, cand.predicted.step_ms  # type: ignore[union-attr]
+    return best, finished
+
+
+@pytest.mark.parametrize("cluster,tokens,model,overlap,heads", [
+    ("2x8", 1 << 18, "llama_7b", True, True), ("4x8", 1 << 19, "llama_7b", True, True),
+    ("4x8", 1 << 19, "llama_13b", False, True), ("4x4", 1 << 18, "llama_7b", True, False)])
+def test_floor_is_below_every_finished_candidate_and_pruning_changes_nothing(
+        cluster: str, tokens: int, model: str, overlap: bool, heads: bool) -> None:
+    """step_floor <= predict(finished candidate).step_ms for every candidate of long-tailed batches (seeds
+    0-5; remap windows on and off, head-parallel on and off, two models), and best_plan (floors: lowest
+    first, candidates that cannot win not finished) returns the plan the exhaustive rule returns."""
+    import zeppelin_megatron.planner.api as api
+    from zeppelin_megatron.planner import CostModel, load_model
+    from zeppelin_megatron.planner.grouped import step_floor
+    from zeppelin_megatron.planner.workloads import long_tailed_batch
+
+    cost = CostModel(model=load_model(f"configs/models/{model}.yaml"), cluster=load_cluster(cluster))
+    options = PlannerOptions(remap_overlap=overlap, head_parallel=heads, grouped=True)
+    checked = 0
+    for seed in range(6):
+        lengths = long_tailed_batch(tokens, seed)
+        plan = api._finish(lengths, api.partition(lengths, cost, options), cost, options)
+        want, finished = _brute_force(lengths, cost, options, plan)
+        for a, cand in finished:
+            floor = step_floor(lengths, a, cost, options)
+            assert 0 < floor <= cand.predicted.step_ms + 1e-6, (seed, floor, cand.predicted)  # type: ignore[union-attr]
+            checked += 1
+        got = best_plan(lengths, cost, options, plan, lambda a, ls=lengths: api._finish(ls, a, cost, options))
+        if not heads:
+            assert got is plan
+        else:
+            assert got.to_json() == want.to_json(), seed
+    assert checked >= 12
+
+
+def test_floor_of_a_small_batch_by_hand() -> None:
+    """One sequence of 8192 tokens on a ring over one node's 8 ranks, nothing else (Llama-7B, 1x8): the
+    floor is layers * max(ring floor, (8 * ring floor + p * 8192) / 8), p the profile's least linear ms
+    per token, the ring floor the cheaper of the plain ring's own time and Ulysses' total."""
+    from zeppelin_megatron.planner import CostModel, load_model
+    from zeppelin_megatron.planner.cost_heads import head_ring_time
+    from zeppelin_megatron.planner.engine_ring import ring_steps
+    from zeppelin_megatron.planner.grouped import step_floor
+
+    cost = CostModel(model=load_model("configs/models/llama_7b.yaml"), cluster=load_cluster("1x8"))
+    ranks = tuple(range(8))
+    st = ring_steps(cost, [8192], 8, charges="none")
+    ring = min(st.diag + 7 * st.off + st.first_late,
+               *(head_ring_time(cost, ranks, [8192], a, "none").total for a in (2, 4, 8)))
+    p = min(cost.linear_ms(r.tokens) / r.tokens for r in cost.profile.linear)
+    want = cost.model.layers * max(ring, ring + p * 8192 / 8)
+    got = step_floor([8192], [Assignment("intra_node", ranks)], cost, PlannerOptions())
+    assert got == pytest.approx(want, rel=1e-12)
+    plain_only = step_floor([8192], [Assignment("intra_node", ranks)], cost, PlannerOptions(head_parallel=False))
+    assert plain_only == pytest.approx(cost.model.layers * (st.diag + 7 * st.off + st.first_late + p * 1024))

@@ -10,18 +10,19 @@ group with room) and split over all of it, one ring per group. With Zeppelin's h
 (:mod:`.choose_heads`: an all-to-all inside each node, a ring across the group's nodes) that is the
 peer's plan run by Zeppelin's engine.
 
-:func:`grouped_assignments` builds that placement for one ``cp``; :func:`group_sizes` lists the
-sizes tried (powers of two, whole nodes: ``cp`` a multiple of the GPUs per node, dividing the world,
-``cp`` GPUs holding the longest sequence); :func:`best_plan` finishes each candidate as the
-partitioner's placement is finished (block widths, layouts, routing, local slots) and takes one only
-where it wins on both of two estimates: the predicted step (:func:`~.predict.predict`, which sums each
-rank's own rings and so misses convoys) and the rings' estimated end with convoys
-(:func:`~.local_schedule.ring_timeline`: a ring starts when all its members are free; the latest
-rank's end). Either alone misleads: the prediction prefers ``cp = 8`` groups on Llama-7B github-64k
-at 128 GPUs (840 against 870 ms predicted; simulated 913 against 862), the timeline has no local
-work, linear layers or remap. A sequence shorter than ``2 cp`` tokens
-(zigzag needs two chunks per rank) stays whole on the group's rank holding the fewest tokens, longest
-first.
+:func:`grouped_assignments` builds that placement for one ``cp``; :func:`group_sizes` lists the sizes
+tried (powers of two, whole nodes: ``cp`` a multiple of the GPUs per node, dividing the world, ``cp``
+GPUs holding the longest sequence); :func:`best_plan` bounds each candidate's predicted step from below
+(:func:`step_floor`: its rings' cheapest widths and the linear layers' least ms per token, no layout),
+finishes the candidates whose floor is below the step to beat, lowest floor first (as the partitioner's
+placement is finished: block widths, layouts, routing, local slots; the expensive part) and takes one
+only where it wins on both of two estimates: the predicted step (:func:`~.predict.predict`, which sums
+each rank's own rings and so misses convoys) and the rings' estimated end with convoys
+(:func:`~.local_schedule.ring_timeline`: a ring starts when all its members are free; the latest rank's
+end). Either alone misleads: the prediction prefers ``cp = 8`` groups on Llama-7B github-64k at 128 GPUs
+(840 against 870 ms predicted; simulated 913 against 862), the timeline has no local work, linear layers
+or remap. A sequence shorter than ``2 cp`` tokens (zigzag needs two chunks per rank) stays whole on the
+group's rank holding the fewest tokens, longest first.
 
 Simulated (Llama-13B, TP 2, prolong-128k, 128 GPUs, 2 steps, seed 0, 1M tokens, at 9b837f4): the
 partitioner's plans 4706 / 4102 ms (predicted 3609 / 3196), the ``cp = 16`` candidates 3652 / 3357
@@ -32,9 +33,13 @@ assignments finished as now, then ``best_plan(lengths, cost, options, plan, fini
 prolong-64k 128 GPUs 1017.7 -> 895.6 ms, 7B prolong-64k 128 1614.7 -> 1549.4, 7B prolong-128k 128
 2350.5 -> 2155.9; unchanged: 7B arxiv-128k 64, github/arxiv/prolong-64k 32, arxiv-64k 128, 13B
 arxiv/prolong-64k 128, arxiv-128k 64; 4x8 long-tailed batches (Llama-7B, seeds 0-11): a candidate
-in 6 of 12, each simulated faster (-0.1% to -8.9%). Planning CPU per step 0.03-0.11 s -> 0.05-0.31
-s. ``plan_step`` calls :func:`best_plan` only with ``PlannerOptions(grouped=True)`` (opt-in: the
-planning time, and it wins on 4 of the 13 configurations measured).
+in 6 of 12, each simulated faster (-0.1% to -8.9%). The floors change no choice (the finished
+candidates they skip could not have won; tested against finishing all) and cut the CPU time of
+``plan_step`` with ``grouped=True`` on 1M-token long-tailed batches at 128 GPUs (benchmarks/plan_speed.py's,
+seeds 0-4, measured, 2 shared cores) from 194-736 ms to 168-302 ms (without: 32-37 ms): on those batches
+the ``cp = 32`` candidate predicts lower (2117-2292 ms against 2346-2706) and finishing it (~16k zigzag
+ranges) alone takes 125-250 ms, so ``plan_step`` calls :func:`best_plan` only with
+``PlannerOptions(grouped=True)`` (opt-in: over plan_speed's 50 ms budget).
 
 Example: 2 nodes x 4 GPUs, lengths ``[40000, 30000, 2000, 6]``, ``cp = 4``: groups ``0-3`` and
 ``4-7``; 40000 -> group 0, 30000 -> group 1, 2000 -> group 1 (30000 < 40000 tokens), 6 -> group 1
@@ -49,14 +54,16 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .choose_heads import choose_width
+from .cost_heads import head_ring_time, head_widths
 from .cluster import Cluster
 from .cost_model import CostModel
+from .engine_ring import ring_steps
 from .local_schedule import ring_timeline
 from .options import PlannerOptions
 from .partition_context import Assignment
 from .plan import PLACEMENTS, SequencePlan, StepPlan, derive_routing
 
-__all__ = ["group_sizes", "grouped_assignments", "best_plan", "rings_end_ms"]
+__all__ = ["group_sizes", "grouped_assignments", "best_plan", "rings_end_ms", "step_floor"]
 
 
 def group_sizes(lengths: Sequence[int], cluster: Cluster) -> list[int]:
@@ -95,12 +102,12 @@ def grouped_assignments(lengths: Sequence[int], cluster: Cluster, cp: int) -> li
         load[best] += lengths[i]
     held = [0] * world
     out: list[Assignment | None] = [None] * len(lengths)
+    split = [Assignment("intra_node" if cluster.node_of(b * cp) == cluster.node_of(b * cp + cp - 1)
+                        else "inter_node", tuple(range(b * cp, (b + 1) * cp))) for b in range(bins)]
     for i, s in enumerate(lengths):
         if cp > 1 and s >= 2 * cp:
-            ranks = tuple(range(where[i] * cp, (where[i] + 1) * cp))
-            placement = "intra_node" if len({cluster.node_of(r) for r in ranks}) == 1 else "inter_node"
-            out[i] = Assignment(placement, ranks)
-            for r in ranks:
+            out[i] = split[where[i]]
+            for r in split[where[i]].ranks:
                 held[r] += -(-s // cp)
     for i in order:
         if out[i] is None:
@@ -119,16 +126,76 @@ def rings_end_ms(plan: StepPlan, cost: CostModel) -> float:
     return max(ring_timeline(plan, cost)[1], default=0.0)
 
 
-def _attention_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost: CostModel, cp: int) -> float:
-    """Per layer, a floor under the busiest group's attention: its sequences' causal kernels spread evenly
-    over its ``cp`` ranks, and at least one call overhead per ring step of its ring at the widest block
-    (``cp / gpus_per_node`` steps). Candidates whose floor (times layers) is not below the step to beat are
-    not finished (``best_plan``)."""
-    groups: dict[int, list[int]] = {}
+def _ring_floor(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int],
+                head_parallel: bool) -> tuple[float, float]:
+    """``(total, own)`` lower bounds of one ring's per-layer times in :func:`~.predict.predict` (charges
+    ``none``, what ``plan_step`` predicts with), whatever block width and routes the finished plan gives it:
+    the minimum over the widths :func:`~.choose_heads.choose_widths` may pick (1 and, with
+    ``head_parallel``, :func:`~.cost_heads.head_widths`) of
+
+    * plain: ``diag + (g-1) * off + first_late`` for both: ``total = diag + (g-1) * max(off, comm) +
+      first_late`` is at least that whatever the routes make ``comm``;
+    * head-parallel at width ``a``: ``total`` of :func:`~.cost_heads.head_ring_time` (no term depends on
+      the plan's routes), and ``own + a2a_ms`` (what ``predict`` adds to the rank's own time).
+    """
+    st = ring_steps(cost, lengths, len(ranks), charges="none")
+    plain = st.diag + (len(ranks) - 1) * st.off + st.first_late
+    total = own = plain
+    if head_parallel:
+        for a in head_widths(cost, ranks):
+            h = head_ring_time(cost, ranks, lengths, a, "none")
+            total, own = min(total, h.total), min(own, h.own + h.a2a_ms)
+    return total, own
+
+
+def step_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost: CostModel,
+               options: PlannerOptions) -> float:
+    """A lower bound on ``predict(finish(assignments)).step_ms`` (``finish`` as :func:`~.api.plan_step`
+    finishes a placement: any block widths, routes, linear layout and remap windows), cheap: no layout.
+
+    Proof against :func:`~.predict.predict` (``L`` layers; ``attn_r``, ``linear_r``, ``copy_r`` per layer).
+    For a rank ``r`` on a remap path the step is at least ``L * (max attn + max (linear + copy) + remap)``
+    over those ranks, so at least ``L * (attn_r + linear_r)``; off the paths it is at least
+    ``rank_ms_r = L * (attn_r + linear_r + copy_r)``. So ``step >= L * max_r (attn_r + linear_r)``.
+
+    * ``attn_r = tot_r + max(0, loc_r - (tot_r - own_r)) >= tot_r``, ``tot_r`` the sum over ``r``'s rings
+      of their totals, each at least :func:`_ring_floor`'s (the rings are the sequences sharing a rank
+      tuple, as :attr:`~.plan.StepPlan.rings` groups them). With ``remap_overlap`` off no local sequence
+      is hidden, so also ``attn_r >= own_r + loc_r`` (``loc_r``: ``r``'s local ``local_ms``, at least the
+      call overhead when any); with it on, sequences in remap windows leave ``loc_r``, so local work is
+      not counted.
+    * ``linear_ms(t) >= p * t`` with ``p`` the least ms per token of the profile's linear rows
+      (:meth:`~.cost_model.CostModel.linear_ms` interpolates the per-token time between those rows and
+      holds it beyond them), and the linear layout holds all ``T`` tokens: ``sum_r linear_r >= p * T``.
+
+    So ``step >= L * max_r (a_r + p * l_r)`` for some ``l`` summing to ``T``, which is at least
+    ``L * max(max_r a_r, (sum_r a_r + p * T) / W)`` (a maximum is at least the mean).
+
+    Example (2 nodes x 4 GPUs, Llama-7B, ``[40000, 30000, 2000, 6]`` at ``cp = 4``): the two rings' floors
+    and the 8 ranks' linear share; :func:`best_plan` finishes a candidate only when this is below the
+    step to beat.
+    """
+    world = cost.cluster.world_size
+    rings: dict[tuple[int, ...], list[int]] = {}
+    local = [0.0] * world
     for s, a in zip(lengths, assignments):
-        groups.setdefault(a.ranks[0] // cp, []).append(s)
-    steps = max(1, cp // cost.cluster.gpus_per_node)
-    return max(max(sum(cost.causal_ms(s) for s in ls) / cp, steps * cost.call_overhead_ms) for ls in groups.values())
+        if a.placement == "local":
+            local[a.ranks[0]] += cost.local_ms(s)
+        else:
+            rings.setdefault(a.ranks, []).append(s)
+    tot = [0.0] * world
+    own = [0.0] * world
+    for ranks, ls in rings.items():
+        t, o = _ring_floor(cost, ranks, ls, options.head_parallel)
+        for r in ranks:
+            tot[r] += t
+            own[r] += o
+    att = tot
+    if not options.remap_overlap:
+        oh = cost.call_overhead_ms
+        att = [max(t, o + (max(x, oh) if x > 0 else 0.0)) for t, o, x in zip(tot, own, local)]
+    per_token = min(cost.linear_ms(r.tokens) / r.tokens for r in cost.profile.linear)
+    return cost.model.layers * max(max(att), (sum(att) + per_token * sum(lengths)) / world)
 
 
 def _rings_only(lengths: Sequence[int], assignments: Sequence[Assignment], cost: CostModel,
@@ -160,18 +227,22 @@ def best_plan(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, 
     if not options.head_parallel or set(options.placements) != set(PLACEMENTS) or plan.predicted is None:
         return plan
     ends = rings_end_ms(plan, cost)
-    layers = cost.model.layers
-    best, best_ms = plan, plan.predicted.step_ms
+    best, best_ms, best_cp = plan, plan.predicted.step_ms, 0
+    slack = 1e-6  # predictions are rounded to 1e-6 ms (predict._ROUND): a floor may pass them by that much
+    floors = []
     for cp in group_sizes(lengths, cost.cluster):
         assignments = grouped_assignments(lengths, cost.cluster, cp)
-        if assignments is None:
-            continue
-        if layers * _attention_floor(lengths, assignments, cost, cp) >= best_ms:
-            continue  # cannot win: skip finishing it (the expensive part: layouts, remap, validation)
+        if assignments is not None:
+            floors.append((step_floor(lengths, assignments, cost, options), cp, assignments))
+    for floor, cp, assignments in sorted(floors, key=lambda x: (x[0], x[1])):  # the likeliest winner first
+        if floor - slack >= best_ms - 1e-9 and not (best_cp > cp and floor - slack <= best_ms + 1e-9):
+            continue  # cannot win (nor tie with a larger cp): not finished (layouts, remap, validation)
         if rings_end_ms(_rings_only(lengths, assignments, cost, options), cost) >= ends - 1e-9:
             continue
         cand = finish(assignments)
-        if (cand.predicted is not None and cand.predicted.step_ms < best_ms - 1e-9
-                and rings_end_ms(cand, cost) < ends - 1e-9):
-            best, best_ms = cand, cand.predicted.step_ms
+        if cand.predicted is None or rings_end_ms(cand, cost) >= ends - 1e-9:
+            continue
+        ms = cand.predicted.step_ms
+        if ms < best_ms - 1e-9 or (best_cp > cp and ms <= best_ms + 1e-9):  # near-ties: the smaller cp
+            best, best_ms, best_cp = cand, ms, cp
     return best
