@@ -63,8 +63,8 @@ def zeppelin_breakdown(plan: Any, cost: Any) -> dict[str, float]:
             if op.what != "compute":
                 continue
             if op.kind == "copy":
-                part = ("remap copies" if op.label.startswith("remap") else
-                        "local copies" if op.label.startswith("local") else "ring merges + copies")
+                part = ("local copies" if op.label.startswith("local") or " window" in op.label else
+                        "remap copies" if op.label.startswith("remap") else "ring merges + copies")
             else:
                 part = "linear" if op.kind == "linear" else "attention"
             sums[part] += op.ms
