@@ -46,3 +46,13 @@ def test_planner_options_validates_remap_overlap() -> None:
     from zeppelin_megatron.planner import PlanError
     with pytest.raises(PlanError, match="remap_overlap is 1, expected True or False"):
         PlannerOptions(remap_overlap=1)  # type: ignore[arg-type]
+
+
+def test_grouped_flag() -> None:
+    """``--zeppelin-grouped {on,off}`` -> ``PlannerOptions.grouped`` (default the planner's: off)."""
+    base = ["--zeppelin", "--zeppelin-cluster", "2x8"]
+    assert zeppelin_config_from_args(_parse(base)).options.grouped is PlannerOptions().grouped is False
+    assert zeppelin_config_from_args(_parse(base + ["--zeppelin-grouped", "on"])).options == \
+        PlannerOptions(grouped=True)
+    with pytest.raises(ZeppelinArgsError, match="--zeppelin-grouped 1: expected on or off"):
+        planner_options_from_args(megatron_namespace(zeppelin_grouped="1"))

@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-remap-overlap", action="store_true",
                    help="no remap windows: staying local sequences never run while a layout exchange is in "
                         "flight (PlannerOptions.remap_overlap=False)")
+    p.add_argument("--grouped", action="store_true",
+                   help="also try CP-group candidates (PlannerOptions.grouped: every split sequence on a whole "
+                        "group of nodes; slower planning)")
     remap = p.add_mutually_exclusive_group()
     # default None (meaning "auto"): argparse's exclusivity check ignores an option given its own default value
     remap.add_argument("--remap", choices=tuple(_REMAP), default=None,
@@ -170,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
                            tokens_per_gpu=args.tokens_per_gpu,
                            options=PlannerOptions(routing=not args.no_routing, remap=_REMAP[args.remap or "auto"],
                                                   head_parallel=not args.no_head_parallel,
-                                                  remap_overlap=not args.no_remap_overlap))
+                                                  remap_overlap=not args.no_remap_overlap, grouped=args.grouped))
     warning = profile_range_warning(setup.cost.profile, lengths) if args.profile else None
     if warning:
         print(f"zeppelin plan: {warning}", file=sys.stderr)
