@@ -38,7 +38,9 @@ DISTS = ("github-64k", "arxiv-64k", "prolong-64k")
 DISTS_128K = ("arxiv-128k", "prolong-128k")  # GitHub samples never reach 64k: github-128k = github-64k
 PEERS = ("te-cp", "allgather-cp", "hybrid-dp", "wlb-llm", "flexsp", "megatron-hcp", "te-cp-a2a-p2p", "distca")
 """The baselines a best peer is chosen from (``te-cp-routing`` is an ablation: TE CP with Zeppelin's routing)."""
-MAIN = ("zeppelin",) + PEERS + ("lower-bound",)
+MAIN = ("zeppelin", "zeppelin-grouped") + PEERS + ("lower-bound",)
+"""``zeppelin-grouped``: Zeppelin with the opt-in CP-group candidates (``PlannerOptions(grouped=True)``,
+``--zeppelin-grouped on``), a column of its own: not the default, so not what ``Z / best peer`` uses."""
 ABLATION = ("te-cp", "te-cp-routing", "zeppelin-partition-only", "zeppelin-no-routing", "zeppelin-no-remap",
             "zeppelin-remap-always", "zeppelin-no-head-parallel", "zeppelin-no-remap-overlap", "zeppelin",
             "zeppelin-no-inter",
@@ -139,14 +141,15 @@ def tokens_for(nodes: int, tokens: int) -> int:
 
 
 def main_table(rows: list[dict[str, Any]]) -> list[str]:
-    head = (["dist", "GPUs", "steps", "zeppelin", "zeppelin (fill)", "zeppelin (TE charges)"] + list(PEERS)
+    head = (["dist", "GPUs", "steps", "zeppelin", "zeppelin (fill)", "zeppelin (TE charges)", "zeppelin (grouped)"]
+            + list(PEERS)
             + ["lower-bound", "best peer", "Z / best peer", "Z / lower bound"])
-    out = [f"| {' | '.join(head)} |", "|" + "---|" * 3 + "---:|" * (len(head) - 5) + "---|---:|---:|"]
+    out = [f"| {' | '.join(head)} |", "|" + "---|" * 3 + "---:|" * (len(head) - 6) + "---|---:|---:|"]
     for r in rows:
         z = mean(r, "runtime", "zeppelin")
         best = best_peer(r)
         cells = [r["dist"], str(8 * r["nodes"]), str(r["steps"]), f"{z:.0f}", f"{mean(r, 'fill', 'zeppelin'):.0f}",
-                 f"{r['extra']['zeppelin_te_charges_ms']:.0f}"]
+                 f"{r['extra']['zeppelin_te_charges_ms']:.0f}", f"{mean(r, 'runtime', 'zeppelin-grouped'):.0f}"]
         cells += [f"{mean(r, 'runtime', n):.0f}" for n in PEERS]
         cells += [f"{mean(r, 'runtime', 'lower-bound'):.0f}", best, f"**{ratio_best(r):.2f}**",
                   f"{z / mean(r, 'runtime', 'lower-bound'):.2f}"]
@@ -176,6 +179,8 @@ def summary_lines(rows: list[dict[str, Any]], what: str) -> list[str]:
     rt = [r["extra"]["zeppelin_te_charges_ms"] / mean(r, "runtime", best_peer(r)) for r in rows]
     lb = [mean(r, "runtime", "zeppelin") / mean(r, "runtime", "lower-bound") for r in rows]
     bl = [mean(r, "runtime", best_peer(r)) / mean(r, "runtime", "lower-bound") for r in rows]
+    rg = [mean(r, "runtime", "zeppelin-grouped") / mean(r, "runtime", best_peer(r)) for r in rows]
+    rg = [x for x in rg if x == x]  # NaN when the strategy was not run
     worst = max(rows, key=ratio_best)
     wins = {n: sum(1 for r in rows if best_peer(r) == n) for n in PEERS}
     faster = sum(1 for x in rb if x < 1)
@@ -186,7 +191,10 @@ def summary_lines(rows: list[dict[str, Any]], what: str) -> list[str]:
             f"(best peer / lower bound: mean {sum(bl) / len(bl):.2f}, worst {max(bl):.2f}).",
             f"  Fill engine / best peer: mean {sum(rf) / len(rf):.2f}; Zeppelin's plans charged as TE CP's ring / "
             f"best peer: mean {sum(rt) / len(rt):.2f}, worst {max(rt):.2f}.",
-            "  Best peer, configurations won: " + ", ".join(f"{n} {k}" for n, k in wins.items()) + "."]
+            "  Best peer, configurations won: " + ", ".join(f"{n} {k}" for n, k in wins.items()) + "."] + (
+        [f"  With the opt-in CP-group candidates (`zeppelin-grouped`) / best peer: mean {sum(rg) / len(rg):.2f}, "
+         f"worst {max(rg):.2f}, faster than the best peer in {sum(1 for x in rg if x < 1)} of {len(rg)}."]
+        if rg else [])
 
 
 def grid_table(rows: list[dict[str, Any]]) -> list[str]:
