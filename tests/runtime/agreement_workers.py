@@ -190,15 +190,15 @@ def run_timeouts(rank: int, world: int, timeout_s: float) -> None:
 
     # 3. the failing rank passes the check, then raises inside the call (before the remap) and stays alive
     group = zeppelin_group_over([everyone], gpn, timeout_s)
-    real = attention_mod.qkv_to_attention
+    real = attention_mod.AttentionEngine  # built by every call before its remap and engine
     if rank == bad:
         def failing(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("injected failure after the check")
-        attention_mod.qkv_to_attention = failing  # type: ignore[assignment]
+        attention_mod.AttentionEngine = failing  # type: ignore[assignment,misc]
         try:
             _raises(RuntimeError, ["injected failure"], lambda: zeppelin_attention(q, k, v, plan, group))
         finally:
-            attention_mod.qkv_to_attention = real
+            attention_mod.AttentionEngine = real  # type: ignore[misc]
     else:  # waiting in the remap all_to_all (all the others) or a ring transfer (that rank)
         msg = ""
 
@@ -219,17 +219,16 @@ def run_timeouts(rank: int, world: int, timeout_s: float) -> None:
     if world == 2:
         group = zeppelin_group_over([everyone], gpn, timeout_s)
         assert any(len(r.ranks) == 2 for r in plan.rings), "the plan needs a ring over both ranks"
-        real_engine = attention_mod.EngineFunction
+        from zeppelin_megatron.runtime.engine import AttentionEngine
+        real_forward = AttentionEngine.forward  # runs after the remap in (runtime/overlap.py)
         if rank == bad:
-            class Failing:
-                @staticmethod
-                def apply(*args: Any) -> Any:
-                    raise RuntimeError("injected failure before the rings")
-            attention_mod.EngineFunction = Failing  # type: ignore[assignment,misc]
+            def failing(*args: Any, **kwargs: Any) -> Any:
+                raise RuntimeError("injected failure before the rings")
+            AttentionEngine.forward = failing  # type: ignore[method-assign]
             try:
                 _raises(RuntimeError, ["injected failure"], lambda: zeppelin_attention(q, k, v, plan, group))
             finally:
-                attention_mod.EngineFunction = real_engine  # type: ignore[misc]
+                AttentionEngine.forward = real_forward  # type: ignore[method-assign]
         else:
             msg = _raises(ZeppelinTimeoutError, hints + [f"waiting for {group.describe_ranks([bad])}"],
                           lambda: zeppelin_attention(q, k, v, plan, group))

@@ -117,3 +117,28 @@ def test_docstring_example() -> None:
     assert gather_plan(np.array([1, 1]), np.array([0, 1]), (5, 2)) == ((1, None, None),)
     with pytest.raises(ValueError, match="one entry per result row"):
         gather_plan(np.array([1]), np.array([0, 1]), (5, 2))
+
+
+def test_drop_rows_and_in_place_rows_examples() -> None:
+    """In-place chunks' destination rows leave the final gather (docstring examples); a direct plan's rows
+    still land where the layout says once the caller fills the dropped ones."""
+    from zeppelin_megatron.planner.lowering_parts import LocalChunk
+    from zeppelin_megatron.planner.remap_staging import StagingPlan, drop_rows, in_place_rows
+
+    st = StagingPlan(sizes=(0, 4, 0), phases=(), final=((1, None, None),))
+    (o, r, p), = drop_rows(st, np.array([1, 2]), 4).final
+    assert (o, r.tolist(), p.tolist()) == (1, [0, 3], [0, 3])
+    assert drop_rows(st, np.zeros(0, np.int64), 4) is st
+    chunk = LocalChunk(seqs=(7,), lens=(4,), layout=((7, 0, 4),), linear_rows=((5, 9),))
+    other = LocalChunk(seqs=(3,), lens=(2,), layout=((7, 0, 4), (3, 0, 2)))
+    assert in_place_rows([chunk, other], "to_attention").tolist() == [0, 1, 2, 3]
+    assert in_place_rows([chunk, other], "to_linear").tolist() == [5, 6, 7, 8]
+    plan = replace(random_plan(0, 1, 2), remap_proxies=())
+    for r in range(2):
+        ex, _ = rank_remap(plan, r, "to_attention")
+        full = rank_staging(ex, None, plan.tokens(r, "linear"), plan.tokens(r, "attention"))
+        drop = np.arange(0, plan.tokens(r, "attention"), 3)
+        part = drop_rows(full, drop, plan.tokens(r, "attention"))
+        assert all(pos is not None for _, _, pos in part.final)
+        got = sorted(int(x) for _, _, pos in part.final for x in pos)
+        assert got == sorted(set(range(plan.tokens(r, "attention"))) - set(drop.tolist()))

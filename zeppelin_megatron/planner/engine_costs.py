@@ -103,15 +103,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
+
 
 from .head_parallel import head_split_error, lane_kv_heads
 from .remap import Direction
 from .remap_routing import routed_exchange
-from .remap_staging import SOURCE, Gather, StagingPlan, rank_staging
+from .remap_staging import SOURCE, Gather, StagingPlan, drop_rows, in_place_rows, rank_staging
 
 if TYPE_CHECKING:
     from .cost_model import CostModel
-    from .lowering import RingCall
+    from .lowering import RankProgram, RingCall
     from .plan import StepPlan
 
 __all__ = ["hbm_ms", "Shape", "shape_of", "merge_bytes", "call_bytes", "zeppelin_call_bytes", "wire_factor",
@@ -264,43 +266,58 @@ def zeppelin_local_bytes(sh: Shape, tokens: int, *, contiguous: bool = False) ->
     return float(fwd + bwd)
 
 
-def remap_gathers(plan: "StepPlan", direction: Direction) -> list[StagingPlan]:
+def remap_gathers(plan: "StepPlan", direction: Direction,
+                  programs: "Sequence[RankProgram] | None" = None) -> list[StagingPlan]:
     """Every rank's gathers of ``runtime/remap.py``'s ``remap_parts`` in ``direction``: the plan its ``_indices``
     reads too (:func:`~zeppelin_megatron.planner.remap_staging.rank_staging`): direct, the destination read
     from the received buffer and, for rows that stay on the rank, from the source tensor (they are never sent);
-    routed, each phase's send buffer and the destination read from the buffers their rows arrived in."""
+    routed, each phase's send buffer and the destination read from the buffers their rows arrived in.
+    ``programs`` (every rank's lowered program): the rows of each rank's in-place local chunks
+    (``LocalChunk.linear_rows``, run on the linear rows by ``runtime/overlap.py``) are not gathered
+    (:func:`~.remap_staging.drop_rows`)."""
     src, dst = ("linear", "attention") if direction == "to_attention" else ("attention", "linear")
     world = plan.world_size
     routed = (routed_exchange(plan.remap, direction, plan.gpus_per_node, plan.remap_proxies)
               if plan.remap_proxies and world > 1 else None)
-    return [rank_staging(plan.remap.exchange(r, direction), None if routed is None else routed[r],
-                         plan.tokens(r, src), plan.tokens(r, dst)) for r in range(world)]
+    out = [rank_staging(plan.remap.exchange(r, direction), None if routed is None else routed[r],
+                        plan.tokens(r, src), plan.tokens(r, dst)) for r in range(world)]
+    if programs is not None:
+        out = [drop_rows(st, in_place_rows(programs[r].local_chunks, direction), plan.tokens(r, dst))
+               for r, st in enumerate(out)]
+    return out
 
 
 def _gather_bytes(g: Gather, sizes: Sequence[int], n: int, row_bytes: int, *, whole_is_free: bool) -> float:
     """Bytes ``remap._assemble`` moves to build an ``n``-row buffer of ``row_bytes`` per row: one entry
     over all rows in order is the source itself (free when ``whole_is_free`` (a full-width view) or when it
     is the rank's own source tensor (:data:`~.remap_staging.SOURCE`, a contiguous part); else a
-    ``.contiguous()`` copy), one over some rows an ``index_select``; several entries an ``index_select``
-    each (skipped for all rows) and an ``index_copy_`` each."""
+    ``.contiguous()`` copy), one over some rows an ``index_select``; several entries (or given positions) an
+    ``index_select`` each (skipped for all rows) and an ``index_copy_`` each, or one ``index_select`` (a
+    ``copy_``) straight into the slice when the entry's positions are one range."""
     if len(g) == 1 and g[0][2] is None:
         rows = g[0][1]
         if rows is None:
             return 0.0 if whole_is_free or g[0][0] == SOURCE else 2.0 * row_bytes * n
         return 2.0 * row_bytes * len(rows)
     total = 0.0
-    for o, rows, _ in g:
+    for o, rows, pos in g:
         k = sizes[o] if rows is None else len(rows)
-        total += (2 if rows is None else 4) * row_bytes * k
+        one_range = pos is not None and len(pos) > 0 and bool(np.all(np.diff(pos) == 1))
+        total += (2 if rows is None or one_range else 4) * row_bytes * k
     return total
 
 
-def zeppelin_remap_bytes(sh: Shape, plan: "StepPlan") -> list[float]:
-    """Per rank: the layer's four ``remap_parts`` (module docstring): ``qkv_to_attention`` (parts q, k,
-    v), ``to_linear(out)`` (one part), and their backward runs (the inverse directions)."""
+def zeppelin_remap_bytes(sh: Shape, plan: "StepPlan", programs: "Sequence[RankProgram] | None" = None) -> list[float]:
+    """Per rank: the layer's four ``remap_parts`` (module docstring): q, k, v in (three parts), out back (one
+    part), and their backward runs (the inverse directions). ``programs``: every rank's lowered program, as
+    ``runtime/overlap.py`` runs it: its in-place chunks' rows are not gathered either way (pass them: the
+    runtime always does when the plan remaps). A plan whose linear layout is its attention layout runs no
+    remap: 0 on every rank."""
+    if plan.linear_layout == plan.attention_layout:
+        return [0.0] * plan.world_size
     b = sh.b
     q, kv = sh.eq, sh.ekv // 2
-    plans = {d: remap_gathers(plan, d) for d in ("to_attention", "to_linear")}
+    plans = {d: remap_gathers(plan, d, programs) for d in ("to_attention", "to_linear")}
     out = []
     for r in range(plan.world_size):
         total = 0.0
@@ -320,30 +337,31 @@ def zeppelin_remap_bytes(sh: Shape, plan: "StepPlan") -> list[float]:
 
 
 def remap_copy_bytes(sh: Shape, linear_tokens: int, attention_tokens: int, *, staying: int = 0,
-                     identity: bool = False) -> float:
+                     in_place: int = 0, identity: bool = False) -> float:
     """The planner's count of one rank's remap copies (:func:`zeppelin_remap_bytes` needs every rank's gathers,
     0.6 s per candidate plan at 128 GPUs). Per row of each of the four ``remap_parts`` (width ``F``, ``2 b F``
-    per row read or written): a moving source row is read into the send buffer, a received row copied into
-    the destination, and a ``staying`` row (on this rank in both layouts: never sent) is read from the source
-    by one ``index_copy_`` when all the source's rows stay, else by an ``index_select`` + ``index_copy_``. With
-    ``F`` summed (q/k/v in and dq/dk/dv back, out back and dout in: ``2 Eq + Ekv`` per direction)::
+    per row read or written): a moving source row is read into the send buffer, a received row gathered out
+    of the received buffer and copied into the destination (two copies: received rows land scattered); of
+    the ``staying`` rows (on this rank in both layouts: never sent), the ``in_place`` ones
+    (tokens of the rank's in-place local chunks, run on the linear rows) are not copied at all and the others
+    are read from the source once (into a slice of the destination, or the whole source: ``plan_step``'s
+    layouts keep a rank's staying rows in runs). With ``F`` summed (q/k/v in and dq/dk/dv back, out back and
+    dout in: ``2 Eq + Ekv`` per direction) and ``K`` staying, ``I`` in place::
 
-        rows(src, dst) = (src - K) + (dst - K) + K * (1 if K == src else 2)
+        rows(src, dst) = (src - K) + 2 (dst - K) + (K - I)
         bytes = 2 b (2 Eq + Ekv) (rows(T_lin, T_att) + rows(T_att, T_lin))
 
-    (``2 b (T_lin + T_att)(4 Eq + 2 Ekv)`` with no staying row). ``identity`` (the rank's linear ranges are its
-    attention ranges, in order): 0, each destination is its source; every row staying but reordered: one
-    ``index_select`` per part, ``2 b T (4 Eq + 2 Ekv)``. It does not know which single-part gathers are free
-    nor a routed remap's relay gathers. Example (Llama-7B bf16, 8192 linear and 8192 attention tokens, none
-    staying): ``4 * 16384 * 32768`` = 2.15 GB."""
+    (``2 b (T_lin + T_att)(4 Eq + 2 Ekv)`` with no staying row). ``identity`` (the plan's linear layout is its
+    attention layout: no remap runs, or the rank's ranges are one and it has no in-place chunk): 0. It does
+    not know which gathers write one range nor a routed remap's relay gathers: against
+    :func:`zeppelin_remap_bytes` (with the lowered programs) on 32-GPU direct plans it is 0.67-1.19x. Example (Llama-7B bf16, 8192 linear and 8192 attention tokens, none staying):
+    ``2 * 2 * (8192 + 2 * 8192) * 2 * 16384`` = 3.22 GB; all 16384 staying and in place: 0."""
     if identity:
         return 0.0
-    k = staying
-    if k == linear_tokens == attention_tokens:
-        return float(2 * sh.b * k * (4 * sh.eq + 2 * sh.ekv))
+    k, kept = staying, staying - in_place
 
     def rows(src: int, dst: int) -> int:
-        return (src - k) + (dst - k) + k * (1 if k == src else 2)
+        return (src - k) + 2 * (dst - k) + kept
 
     return float(2 * sh.b * (2 * sh.eq + sh.ekv) * (rows(linear_tokens, attention_tokens)
                                                       + rows(attention_tokens, linear_tokens)))

@@ -34,8 +34,8 @@ Per layer, forward + backward, for each rank ``r``:
   the rank's estimated wait there (:mod:`.remap_windows`): they cost nothing above the remap.
 * Linear modules: ``linear_ms(tokens in the linear layout)``; with them, the remap's row gathers
   and copies (``copy_r``, :func:`~.engine_costs.remap_copy_bytes`, the planner's count of what the
-  simulator charges exactly: the runtime runs them in and out even when no row moves; ``zeppelin``
-  charges only).
+  simulator charges exactly: staying rows are never sent, in-place local sequences' rows never copied,
+  none when the linear layout is the attention layout; ``zeppelin`` charges only).
 * Remap (:mod:`.remap_cost`): in before attention and out after it, each moved row carrying
   ``2 * q_bytes + kv_bytes`` each time; each all-to-all ends with its busiest NVLink or NIC port,
   rows on the runtime's paths (direct: the source's rail GPU at the destination node, then
@@ -121,16 +121,23 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
     attn, own_compute = rank_attention(ring_total, ring_own, local, o)
     own_compute = [c - f for c, f in zip(own_compute, fixed)]  # the all-to-alls are communication
     linear = [cost.linear_ms(plan.tokens(r, "linear")) for r in range(world)]
-    # the remap's row gathers and copies (none where the rank's layouts are one: its remap is the identity)
+    # the remap's row gathers and copies (none when the layouts are one: no remap runs; staying rows are never
+    # sent; local sequences whole on their rank in both layouts run in place on the linear rows: not copied)
     sh = shape_of(cost)
     copies = [0.0] * world
-    if charges == "zeppelin":
+    if charges == "zeppelin" and plan.linear_layout != plan.attention_layout:
         lin_t = [plan.tokens(r, "linear") for r in range(world)]
         att_t = [plan.tokens(r, "attention") for r in range(world)]
         stay = plan.remap.counts().diagonal().tolist()  # tokens that stay on each rank
-        copies = [hbm_ms(cost, remap_copy_bytes(sh, lin_t[r], att_t[r], staying=int(stay[r]),
-                                                identity=plan.linear_layout[r] == plan.attention_layout[r]))
-                  for r in range(world)]
+        whole = {(r, i) for r in range(world) for i, a, b in plan.linear_layout[r]
+                 if a == 0 and b == plan.sequences[i].length}
+        in_place = [0] * world
+        for i, s in enumerate(plan.sequences):
+            if s.placement == "local" and (s.ranks[0], i) in whole:
+                in_place[s.ranks[0]] += s.length
+        copies = [hbm_ms(cost, remap_copy_bytes(
+            sh, lin_t[r], att_t[r], staying=int(stay[r]), in_place=in_place[r],
+            identity=in_place[r] == 0 and plan.linear_layout[r] == plan.attention_layout[r])) for r in range(world)]
     before = [t + c for t, c in zip(linear, copies)]  # all of a rank's work outside attention
 
     remap, remap_intra, remap_inter = remap_time(plan, cost, plan.remap_proxies)

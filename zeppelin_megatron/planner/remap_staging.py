@@ -30,14 +30,18 @@ Pure (numpy only, no torch) and deterministic, like the rest of the planner.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .remap import RankExchange
 from .remap_routing import RoutedExchange
 
-__all__ = ["Gather", "StagingPlan", "SOURCE", "gather_plan", "staging_plan", "rank_staging"]
+if TYPE_CHECKING:
+    from .lowering_parts import LocalChunk
+
+__all__ = ["Gather", "StagingPlan", "SOURCE", "gather_plan", "staging_plan", "rank_staging", "drop_rows",
+           "in_place_rows"]
 
 SOURCE = -1
 """The origin of staying rows: the rank's source tensor (``sizes[-1]`` rows)."""
@@ -128,3 +132,47 @@ def rank_staging(ex: RankExchange, routed: RoutedExchange | None, t_src: int, t_
         return StagingPlan(sizes=sizes, phases=(), final=gather_plan(origin, row, sizes))
     gather[recv] = routed.final_index
     return staging_plan(routed, len(ex.send_index), gather, t_src)
+
+
+
+def in_place_rows(chunks: "Sequence[LocalChunk]", direction: str) -> np.ndarray:
+    """The destination rows of ``direction``'s remap that the *in-place* local chunks (``linear_rows`` not None:
+    the engine runs them on the rank's linear rows) fill themselves: their attention rows for ``to_attention``
+    (never read), their linear rows for ``to_linear`` (written by the call). Sorted int64.
+
+    Example: one chunk of sequence 7 at attention rows ``[0, 4)`` and linear rows ``((5, 9),)``:
+    ``to_attention`` -> ``[0, 1, 2, 3]``, ``to_linear`` -> ``[5, 6, 7, 8]``."""
+    rows: list[int] = []
+    for c in chunks:
+        if c.linear_rows is None:
+            continue
+        if direction == "to_attention":
+            rows += c.rows
+        else:
+            rows += [r for a, b in c.linear_rows for r in range(a, b)]
+    return np.sort(np.asarray(rows, dtype=np.int64))
+
+
+def drop_rows(st: StagingPlan, rows: np.ndarray, t_dst: int) -> StagingPlan:
+    """``st`` without the destination ``rows`` (of ``t_dst``): they are not gathered (the caller fills them);
+    every ``final`` entry then names its positions (the destination is a buffer allocated first). ``st`` itself
+    when ``rows`` is empty. Example: ``final ((1, None, None),)`` over 4 rows, dropping ``[1, 2]`` ->
+    ``((1, [0, 3], [0, 3]),)``."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if not len(rows):
+        return st
+    origin = np.full(t_dst, -2, dtype=np.int64)
+    row = np.zeros(t_dst, dtype=np.int64)
+    for o, r, pos in st.final:
+        p = np.arange(t_dst) if pos is None else pos
+        origin[p] = o
+        row[p] = np.arange(st.sizes[o]) if r is None else r
+    keep = np.ones(t_dst, dtype=bool)
+    keep[rows] = False
+    out = []
+    for o in np.unique(origin[keep]).tolist():
+        pos = np.nonzero(keep & (origin == o))[0]
+        r = row[pos]
+        whole = len(r) == st.sizes[o] and bool(np.array_equal(r, np.arange(st.sizes[o])))
+        out.append((int(o), None if whole else r, pos))
+    return StagingPlan(sizes=st.sizes, phases=st.phases, final=tuple(out))

@@ -8,17 +8,17 @@ Per call (one attention layer, one step)::
     engine: inter-node rings, intra-node rings, local sequences
     out --remap--> linear layout            (one all_to_all_single)
 
-With remap windows (the rank's lowered program has ``windows``, from the plan's ``remap_slots``),
-the three run as one autograd Function (:mod:`.overlap`): each exchange is posted (``async_op``),
-the window's causal call over staying local sequences runs on the rank's *linear* rows, then the
-exchange is waited for; backward the same around the output-gradient and dq/dk/dv exchanges::
+When the plan remaps (linear layout != attention layout) the three run as one autograd Function
+(:mod:`.overlap`): each exchange is posted (``async_op``), local chunks whose sequences stay on the rank
+run *in place* on its linear rows (the remap skips their rows both ways), the rank's remap windows run
+between a post and its wait; backward the same around the output-gradient and dq/dk/dv exchanges::
 
     post q, k, v -> attention; window to_attention call; wait
-    engine
-    post out -> linear; window to_linear call; wait; window outputs into their linear rows
+    engine (in-place chunks on the linear rows, into out)
+    post out -> linear; window to_linear call; wait (the other rows of out)
 
-A routed remap posts its phase 1 only; phases 2 and 3 run at the wait. A rank without windows
-takes the path above (the same collectives, so ranks with and without windows agree).
+A routed remap posts its phase 1 only; phases 2 and 3 run at the wait. Rows that stay on their rank
+never enter the exchange. When the linear layout is the attention layout no remap runs at all.
 
 Everything is differentiable with respect to ``q``, ``k`` and ``v``. Every wait
 runs under ``group.timeout_s``: a rank that fails (even one that raises and stays
@@ -40,7 +40,6 @@ from .group import ZeppelinGroup
 from .heads import heads_problem
 from .kernels import get_kernel
 from .overlap import overlap_attention
-from .remap import qkv_to_attention, to_linear
 
 __all__ = ["zeppelin_attention", "validate_inputs"]
 
@@ -167,8 +166,9 @@ def zeppelin_attention(
         routes=plan.routing if routing else (), hkv=hkv, head_dim=d, dtype=q.dtype, device=q.device,
         hq=q.shape[1],
     )
-    if engine.program.windows:  # remap windows: one Function, calls inside the exchanges (overlap.py)
-        return overlap_attention(q, k, v, engine)
-    q_a, k_a, v_a = qkv_to_attention(q, k, v, plan, group)  # one packed exchange, contiguous parts
-    out_a = EngineFunction.apply(q_a, k_a, v_a, engine)
-    return to_linear(out_a, plan, group)
+    if plan.linear_layout == plan.attention_layout:  # the remap is the identity on every rank: none runs
+        out: torch.Tensor = EngineFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), engine)
+        return out
+    # one Function: the remap in, the engine (in-place chunks on the linear rows) and the remap out, with the
+    # rank's remap windows inside the exchanges (overlap.py)
+    return overlap_attention(q, k, v, engine)

@@ -97,7 +97,8 @@ class DeviceProgram:
     ``tokens`` all-to-alls carry other tensors forward and backward, so other sizes). ``spans[ring]`` /
     ``local_spans[chunk]``: ``(start, end)`` when those rows are ``range(start, end)``
     (``RingPart.span``, ``LocalChunk.span`` of :mod:`~zeppelin_megatron.planner.lowering_parts`; views and
-    slices), else None (gathers)."""
+    slices), else None (gathers). ``linear_local[chunk]``: ``(rows, span)`` of an in-place chunk
+    (``LocalChunk.linear_rows``) in the rank's linear buffers."""
 
     program: RankProgram
     shape: HeadShape
@@ -108,6 +109,7 @@ class DeviceProgram:
     local_spans: tuple[tuple[int, int] | None, ...]
     heads: dict[int, HeadIndex]
     wires: dict[tuple[TransferId, bool], Wire]
+    linear_local: dict[int, tuple[torch.Tensor, tuple[int, int] | None]]
 
 
 _DEVICE: "weakref.WeakKeyDictionary[StepPlan, dict[tuple[int, bool, HeadShape, torch.device], DeviceProgram]]" = (
@@ -152,6 +154,8 @@ def device_program(plan: StepPlan, rank: int, routed: bool, shape: HeadShape, de
     local = tuple((as_t(c.rows), VarlenBatch(lens_q=c.lens, lens_k=c.lens, causal=True, device=device))
                   for c in program.local_chunks)
     local_spans = tuple(c.span for c in program.local_chunks)
+    linear_local = {i: (as_t([r for a, b in c.linear_rows for r in range(a, b)]), c.linear_span)
+                    for i, c in enumerate(program.local_chunks) if c.linear_rows is not None}
     heads = {p.ring: head_index(program, p, shape, device) for p in program.rings
              if p.a2a > 1 and p.position is not None}
     a2a = {p.ring: p.a2a for p in program.rings}
@@ -166,7 +170,8 @@ def device_program(plan: StepPlan, rank: int, routed: bool, shape: HeadShape, de
                     made[(tid, unit)] = _wire(program.transfers[tid], rank, unit)
                 wires[(tid, backward)] = made[(tid, unit)]
     hit = per_plan[key] = DeviceProgram(program=program, shape=shape, rows=rows, steps=steps, local=local,
-                                        heads=heads, wires=wires, spans=spans, local_spans=local_spans)
+                                        heads=heads, wires=wires, spans=spans, local_spans=local_spans,
+                                        linear_local=linear_local)
     return hit
 
 
@@ -279,11 +284,14 @@ class AttentionEngine:
         hx = self.dev.heads.get(ring)
         return self.hkv if hx is None else hx.hkv_l
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, dict[Any, Any]]:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                linear: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, dict[Any, Any]]:
         """-> ``(out [T_a, Hq, D], saved)``; ``saved``: each member ring's and local chunk's ``(out, lse)``
         (head-parallel rings: in their head buffer, with its ``(q_h, kv_h)`` under ``("heads", ring)``; a ring
         with contiguous rows: a view of ``out``, whose version is saved under ``"out_version"``: backward
-        raises ``RuntimeError`` when ``out`` was modified in place since)."""
+        raises ``RuntimeError`` when ``out`` was modified in place since). ``linear``: ``(q_l, k_l, v_l,
+        out_l)`` in the linear layout: the in-place chunks' calls (``dev.linear_local``) read and write there
+        (views when their linear rows are one range) and leave their attention rows alone (:mod:`.overlap`)."""
         dev = self._device(q.shape[1])
         out = torch.zeros_like(q)
         saved: dict[Any, Any] = {}
@@ -319,10 +327,11 @@ class AttentionEngine:
                     saved[("ring", op.ring)] = (res, s.lse)
             elif isinstance(op, LocalCall):
                 rows, batch = dev.local[op.chunk]
-                span = dev.local_spans[op.chunk]
-                o, lse = self.kernel.forward(_take(q, rows, span), _take(k, rows, span), _take(v, rows, span),
-                                             batch, self.scale)
-                _put(out, rows, span, o)
+                span, src, dst = dev.local_spans[op.chunk], (q, k, v), out
+                if linear is not None and op.chunk in dev.linear_local:  # in place, on the linear rows
+                    (rows, span), src, dst = dev.linear_local[op.chunk], linear[:3], linear[3]
+                o, lse = self.kernel.forward(*(_take(x, rows, span).contiguous() for x in src), batch, self.scale)
+                _put(dst, rows, span, o)
                 saved[("local", op.chunk)] = (o, lse)
             elif isinstance(op, Post):
                 t = op.transfer
@@ -355,8 +364,11 @@ class AttentionEngine:
         return out, saved
 
     def backward(
-        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, saved: dict[Any, Any]
+        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, saved: dict[Any, Any],
+        linear: Sequence[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> ``(dq, dk, dv)`` in the attention layout. ``linear``: ``(dout_l, q_l, k_l, v_l, dq_l, dk_l, dv_l)``
+        in the linear layout: the in-place chunks' calls read and write there (as in :meth:`forward`)."""
         dev = self._device(q.shape[1])
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         acc_t = acc_dtype(self.dtype)
@@ -387,11 +399,12 @@ class AttentionEngine:
                 backward_step(self.kernel, self.scale, self._hkv(op.ring), dev.steps[(op.ring, op.step)], s)
             elif isinstance(op, LocalCall):
                 rows, batch = dev.local[op.chunk]
-                span = dev.local_spans[op.chunk]
+                span, src, dst = dev.local_spans[op.chunk], (dout, q, k, v), (dq, dk, dv)
+                if linear is not None and op.chunk in dev.linear_local:  # in place, on the linear rows
+                    (rows, span), src, dst = dev.linear_local[op.chunk], linear[:4], linear[4:]
                 o, lse = saved[("local", op.chunk)]
-                g = self.kernel.backward(_take(dout, rows, span), _take(q, rows, span), _take(k, rows, span),
-                                         _take(v, rows, span), o, lse, batch, self.scale)
-                for acc, part in zip((dq, dk, dv), g):
+                g = self.kernel.backward(*(_take(x, rows, span).contiguous() for x in src), o, lse, batch, self.scale)
+                for acc, part in zip(dst, g):
                     _put(acc, rows, span, part)
             elif isinstance(op, Post):
                 t = op.transfer

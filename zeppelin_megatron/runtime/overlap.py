@@ -1,42 +1,38 @@
-"""Remap windows: the layout exchanges overlapped with the attention of staying local sequences.
+"""The remap in, the engine and the remap out as one autograd Function (every plan that remaps).
 
-A rank's lowered program (:func:`~zeppelin_megatron.planner.lowering.lower_rank`) may carry
-``windows`` (:class:`~zeppelin_megatron.planner.lowering.WindowCall`, from the plan's
-:class:`~zeppelin_megatron.planner.plan.RemapSlot` s): causal calls over local sequences that *stay*
-(whole on the rank in the linear layout too), so their q/k/v rows are already in the rank's *linear*
-buffers and their output goes straight to its linear output rows. Such a call needs no remapped row
-and runs while an exchange is in flight. Per layer, :class:`RemapWindows` runs::
+*In-place chunks*: a local chunk whose sequences all *stay* (whole on the rank in the linear layout too,
+:attr:`~zeppelin_megatron.planner.lowering_parts.LocalChunk.linear_rows`) runs on the rank's *linear* q/k/v
+rows (views when :attr:`~zeppelin_megatron.planner.lowering_parts.LocalChunk.linear_span` is one range) and
+writes out (backward: dq, dk, dv) straight into the linear result, allocated before the engine runs; the
+exchanges neither gather their attention rows in nor their linear rows out
+(:func:`~zeppelin_megatron.planner.remap_staging.drop_rows`, ``post_parts(program=, into=)``), so those
+attention rows are never read or written. *Remap windows* (``RankProgram.windows``, from the plan's
+:class:`~zeppelin_megatron.planner.plan.RemapSlot` s) are in-place chunks run while an exchange is in flight.
+Per layer, :class:`RemapWindows` runs::
 
     forward:  post(q, k, v -> attention)   window to_attention call(s)   wait
-              engine forward (rings, slots, the call after the rings)
-              post(out -> linear)          window to_linear call(s)      wait
-              write the windows' outputs into their linear rows of out
+              engine forward (rings, slots, the call after the rings; in-place chunks into out)
+              post(out -> linear)          window to_linear call(s)      wait (the other rows of out)
     backward: post(dout -> attention)      window to_attention calls' backward   wait
-              engine backward
+              engine backward (in-place chunks into dq, dk, dv)
               post(dq, dk, dv -> linear)   window to_linear calls' backward      wait
-              write the windows' dq, dk, dv into their linear rows
 
-*Post* packs the send buffer and starts the direct ``all_to_all`` with ``async_op=True``
-(:func:`~.remap.post_parts`, :func:`~.comm.all_to_all_start`); *wait* finishes it under the group's
-timeout (a failed peer raises :class:`~.errors.ZeppelinTimeoutError`, never hangs) and unpacks. A
+*Post* gathers the staying rows, packs the send buffer and starts the direct ``all_to_all`` with
+``async_op=True`` (:func:`~.remap.post_parts`, :func:`~.comm.all_to_all_start`); *wait* finishes it under the
+group's timeout (a failed peer raises :class:`~.errors.ZeppelinTimeoutError`, never hangs) and unpacks. A
 routed remap (``plan.remap_proxies``) posts only its phase 1: phases 2 and 3 send rows that phase 1
-delivered, so they run at the wait, one after the other (on every backend; no side stream). The
-exchange also carries the window sequences' rows (to their own rank: they stay); the engine leaves
-their attention rows zero and the window results overwrite what arrives at their linear rows.
+delivered, so they run at the wait, one after the other (on every backend; no side stream).
 
-Rows. Forward, a window call reads its linear rows as views when they are one ``[start, end)`` range
+Rows. An in-place call reads its linear rows as views when they are one ``[start, end)`` range
 (``.contiguous()`` copies only when the caller's q/k/v are strided views, e.g. of a fused QKV tensor),
-else with one ``index_select``. Backward reads dout at the same linear rows, and q/k/v from the
-attention-layout buffers the engine keeps anyway (the remap in carried the staying rows to the rank's
-own attention rows, the chunk's :attr:`~zeppelin_megatron.planner.lowering.LocalChunk.rows`; views when
-they are one range, as ``plan_step`` writes them): a window keeps only its call's ``(out, lse)`` for
-backward, never a view of the caller's linear q/k/v (which would hold them alive until backward).
+else with one ``index_select``; backward reads dout and q/k/v at the same linear rows, so the Function
+keeps the caller's linear q, k, v until backward (the attention buffers lack these rows).
 
 Example (2 ranks): sequence 3 (5 tokens) is local on rank 0 and its linear rows are ``[4, 9)`` of
 rank 0's buffer; ``RemapSlot(0, "to_attention", (3,))`` makes rank 0 run one causal call on
-``q[4:9], k[4:9], v[4:9]`` between posting and waiting for the remap in, and write its output to
-``out[4:9]`` after the remap out. Plans with no window on a rank take the plain path
-(:func:`~.remap.qkv_to_attention`, :class:`~.engine.EngineFunction`, :func:`~.remap.to_linear`).
+``q[4:9], k[4:9], v[4:9]`` between posting and waiting for the remap in, writing ``out[4:9]`` of the
+linear output, which the remap out leaves alone. Without the slot, the same call runs in the engine (after
+the rings), on the same rows.
 """
 
 from __future__ import annotations
@@ -118,66 +114,73 @@ def _write(dst: torch.Tensor, w: WindowIndex, src: torch.Tensor) -> None:
         dst[w.span[0]:w.span[1]].copy_(src)
 
 
+def _empty(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
 class RemapWindows:
-    """The remap in, the engine and the remap out of one rank, with its window calls inside the exchanges
-    (module docstring). ``engine``: the rank's :class:`~.engine.AttentionEngine` (its program has windows)."""
+    """The remap in, the engine and the remap out of one rank, with its in-place chunks on the linear rows and
+    its window calls inside the exchanges (module docstring). ``engine``: the rank's
+    :class:`~.engine.AttentionEngine` (the plan remaps)."""
 
     def __init__(self, engine: AttentionEngine) -> None:
         self.engine = engine
         self.plan, self.group, self.kernel, self.scale = engine.plan, engine.group, engine.kernel, engine.scale
         self.windows = window_index(engine.plan, engine.program, engine.device)
+        self.in_place = bool(engine.dev.linear_local)  # the rank has in-place chunks (windows among them)
+        self.program = engine.program if self.in_place else None
 
     def _calls(self, direction: str) -> list[WindowIndex]:
         return [w for w in self.windows if w.direction == direction]
 
     def _forward_calls(self, direction: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       saved: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+                       saved: dict[int, tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor | None) -> None:
         for w in self._calls(direction):
+            assert out is not None
             qw, kw, vw = (_rows(x, w.rows, w.span) for x in (q, k, v))
             saved[w.chunk] = self.kernel.forward(qw, kw, vw, w.batch, self.scale)  # (out, lse)
+            _write(out, w, saved[w.chunk][0])  # rows the remap out leaves alone
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
         """``q`` [T_l, Hq, D], ``k``, ``v`` [T_l, Hkv, D] in the linear layout -> ``(out [T_l, Hq, D], saved)``."""
-        plan, group = self.plan, self.group
+        plan, group, prog = self.plan, self.group, self.program
         wins: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        posted = post_parts([q, k, v], plan, group, "to_attention")
-        self._forward_calls("to_attention", q, k, v, wins)
+        out = _empty(q) if self.in_place else None  # in-place calls and windows write their rows here first
+        posted = post_parts([q, k, v], plan, group, "to_attention", program=prog)
+        self._forward_calls("to_attention", q, k, v, wins, out)
         q_a, k_a, v_a = posted.wait()
-        out_a, eng = self.engine.forward(q_a, k_a, v_a)
-        posted = post_parts([out_a], plan, group, "to_linear")
-        self._forward_calls("to_linear", q, k, v, wins)
+        out_a, eng = self.engine.forward(q_a, k_a, v_a, linear=None if out is None else (q, k, v, out))
+        posted = post_parts([out_a], plan, group, "to_linear", program=prog, into=None if out is None else [out])
+        self._forward_calls("to_linear", q, k, v, wins, out)
         (out,) = posted.wait()
-        if self.windows and out.data_ptr() == out_a.data_ptr():  # the rank's remap is the identity: out is
-            out = out.clone()  # out_a itself, which the engine's backward reads
-        for w in self.windows:
-            _write(out, w, wins[w.chunk][0])
-        return out, {"qkv": (q_a, k_a, v_a), "engine": eng, "windows": wins}
+        linear = (q, k, v) if self.in_place else None  # in-place calls read q/k/v there again in backward
+        return out, {"qkv": (q_a, k_a, v_a), "engine": eng, "windows": wins, "linear": linear}
 
     def _backward_calls(self, direction: str, dout: torch.Tensor, saved: dict[str, Any],
-                        grads: dict[int, tuple[torch.Tensor, ...]]) -> None:
-        dev = self.engine.dev
+                        grads: tuple[torch.Tensor, ...] | None) -> None:
         for w in self._calls(direction):
+            assert grads is not None
             o, lse = saved["windows"][w.chunk]
-            rows, span = dev.local[w.chunk][0], dev.local_spans[w.chunk]  # the chunk's attention rows
-            qw, kw, vw = (_rows(x, rows, span) for x in saved["qkv"])
-            grads[w.chunk] = self.kernel.backward(_rows(dout, w.rows, w.span), qw, kw, vw, o, lse, w.batch,
-                                                  self.scale)
+            qw, kw, vw = (_rows(x, w.rows, w.span) for x in saved["linear"])
+            parts = self.kernel.backward(_rows(dout, w.rows, w.span), qw, kw, vw, o, lse, w.batch, self.scale)
+            for acc, part in zip(grads, parts):
+                _write(acc, w, part)
 
     def backward(self, dout: torch.Tensor, saved: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``dout`` [T_l, Hq, D] (linear, contiguous) -> ``(dq, dk, dv)`` in the linear layout."""
-        plan, group = self.plan, self.group
-        grads: dict[int, tuple[torch.Tensor, ...]] = {}
-        posted = post_parts([dout], plan, group, "to_attention")
+        plan, group, prog = self.plan, self.group, self.program
+        lin = saved["linear"]
+        grads = tuple(_empty(x) for x in lin) if lin is not None else None
+        posted = post_parts([dout], plan, group, "to_attention", program=prog)
         self._backward_calls("to_attention", dout, saved, grads)
         (dout_a,) = posted.wait()
         q_a, k_a, v_a = saved["qkv"]
-        dq_a, dk_a, dv_a = self.engine.backward(dout_a, q_a, k_a, v_a, saved["engine"])
-        posted = post_parts([dq_a, dk_a, dv_a], plan, group, "to_linear")
+        dq_a, dk_a, dv_a = self.engine.backward(dout_a, q_a, k_a, v_a, saved["engine"],
+                                                linear=None if grads is None else (dout, *lin, *grads))
+        posted = post_parts([dq_a, dk_a, dv_a], plan, group, "to_linear", program=prog,
+                            into=None if grads is None else list(grads))
         self._backward_calls("to_linear", dout, saved, grads)
         dq, dk, dv = posted.wait()
-        for w in self.windows:
-            for acc, part in zip((dq, dk, dv), grads[w.chunk]):
-                _write(acc, w, part)
         return dq, dk, dv
 
 

@@ -42,10 +42,12 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from ..planner.lowering import rank_remap
-from ..planner.remap_staging import SOURCE, rank_staging
+from ..planner.lowering import RankProgram
+from ..planner.remap_staging import SOURCE, drop_rows, in_place_rows, rank_staging
 from ..planner.remap import Direction
 from ..planner.plan import StepPlan
 from .comm import PendingAllToAll, all_to_all_start, all_to_all_uneven
@@ -55,7 +57,9 @@ __all__ = ["remap_parts", "post_parts", "PostedRemap", "remap_tokens", "to_atten
            "qkv_to_attention", "RemapFunction", "QKVRemapFunction"]
 
 
-_Gather = tuple[tuple[int, "torch.Tensor | None", "torch.Tensor | None"], ...]
+_Gather = tuple[tuple[int, "torch.Tensor | None", "torch.Tensor | None", "tuple[int, int] | None"], ...]
+"""Entries ``(origin, rows, positions, span)``: a :data:`~zeppelin_megatron.planner.remap_staging.Gather`'s on a
+device, ``span`` ``(start, end)`` when the positions are ``range(start, end)`` (written as a slice)."""
 
 
 @dataclass(frozen=True)
@@ -77,17 +81,20 @@ class _Indices:
 _INDEX_CACHE: "weakref.WeakKeyDictionary[StepPlan, dict[Any, _Indices]]" = weakref.WeakKeyDictionary()
 
 
-def _indices(plan: StepPlan, rank: int, direction: Direction, device: torch.device) -> _Indices:
+def _indices(plan: StepPlan, rank: int, direction: Direction, device: torch.device,
+             program: RankProgram | None = None) -> _Indices:
     """``rank``'s lowered remap (:func:`~zeppelin_megatron.planner.lowering.rank_remap`) with its index
     tensors on ``device``, cached per plan.
 
     The gathers are :func:`~zeppelin_megatron.planner.remap_staging.rank_staging`'s (the plan the simulator's
     charges count too): the destination is built by gathers, not a gather and a scatter; staying rows are
     read from the source tensor (origin ``SOURCE``, never sent); routed rows are read from the buffer they
-    arrived in, so no staging buffer is materialised.
+    arrived in, so no staging buffer is materialised. ``program``: the rank's lowered program, whose in-place
+    local chunks (``LocalChunk.linear_rows``) fill their destination rows themselves: those rows are not
+    gathered (:func:`~zeppelin_megatron.planner.remap_staging.drop_rows`).
     """
     per_plan = _INDEX_CACHE.setdefault(plan, {})
-    key = (rank, direction, str(device))
+    key = (rank, direction, str(device), program is not None)
     hit = per_plan.get(key)
     if hit is None:
         ex, routed = rank_remap(plan, rank, direction)
@@ -97,9 +104,12 @@ def _indices(plan: StepPlan, rank: int, direction: Direction, device: torch.devi
             st = rank_staging(ex, routed, plan.tokens(rank, src), plan.tokens(rank, dst))
         except ValueError as exc:
             raise AssertionError(f"rank {rank}: the remap {direction}: {exc}") from None
+        if program is not None:
+            st = drop_rows(st, in_place_rows(program.local_chunks, direction), plan.tokens(rank, dst))
 
         def on(g: Any) -> _Gather:
-            return tuple((o, None if r is None else as_t(r), None if p is None else as_t(p)) for o, r, p in g)
+            return tuple((o, None if r is None else as_t(r), None if p is None else as_t(p), _span(p))
+                         for o, r, p in g)
 
         hit = per_plan[key] = _Indices(ex=ex, send_index=as_t(ex.send_index), routed=routed,
                                        phases=tuple(on(g) for g in st.phases), final=on(st.final),
@@ -107,18 +117,35 @@ def _indices(plan: StepPlan, rank: int, direction: Direction, device: torch.devi
     return hit
 
 
+def _span(pos: Any) -> tuple[int, int] | None:
+    """``(start, end)`` when ``pos`` is ``range(start, end)`` (non-empty), else None."""
+    if pos is None or not len(pos):
+        return None
+    p = np.asarray(pos)
+    return (int(p[0]), int(p[-1]) + 1) if bool(np.all(np.diff(p) == 1)) else None
+
+
 def _assemble(sources: Sequence[torch.Tensor], plan: _Gather, n: int, like: torch.Tensor,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """The [n, *like.shape[1:]] buffer ``plan`` gathers from ``sources`` (one copy of each row read); origin
-    ``SOURCE`` (-1) is ``sources[-1]``. ``out``: an allocated buffer to fill (``plan``'s positions only)."""
+    ``SOURCE`` (-1) is ``sources[-1]``. ``out``: an allocated buffer to fill (``plan``'s positions only).
+    An entry whose positions are one range is read straight into that slice (one ``index_select`` or
+    ``copy_``), others by an ``index_select`` and an ``index_copy_``."""
     if out is None and len(plan) == 1 and plan[0][2] is None:
-        o, rows, _ = plan[0]
+        o, rows, _, _ = plan[0]
         return sources[o].contiguous() if rows is None else sources[o].index_select(0, rows)
     if out is None:
         out = like.new_empty((n, *like.shape[1:]))
-    for o, rows, pos in plan:
+    for o, rows, pos, span in plan:
         assert pos is not None
-        out.index_copy_(0, pos, sources[o] if rows is None else sources[o].index_select(0, rows))
+        if span is not None:
+            dst = out.narrow(0, span[0], span[1] - span[0])
+            if rows is None:
+                dst.copy_(sources[o])
+            else:
+                torch.index_select(sources[o], 0, rows, out=dst)
+        else:
+            out.index_copy_(0, pos, sources[o] if rows is None else sources[o].index_select(0, rows))
     return out
 
 
@@ -178,7 +205,8 @@ class PostedRemap:
 
 
 def post_parts(
-    parts: Sequence[torch.Tensor], plan: StepPlan, group: ZeppelinGroup, direction: Direction
+    parts: Sequence[torch.Tensor], plan: StepPlan, group: ZeppelinGroup, direction: Direction, *,
+    program: RankProgram | None = None, into: Sequence[torch.Tensor] | None = None,
 ) -> PostedRemap:
     """Pack ``parts`` (as :func:`remap_parts`) and start the exchange: the direct ``all_to_all``, or
     phase 1 of a routed remap (phases 2 .. n need phase 1's rows: they run in :meth:`PostedRemap.wait`).
@@ -186,7 +214,9 @@ def post_parts(
     never enter the send buffer nor the collective); when no rank sends a row (``plan.remap.moves()`` is
     False) no collective runs. Work issued between this and the wait overlaps the exchange (:mod:`.overlap`);
     ``parts`` may be changed once this returns. A destination that is all of a contiguous part, in order,
-    is that part (no copy)."""
+    is that part (no copy). ``program`` (the rank's lowered program): the rows its in-place local chunks
+    fill are not gathered (:mod:`.overlap`); ``into``: the destination buffers to fill (one per part,
+    ``[T_dst, H_i, *F]``), else they are allocated."""
     rank = group.rank
     src_layout = "linear" if direction == "to_attention" else "attention"
     dst_layout = "attention" if direction == "to_attention" else "linear"
@@ -199,15 +229,23 @@ def post_parts(
         if x.dim() < 2 or x.shape[2:] != first.shape[2:] or x.dtype != first.dtype or x.device != first.device:
             raise ValueError(f"part {i} {tuple(x.shape)} {x.dtype} must be [tokens, heads, ...] like part 0 "
                              f"{tuple(first.shape)} {first.dtype} on {first.device}")
-    idx = _indices(plan, rank, direction, first.device)
+    idx = _indices(plan, rank, direction, first.device, program)
     t_dst = plan.tokens(rank, dst_layout)
     widths = [x.shape[1] for x in parts]
     kept = tuple(e for e in idx.final if e[0] == SOURCE)
-    results: list[torch.Tensor | None] = []
-    for x in parts:  # the staying rows, straight from the source
-        if not kept:
+    if into is not None and (len(into) != len(parts) or any(y.shape != (t_dst, *x.shape[1:])
+                                                             for x, y in zip(parts, into))
+                             or any(p is None for _, _, p, _ in idx.final)):
+        raise ValueError(f"into must give each of the {len(parts)} parts a [{t_dst}, heads, ...] buffer and the "
+                         "remap must skip some destination rows (program with in-place chunks)")
+    results: list[torch.Tensor | None] = list(into) if into is not None else []
+    for i, x in enumerate(parts):  # the staying rows, straight from the source
+        if into is not None:
+            if kept:
+                _assemble([x], kept, t_dst, x, out=results[i])
+        elif not kept:
             results.append(None)
-        elif len(idx.final) == 1:
+        elif len(idx.final) == 1 and idx.final[0][2] is None:
             results.append(_assemble([x], idx.final, t_dst, x))
         else:
             results.append(_assemble([x], kept, t_dst, x, out=x.new_empty((t_dst, *x.shape[1:]))))

@@ -255,8 +255,9 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
                 ops.append(Op("compute", ms, "local", label=f"local slot (in {label[op.ring]} step {op.step})"))
             if charges == "zeppelin":
                 chunk = rank.local_chunks[op.chunk]
+                span = chunk.span if chunk.linear_rows is None else chunk.linear_span  # in place: linear rows
                 ops.append(Op("compute", hbm_ms(cost, zeppelin_local_bytes(sh, sum(lens),
-                                                                          contiguous=chunk.span is not None)),
+                                                                          contiguous=span is not None)),
                               "copy", label="local call row copies"))
         elif isinstance(op, Post):
             t = op.transfer
@@ -415,8 +416,8 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
     lowered = lower(plan, routing=routing) if attention_comm == "ring" else None
     remaps = lowered.remaps if lowered is not None else lower_remaps(plan)
     remap_keys: tuple[tuple, tuple] | None = None
-    # Zeppelin's runtime runs remap_parts in and out even when no row moves: half its copies each side.
-    remap_copy = ([hbm_ms(cost, x) / 2 for x in zeppelin_remap_bytes(shape_of(cost), plan)]
+    # Zeppelin's remap copies (none when the layouts are one; in-place chunks' rows never): half each side.
+    remap_copy = ([hbm_ms(cost, x) / 2 for x in zeppelin_remap_bytes(shape_of(cost), plan, lowered.ranks)]
                   if lowered is not None and charges == "zeppelin" else [0.0] * world)
     for r in range(world):
         if remap_copy[r] > 0:
