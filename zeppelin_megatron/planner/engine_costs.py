@@ -56,7 +56,8 @@ forward + backward of one layer, as the cost model's kernel times are.
 * per local call of ``T`` tokens: forward ``q``, ``k``, ``v`` gathers and ``out.index_copy_``
   (``2 b T (Eq + Ekv) + 2 b T Eq``); backward ``dout``, ``q``, ``k``, ``v`` gathers and three
   ``index_copy_`` (``2 b T (2 Eq + Ekv) + 2 b T (Eq + Ekv)``). Rows in one range (``LocalChunk.span``):
-  views instead of the gathers, slice copies instead of the ``index_copy_`` (the same bytes):
+  views instead of the gathers, slice copies instead of the ``index_copy_`` (the same bytes; an in-place
+  chunk: its ``linear_span``, on the linear buffers):
   ``2 b T Eq + 2 b T (Eq + Ekv)``.
 * the layer's remap: four ``remap_parts`` (``runtime/remap.py``: ``q``, ``k``, ``v`` in as one packed
   buffer, out back, and both again in backward), each one ``index_select`` per part of the rows that
@@ -66,11 +67,15 @@ forward + backward of one layer, as the cost model's kernel times are.
   the source tensor itself (no split copies; counted per rank from the plan the runtime reads,
   :func:`remap_gathers` / ``remap_staging.rank_staging``: ``2 b F_i`` per row read by one
   ``index_select``, ``4 b F_i`` per row of an ``index_select`` + ``index_copy_`` when rows come from
-  several buffers, ``2 b F_i`` per row of a whole buffer ``index_copy_`` -ed, nothing when one part's
-  received buffer already is its result or the destination is its own source in order: a rank whose
+  several buffers, ``2 b F_i`` per row of a whole buffer ``index_copy_`` -ed or of an entry whose
+  positions are one range (read straight into that slice), nothing when one part's received buffer
+  already is its result or the destination is its own source in order: a rank whose
   linear and attention ranges are one, in order, copies nothing, and when no row changes rank no
-  collective runs). A routed remap (``plan.remap_proxies``) also gathers each
-  phase's send buffer from where its rows arrived (the same rules, exact per rank): rows that stay in
+  collective runs). The rows of *in-place* chunks (``LocalChunk.linear_rows``: local sequences staying on
+  the rank, run on its linear rows by ``runtime/overlap.py``) are gathered neither in nor out (pass the
+  lowered programs); a plan whose linear layout is its attention layout runs no remap at all. A routed
+  remap (``plan.remap_proxies``) also gathers each phase's send buffer from where its rows arrived
+  (the same rules, exact per rank): rows that stay in
   the node are never copied again, no staging buffer is built (before: three ``index_select`` + ``cat``
   of every staged row, ``12 b F' T_src``).
 * head-parallel rings (``a2a = a > 1``; the lowering's ``heads`` / ``tokens`` transfers; ``runtime/heads.py``):
@@ -351,11 +356,12 @@ def remap_copy_bytes(sh: Shape, linear_tokens: int, attention_tokens: int, *, st
         rows(src, dst) = (src - K) + 2 (dst - K) + (K - I)
         bytes = 2 b (2 Eq + Ekv) (rows(T_lin, T_att) + rows(T_att, T_lin))
 
-    (``2 b (T_lin + T_att)(4 Eq + 2 Ekv)`` with no staying row). ``identity`` (the plan's linear layout is its
+    (``6 b (2 Eq + Ekv)(T_lin + T_att)`` with no staying row). ``identity`` (the plan's linear layout is its
     attention layout: no remap runs, or the rank's ranges are one and it has no in-place chunk): 0. It does
     not know which gathers write one range nor a routed remap's relay gathers: against
-    :func:`zeppelin_remap_bytes` (with the lowered programs) on 32-GPU direct plans it is 0.67-1.19x. Example (Llama-7B bf16, 8192 linear and 8192 attention tokens, none staying):
-    ``2 * 2 * (8192 + 2 * 8192) * 2 * 16384`` = 3.22 GB; all 16384 staying and in place: 0."""
+    :func:`zeppelin_remap_bytes` (with the lowered programs) on 32-GPU direct plans it is 0.67-1.19x.
+    Example (Llama-7B bf16, 8192 linear and 8192 attention tokens, none staying):
+    ``6 * 2 * 16384 * 16384`` = 3.22 GB; all 16384 staying and in place: 0."""
     if identity:
         return 0.0
     k, kept = staying, staying - in_place
