@@ -213,8 +213,8 @@ def post_parts(
     The rows that stay on this rank are gathered from ``parts`` into the destination buffers here (they
     never enter the send buffer nor the collective); when no rank sends a row (``plan.remap.moves()`` is
     False) no collective runs. Work issued between this and the wait overlaps the exchange (:mod:`.overlap`);
-    ``parts`` may be changed once this returns. A destination that is all of a contiguous part, in order,
-    is that part (no copy). ``program`` (the rank's lowered program): the rows its in-place local chunks
+    ``parts`` may be changed once this returns, except where a destination is all of a contiguous part, in
+    order: it is that part (no copy). ``program`` (the rank's lowered program): the rows its in-place local chunks
     fill are not gathered (:mod:`.overlap`); ``into``: the destination buffers to fill (one per part,
     ``[T_dst, H_i, *F]``), else they are allocated."""
     rank = group.rank
