@@ -193,3 +193,17 @@ def test_window_ms_worked_example() -> None:
     assert max(cost.local_ms(3), cost.call_overhead_ms) <= t
     slots, local = remap_slots(plan, cost)
     assert slots == (RemapSlot(0, "to_attention", (1,)),) and local == ()
+
+
+def test_remap_slots_in_json_are_checked() -> None:
+    import json
+    plan = _two_rank_plan((RemapSlot(0, "to_attention", (1,)),))
+    doc = plan.to_dict()
+    assert doc["remap_slots"] == [{"rank": 0, "direction": "to_attention", "seqs": [1]}]
+    for bad, message in (({"rank": 0, "direction": 5, "seqs": [1]}, "remap_slots\\[0\\].direction must be a string"),
+                         ({"rank": 0, "direction": "to_linear", "seqs": ["a"]},
+                          "remap_slots\\[0\\].seqs must be integers"),
+                         ({"rank": 0, "direction": "inward", "seqs": [1]}, "direction 'inward'"),
+                         ([1], "remap_slots\\[0\\]: expected an object")):
+        with pytest.raises(PlanError, match=message):
+            StepPlan.from_json(json.dumps(dict(doc, remap_slots=[bad])))

@@ -227,34 +227,34 @@ def _layout(doc: dict[str, Any], key: str) -> tuple[tuple[TokenRange, ...], ...]
     return tuple(out)
 
 
-def _local_slots(doc: dict[str, Any]) -> tuple[LocalSlot, ...]:
+def _slot_items(doc: dict[str, Any], key: str) -> list[tuple[str, dict[str, Any], tuple[int, ...]]]:
+    """``(where, item, seqs)`` of each object of the document's ``key`` list (absent: none), its ``seqs``
+    checked to be integers."""
     out = []
-    for k, x in enumerate(_list(doc, "local_slots", "plan") if "local_slots" in doc else []):
-        where = f"local_slots[{k}]"
+    for k, x in enumerate(_list(doc, key, "plan") if key in doc else []):
+        where = f"{key}[{k}]"
         if not isinstance(x, dict):
             raise PlanError(f"{where}: expected an object")
         seqs = _list(x, "seqs", where)
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in seqs):
             raise PlanError(f"{where}.seqs must be integers, got {seqs!r}")
-        # step -1: inside a head-parallel ring's heads all-to-all (checked against the ring by check_local_slots)
-        out.append(LocalSlot(_int(x, "rank", where, 0), _int(x, "ring", where, 0), _int(x, "step", where, -1),
-                             tuple(seqs)))
-    return tuple(out)
+        out.append((where, x, tuple(seqs)))
+    return out
+
+
+def _local_slots(doc: dict[str, Any]) -> tuple[LocalSlot, ...]:
+    # step -1: inside a head-parallel ring's heads all-to-all (checked against the ring by check_local_slots)
+    return tuple(LocalSlot(_int(x, "rank", where, 0), _int(x, "ring", where, 0), _int(x, "step", where, -1), seqs)
+                 for where, x, seqs in _slot_items(doc, "local_slots"))
 
 
 def _remap_slots(doc: dict[str, Any]) -> tuple[RemapSlot, ...]:
     out = []
-    for k, x in enumerate(_list(doc, "remap_slots", "plan") if "remap_slots" in doc else []):
-        where = f"remap_slots[{k}]"
-        if not isinstance(x, dict):
-            raise PlanError(f"{where}: expected an object")
-        seqs = _list(x, "seqs", where)
-        if not all(isinstance(i, int) and not isinstance(i, bool) for i in seqs):
-            raise PlanError(f"{where}.seqs must be integers, got {seqs!r}")
+    for where, x, seqs in _slot_items(doc, "remap_slots"):
         direction = x.get("direction")
         if not isinstance(direction, str):
             raise PlanError(f"{where}.direction must be a string, got {direction!r}")
-        out.append(RemapSlot(_int(x, "rank", where, 0), direction, tuple(seqs)))  # checked by check_remap_slots
+        out.append(RemapSlot(_int(x, "rank", where, 0), direction, seqs))  # checked by check_remap_slots
     return tuple(out)
 
 
