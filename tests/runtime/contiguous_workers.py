@@ -8,10 +8,9 @@ and keep the gather path covered (``runtime_workers.run_all``).
 
 from __future__ import annotations
 
-import random
-
 import torch
 
+from plan_factory import small_batch
 from runtime_workers import check_attention, check_trace, expect_error, gather, global_data
 from zeppelin_megatron.planner import CostModel, load_cluster, load_model, plan_step
 from zeppelin_megatron.planner.lowering import lower
@@ -26,13 +25,8 @@ def planned(spec: str, seed: int, head_parallel: bool) -> StepPlan:
     """A ``plan_step`` plan of one long sequence, one medium and up to 12 short ones (96 tokens per GPU):
     on 2x2, seeds 1 and 3 give two intra-node rings with local slots, 2 an inter-node ring of 4 with
     slots, 5 an inter-node ring of 4 and an intra-node ring sharing ranks 0 and 1."""
-    rng = random.Random(seed)
     cost = CostModel(model=load_model(None), cluster=load_cluster(spec, tokens_per_gpu=96))
-    world = cost.cluster.world_size
-    lens = [rng.randint(100, 96 * world - 60), rng.randint(30, 120)] + [rng.randint(1, 12) for _ in range(12)]
-    while sum(lens) > world * 96 * 0.95:
-        lens.pop()
-    return plan_step(lens, cost, PlannerOptions(head_parallel=head_parallel))
+    return plan_step(small_batch(seed, cost.cluster.world_size), cost, PlannerOptions(head_parallel=head_parallel))
 
 
 def spans(plan: StepPlan, rank: int) -> list[tuple[int, int] | None]:

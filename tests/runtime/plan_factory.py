@@ -94,19 +94,7 @@ def random_plan(
     order = list(range(len(seqs)))
     rng.shuffle(order)
     cuts = sorted(rng.randint(0, total) for _ in range(world - 1))
-    lin: list[list[tuple[int, int, int]]] = [[] for _ in range(world)]
-    pos = 0
-    rank = 0
-    bounds = [*cuts, total]
-    for i in order:
-        start = 0
-        while start < seqs[i].length:
-            while pos >= bounds[rank]:
-                rank += 1
-            take = min(seqs[i].length - start, bounds[rank] - pos)
-            lin[rank].append((i, start, start + take))
-            start += take
-            pos += take
+    lin = cut_in_order([s.length for s in seqs], order, [*cuts, total], world)
 
     routes: list[Route] = []
     if routing:
@@ -151,3 +139,32 @@ def random_plan(
 
 def placements(plan: StepPlan) -> set[str]:
     return {s.placement for s in plan.sequences}
+
+
+def cut_in_order(lengths: list[int], order: list[int], bounds: list[int],
+                 world: int) -> list[list[tuple[int, int, int]]]:
+    """Sequences ``order`` laid end to end and cut at ``bounds`` (cumulative token counts, the last the
+    total): rank ``r`` gets the ranges between ``bounds[r - 1]`` and ``bounds[r]``. Example: lengths
+    ``[3, 4]``, order ``[1, 0]``, bounds ``[5, 7]``: ``[[(1, 0, 4), (0, 0, 1)], [(0, 1, 3)]]``."""
+    lin: list[list[tuple[int, int, int]]] = [[] for _ in range(world)]
+    pos = rank = 0
+    for i in order:
+        start = 0
+        while start < lengths[i]:
+            while pos >= bounds[rank]:
+                rank += 1
+            take = min(lengths[i] - start, bounds[rank] - pos)
+            lin[rank].append((i, start, start + take))
+            start, pos = start + take, pos + take
+    return lin
+
+
+def small_batch(seed: int, world: int, tokens_per_gpu: int = 96) -> list[int]:
+    """One long sequence, one medium and up to 12 short ones, within 95% of ``world * tokens_per_gpu``
+    tokens: the batches of the ``plan_step`` plans the runtime tests run."""
+    rng = random.Random(seed)
+    lens = [rng.randint(100, tokens_per_gpu * world - 60), rng.randint(30, 120)] + \
+        [rng.randint(1, 12) for _ in range(12)]
+    while sum(lens) > world * tokens_per_gpu * 0.95:
+        lens.pop()
+    return lens

@@ -7,11 +7,11 @@ NVLink at 0.5 GB/s and NICs at 4 Gb/s, where the exchanges take milliseconds and
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 import torch
 
+from plan_factory import small_batch
 from runtime_workers import check_attention
 from window_workers import check_same_without
 from zeppelin_megatron.planner import CostModel, PlannerOptions, load_cluster, load_model, plan_step
@@ -26,14 +26,9 @@ remap in on four ranks (routed)."""
 def slow_links_plan(spec: str, seed: int, tokens_per_gpu: int = 96) -> StepPlan:
     """``plan_step`` (plain rings, ``remap=True``) of one long, one medium and up to 12 short sequences on
     ``spec`` with slow links (module docstring)."""
-    rng = random.Random(seed)
     cluster = replace(load_cluster(spec, tokens_per_gpu=tokens_per_gpu), nvlink_GBps=0.5, nic_Gbps=4.0)
     cost = CostModel(model=load_model(None), cluster=cluster)
-    world = cluster.world_size
-    lens = [rng.randint(100, tokens_per_gpu * world - 60), rng.randint(30, 120)] + \
-        [rng.randint(1, 12) for _ in range(12)]
-    while sum(lens) > world * tokens_per_gpu * 0.95:
-        lens.pop()
+    lens = small_batch(seed, cluster.world_size, tokens_per_gpu)
     return plan_step(lens, cost, PlannerOptions(remap=True, head_parallel=False))
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import runtime_workers
-from plan_factory import random_plan
+from plan_factory import cut_in_order, random_plan, small_batch
 from runtime_workers import check_attention, gather, global_data
 from zeppelin_megatron.planner.lowering import LocalCall, RingCall, lower, lower_remaps
 from zeppelin_megatron.planner.plan import LocalSlot, RemapSlot, StepPlan
@@ -89,15 +89,8 @@ def window_plan(seed: int, nodes: int, gpn: int, *, routed: bool, max_len: int =
     rng.shuffle(rest)
     total = sum(seqs[i].length for i in rest)
     bounds = sorted(rng.randint(0, total) for _ in range(world - 1)) + [total]
-    pos = rank = 0
-    for i in rest:
-        start = 0
-        while start < seqs[i].length:
-            while pos >= bounds[rank]:
-                rank += 1
-            take = min(seqs[i].length - start, bounds[rank] - pos)
-            lin[rank].append((i, start, start + take))
-            start, pos = start + take, pos + take
+    for r, ranges in enumerate(cut_in_order([s.length for s in seqs], rest, bounds, world)):
+        lin[r] += ranges
     for ranges in lin:
         rng.shuffle(ranges)
     proxies: tuple[int, ...] = ()
@@ -115,12 +108,8 @@ def planned(spec: str, seed: int) -> StepPlan:
     from zeppelin_megatron.planner import CostModel, load_cluster, load_model, plan_step
     from zeppelin_megatron.planner.options import PlannerOptions
 
-    rng = random.Random(seed)
     cost = CostModel(model=load_model(None), cluster=load_cluster(spec, tokens_per_gpu=96))
-    world = cost.cluster.world_size
-    lens = [rng.randint(100, 96 * world - 60), rng.randint(30, 120)] + [rng.randint(1, 12) for _ in range(12)]
-    while sum(lens) > world * 96 * 0.95:
-        lens.pop()
+    lens = small_batch(seed, cost.cluster.world_size)
     return plan_step(lens, cost, PlannerOptions(head_parallel=False, remap=True))
 
 
