@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 from .choose_heads import choose_widths
@@ -92,10 +93,39 @@ def plan_step(lengths: Sequence[int], cost_model: CostModel, options: PlannerOpt
         return _plan_step(check_lengths(lengths, cost_model.cluster), cost_model, options)
 
 
+REMAP_BOUND = 0.25
+"""Predicted remap / predicted step above which ``plan_step`` also partitions without routing."""
+
+
 def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOptions) -> StepPlan:
     plan = _finish(lengths, partition(lengths, cost_model, options), cost_model, options)
+    plan = _unrouted_partition(lengths, cost_model, options, plan)
     if options.grouped:  # CP-group candidates (grouped.py), opt-in
         plan = best_plan(lengths, cost_model, options, plan, lambda a: _finish(lengths, a, cost_model, options))
+    return plan
+
+
+def _unrouted_partition(lengths: list[int], cost_model: CostModel, options: PlannerOptions,
+                        plan: StepPlan) -> StepPlan:
+    """``plan``, or the plan of the partition made without routing where that predicts a lower step; tried
+    only when routing is on and ``plan``'s predicted remap exceeds :data:`REMAP_BOUND` of its predicted step.
+
+    The partitioner places sequences on attention time and ring costs (routed hops cheaper), not on the
+    remap the placement then needs; where the remap dominates, a routed placement can predict slower
+    than the unrouted one (Llama-7B prolong-64k on 128 GPUs with the NICs 30% slower: 2285 against
+    1855 ms predicted, 3192 against 1919 simulated). The second partition costs about one more planning
+    pass, so it is not tried on steps the remap does not dominate (the remap is at most 15% of the
+    predicted step on ``benchmarks/plan_speed.py``'s batches, at most 23% on the 120 steps of
+    docs/BENCHMARKS.md's configurations at nominal bandwidths: none of them plans twice). The unrouted
+    partition's plan still gets routed and unrouted layout
+    candidates (``options`` unchanged there); ties keep ``plan``."""
+    pred = plan.predicted
+    if not options.routing or pred is None or pred.remap_ms <= REMAP_BOUND * pred.step_ms:
+        return plan
+    plain = partition(lengths, cost_model, replace(options, routing=False))
+    alt = _finish(lengths, plain, cost_model, options)
+    if alt.predicted is not None and alt.predicted.step_ms < pred.step_ms - 1e-6:
+        return alt
     return plan
 
 
