@@ -85,6 +85,24 @@ def check_no_remap(group: ZeppelinGroup, plan: StepPlan) -> None:
         remap_mod.all_to_all_start, remap_mod.all_to_all_uneven = real_start, real_uneven
 
 
+def check_linear_inputs_freed(group: ZeppelinGroup, plan: StepPlan) -> None:
+    """The caller's linear q, k, v (non-leaf, as Megatron's RoPE outputs are) are not kept until backward:
+    once the caller drops them, nothing holds them (in-place chunks read q/k/v in the attention buffers in
+    backward), and backward still runs."""
+    import gc
+    import weakref
+    q0, k0, v0, dout = _inputs(plan, group.rank, torch.float64, 4, 2)
+    leaves = [x.clone().requires_grad_(True) for x in (q0, k0, v0)]
+    q, k, v = (x * 1.0 for x in leaves)  # non-leaf tensors
+    refs = [weakref.ref(x) for x in (q, k, v)]
+    out = zeppelin_attention(q, k, v, plan, group, backend="reference")
+    del q, k, v
+    gc.collect()
+    assert all(r() is None for r in refs), f"rank {group.rank}: the attention call keeps its linear q/k/v alive"
+    out.backward(dout)
+    assert all(x.grad is not None for x in leaves)
+
+
 def run_in_place(rank: int, world: int, n_plans: int) -> None:
     for nodes, gpn in runtime_workers.topologies(world):
         group = ZeppelinGroup(process_group=None, gpus_per_node=gpn)
@@ -101,6 +119,7 @@ def run_in_place(rank: int, world: int, n_plans: int) -> None:
                         check_attention(group, plan, dtype=dtype, routing=routed, hq=hq, hkv=hkv, seed=p_idx)
                     check_same_as_plain(group, plan, dtype=torch.float64, hq=4, hkv=2, routing=True)
                     check_same_as_plain(group, plan, dtype=torch.float32, hq=4, hkv=4, routing=False)
+                    check_linear_inputs_freed(group, plan)
                 check_no_remap(group, windowed)
         dist.barrier()
     if world == 4:  # plan_step plans: staying local sequences after the rings run in place

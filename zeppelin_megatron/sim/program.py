@@ -255,9 +255,9 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
                 ops.append(Op("compute", ms, "local", label=f"local slot (in {label[op.ring]} step {op.step})"))
             if charges == "zeppelin":
                 chunk = rank.local_chunks[op.chunk]
-                span = chunk.span if chunk.linear_rows is None else chunk.linear_span  # in place: linear rows
-                ops.append(Op("compute", hbm_ms(cost, zeppelin_local_bytes(sh, sum(lens),
-                                                                          contiguous=span is not None)),
+                # in place: q/k/v forward and dout, dq/dk/dv at linear rows, q/k/v backward at attention rows
+                one = chunk.span is not None and (chunk.linear_rows is None or chunk.linear_span is not None)
+                ops.append(Op("compute", hbm_ms(cost, zeppelin_local_bytes(sh, sum(lens), contiguous=one)),
                               "copy", label="local call row copies"))
         elif isinstance(op, Post):
             t = op.transfer
@@ -293,7 +293,8 @@ def _window_ops(rank: RankProgram, direction: str, cost: CostModel, charges: str
         ops.append(Op("compute", max(sum(cost.local_ms(n) for n in lens), cost.call_overhead_ms), "local",
                       label=name))
         if charges == "zeppelin":
-            one = all(a[1] == b[0] for a, b in zip(w.linear_rows, w.linear_rows[1:]))
+            one = (all(a[1] == b[0] for a, b in zip(w.linear_rows, w.linear_rows[1:]))  # linear rows, and the
+                   and rank.local_chunks[w.chunk].span is not None)  # attention rows backward reads q/k/v at
             ops.append(Op("compute", hbm_ms(cost, zeppelin_local_bytes(shape_of(cost), sum(lens), contiguous=one)),
                           "copy", label=f"{name}: row copies"))
     return ops
