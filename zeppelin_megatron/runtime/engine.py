@@ -256,6 +256,39 @@ class AttentionEngine:
                                        HeadShape(hq, self.hkv, self.head_dim), self.device)
         return self._dev
 
+    def local_forward(self, chunk: int, qkv: Sequence[torch.Tensor] | None, out: torch.Tensor | None,
+                      linear: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Local chunk ``chunk``'s causal call -> its ``(out, lse)``: on its attention rows of ``qkv`` = ``(q,
+        k, v)``, written into ``out``; an in-place chunk (``dev.linear_local``) with ``linear`` = ``(q_l, k_l,
+        v_l, out_l)`` on its linear rows instead (views when they are one range), written into ``out_l``
+        (``qkv`` and ``out`` unused then: a remap window runs before the attention buffers exist)."""
+        dev = self.dev
+        (rows, batch), span = dev.local[chunk], dev.local_spans[chunk]
+        if linear is not None and chunk in dev.linear_local:  # in place, on the linear rows
+            (rows, span), qkv, out = dev.linear_local[chunk], linear[:3], linear[3]
+        assert qkv is not None and out is not None
+        o, lse = self.kernel.forward(*(_take(x, rows, span).contiguous() for x in qkv), batch, self.scale)
+        _put(out, rows, span, o)
+        return o, lse
+
+    def local_backward(self, chunk: int, saved: tuple[torch.Tensor, torch.Tensor], dout: torch.Tensor | None,
+                       qkv: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None,
+                       linear: Sequence[torch.Tensor] | None = None) -> None:
+        """The backward of :meth:`local_forward` (``saved``: its ``(out, lse)``): ``dout`` and ``grads`` =
+        ``(dq, dk, dv)`` at the chunk's attention rows; an in-place chunk with ``linear`` = ``(dout_l, dq_l,
+        dk_l, dv_l)`` reads dout and writes its gradients at its linear rows instead (``dout`` and ``grads``
+        unused then). q, k, v always come from the attention rows of ``qkv``: the remap in gathered them, so
+        the caller's linear q/k/v need not be kept until backward."""
+        dev = self.dev
+        (rows, batch), span = dev.local[chunk], dev.local_spans[chunk]
+        q, k, v = (_take(x, rows, span).contiguous() for x in qkv)
+        if linear is not None and chunk in dev.linear_local:  # in place: dout and grads on the linear rows
+            (rows, span), dout, grads = dev.linear_local[chunk], linear[0], linear[1:]
+        assert dout is not None and grads is not None
+        parts = self.kernel.backward(_take(dout, rows, span).contiguous(), q, k, v, *saved, batch, self.scale)
+        for acc, part in zip(grads, parts):
+            _put(acc, rows, span, part)
+
     def _start(self, tid: TransferId, backward: bool, payloads: dict[int, torch.Tensor], dtype: torch.dtype,
                into: dict[int, torch.Tensor] | None = None) -> InFlight:
         w = self.dev.wires[(tid, backward)]
@@ -326,13 +359,7 @@ class AttentionEngine:
                         saved[("out_view", op.ring)] = True
                     saved[("ring", op.ring)] = (res, s.lse)
             elif isinstance(op, LocalCall):
-                rows, batch = dev.local[op.chunk]
-                span, src, dst = dev.local_spans[op.chunk], (q, k, v), out
-                if linear is not None and op.chunk in dev.linear_local:  # in place, on the linear rows
-                    (rows, span), src, dst = dev.linear_local[op.chunk], linear[:3], linear[3]
-                o, lse = self.kernel.forward(*(_take(x, rows, span).contiguous() for x in src), batch, self.scale)
-                _put(dst, rows, span, o)
-                saved[("local", op.chunk)] = (o, lse)
+                saved[("local", op.chunk)] = self.local_forward(op.chunk, (q, k, v), out, linear)
             elif isinstance(op, Post):
                 t = op.transfer
                 hx = dev.heads.get(t.ring)
@@ -400,16 +427,7 @@ class AttentionEngine:
                 assert s is not None
                 backward_step(self.kernel, self.scale, self._hkv(op.ring), dev.steps[(op.ring, op.step)], s)
             elif isinstance(op, LocalCall):
-                rows, batch = dev.local[op.chunk]
-                span, src, dst = dev.local_spans[op.chunk], (dout, q, k, v), (dq, dk, dv)
-                o, lse = saved[("local", op.chunk)]
-                parts = [_take(x, rows, span).contiguous() for x in src]
-                if linear is not None and op.chunk in dev.linear_local:  # in place: dout and grads on linear rows
-                    (rows, span), dst = dev.linear_local[op.chunk], linear[1:]
-                    parts[0] = _take(linear[0], rows, span).contiguous()
-                g = self.kernel.backward(*parts, o, lse, batch, self.scale)
-                for acc, part in zip(dst, g):
-                    _put(acc, rows, span, part)
+                self.local_backward(op.chunk, saved[("local", op.chunk)], dout, (q, k, v), (dq, dk, dv), linear)
             elif isinstance(op, Post):
                 t = op.transfer
                 hx = dev.heads.get(t.ring)

@@ -6,8 +6,9 @@ rows (views when :attr:`~zeppelin_megatron.planner.lowering_parts.LocalChunk.lin
 writes out (backward: dq, dk, dv) straight into the linear result, allocated before the engine runs; the
 exchanges gather their q/k/v rows in (backward reads them there) but neither their output rows out nor
 their output-gradient rows in nor their dq/dk/dv rows out
-(:func:`~zeppelin_megatron.planner.remap_staging.drop_rows`, ``post_parts(program=, into=)``), so those
-attention rows are never read or written. *Remap windows* (``RankProgram.windows``, from the plan's
+(:func:`~zeppelin_megatron.planner.remap_staging.drop_rows`, ``post_parts(program=, into=)``). The call
+itself is the engine's (:meth:`~.engine.AttentionEngine.local_forward` / ``local_backward``), here and for
+the windows. *Remap windows* (``RankProgram.windows``, from the plan's
 :class:`~zeppelin_megatron.planner.plan.RemapSlot` s) are in-place chunks run while an exchange is in flight.
 Per layer, :class:`RemapWindows` runs::
 
@@ -41,81 +42,14 @@ the rings), on the same rows.
 
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..planner.lowering import RankProgram
-from ..planner.plan import StepPlan
 from .engine import AttentionEngine
-from .kernels import VarlenBatch
 from .remap import post_parts
 
-__all__ = ["WindowIndex", "window_index", "RemapWindows", "OverlapFunction", "overlap_attention"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class WindowIndex:
-    """One window call on a device: ``direction``, ``chunk`` (index into ``local_chunks``), its linear
-    ``rows`` [n] (sequence after sequence), ``span`` ``(start, end)`` when they are ``range(start, end)``
-    (slices, no gather) else None, and the varlen ``batch`` (causal, the chunk's lengths)."""
-
-    direction: str
-    chunk: int
-    rows: torch.Tensor
-    span: tuple[int, int] | None
-    batch: VarlenBatch
-
-
-_WINDOWS: "weakref.WeakKeyDictionary[StepPlan, dict[Any, tuple[WindowIndex, ...]]]" = weakref.WeakKeyDictionary()
-
-
-def window_index(plan: StepPlan, program: RankProgram, device: torch.device) -> tuple[WindowIndex, ...]:
-    """``program.windows`` with their index tensors on ``device``, in program order (``to_attention``'s
-    first), built once per plan, rank and device. Raises ``ValueError`` when a window's linear rows do
-    not match its chunk's lengths or leave the rank's linear buffer (a plan the lowering did not make).
-
-    Example: ``WindowCall(chunk=2, direction="to_linear", linear_rows=((5, 9), (0, 3)))`` over sequences
-    of 4 and 3 tokens -> rows ``[5, 6, 7, 8, 0, 1, 2]``, span None, batch lengths ``(4, 3)``.
-    """
-    per_plan = _WINDOWS.setdefault(plan, {})
-    key = (program.rank, program.windows, str(device))
-    hit = per_plan.get(key)
-    if hit is not None:
-        return hit
-    t_lin = plan.tokens(program.rank, "linear")
-    out = []
-    for w in program.windows:
-        chunk = program.local_chunks[w.chunk]
-        got = tuple(b - a for a, b in w.linear_rows)
-        if got != chunk.lens or any(a < 0 or b > t_lin for a, b in w.linear_rows):
-            raise ValueError(f"rank {program.rank}: window {w.direction} over sequences {list(chunk.seqs)} has "
-                             f"linear rows {list(w.linear_rows)} ({list(got)} tokens), expected lengths "
-                             f"{list(chunk.lens)} inside the rank's {t_lin} linear rows")
-        ranges = w.linear_rows
-        span = ((ranges[0][0], ranges[-1][1]) if all(b0 == a1 for (_, b0), (a1, _) in zip(ranges, ranges[1:]))
-                else None)
-        rows = torch.tensor([r for a, b in ranges for r in range(a, b)], dtype=torch.long, device=device)
-        out.append(WindowIndex(direction=w.direction, chunk=w.chunk, rows=rows, span=span,
-                               batch=VarlenBatch(lens_q=chunk.lens, lens_k=chunk.lens, causal=True, device=device)))
-    hit = per_plan[key] = tuple(out)
-    return hit
-
-
-def _rows(x: torch.Tensor, rows: torch.Tensor, span: tuple[int, int] | None) -> torch.Tensor:
-    """``x``'s ``rows``, contiguous: a view when they are ``range(*span)`` of a contiguous ``x``, else a
-    gather (or a copy of a strided slice)."""
-    return x.index_select(0, rows) if span is None else x[span[0]:span[1]].contiguous()
-
-
-def _write(dst: torch.Tensor, w: WindowIndex, src: torch.Tensor) -> None:
-    """Overwrite ``dst``'s window rows with ``src`` (cast to ``dst``'s dtype)."""
-    if w.span is None:
-        dst.index_copy_(0, w.rows, src.to(dst.dtype))
-    else:
-        dst[w.span[0]:w.span[1]].copy_(src)
+__all__ = ["RemapWindows", "OverlapFunction", "overlap_attention"]
 
 
 def _empty(x: torch.Tensor) -> torch.Tensor:
@@ -130,20 +64,21 @@ class RemapWindows:
     def __init__(self, engine: AttentionEngine) -> None:
         self.engine = engine
         self.plan, self.group, self.kernel, self.scale = engine.plan, engine.group, engine.kernel, engine.scale
-        self.windows = window_index(engine.plan, engine.program, engine.device)
         self.in_place = bool(engine.dev.linear_local)  # the rank has in-place chunks (windows among them)
         self.program = engine.program if self.in_place else None
+        if any(w.chunk not in engine.dev.linear_local for w in engine.program.windows):
+            raise ValueError(f"rank {engine.program.rank}: a remap window's chunk has no linear rows (a plan the "
+                             f"lowering did not make)")
 
-    def _calls(self, direction: str) -> list[WindowIndex]:
-        return [w for w in self.windows if w.direction == direction]
+    def _calls(self, direction: str) -> list[int]:
+        """The local chunks of ``direction``'s window calls, in program order."""
+        return [w.chunk for w in self.engine.program.windows if w.direction == direction]
 
     def _forward_calls(self, direction: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        saved: dict[int, tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor | None) -> None:
-        for w in self._calls(direction):
+        for chunk in self._calls(direction):  # on the linear rows (views when one range), into out's rows
             assert out is not None
-            qw, kw, vw = (_rows(x, w.rows, w.span) for x in (q, k, v))
-            saved[w.chunk] = self.kernel.forward(qw, kw, vw, w.batch, self.scale)  # (out, lse)
-            _write(out, w, saved[w.chunk][0])  # rows the remap out leaves alone
+            saved[chunk] = self.engine.local_forward(chunk, None, None, linear=(q, k, v, out))  # (out, lse)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
         """``q`` [T_l, Hq, D], ``k``, ``v`` [T_l, Hkv, D] in the linear layout -> ``(out [T_l, Hq, D], saved)``."""
@@ -164,14 +99,10 @@ class RemapWindows:
 
     def _backward_calls(self, direction: str, dout: torch.Tensor, saved: dict[str, Any],
                         grads: tuple[torch.Tensor, ...] | None) -> None:
-        for w in self._calls(direction):
+        for chunk in self._calls(direction):  # dout and grads at the linear rows, q/k/v at the attention rows
             assert grads is not None
-            o, lse = saved["windows"][w.chunk]
-            att_rows, att_span = self.engine.dev.local[w.chunk][0], self.engine.dev.local_spans[w.chunk]
-            qw, kw, vw = (_rows(x, att_rows, att_span) for x in saved["qkv"])  # the attention buffers' rows
-            parts = self.kernel.backward(_rows(dout, w.rows, w.span), qw, kw, vw, o, lse, w.batch, self.scale)
-            for acc, part in zip(grads, parts):
-                _write(acc, w, part)
+            self.engine.local_backward(chunk, saved["windows"][chunk], None, saved["qkv"], None,
+                                       linear=(dout, *grads))
 
     def backward(self, dout: torch.Tensor, saved: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``dout`` [T_l, Hq, D] (linear, contiguous) -> ``(dq, dk, dv)`` in the linear layout."""
