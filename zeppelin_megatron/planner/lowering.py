@@ -76,6 +76,7 @@ from .lowering_parts import LocalChunk, RingPart
 from .lowering_remap import RemapExchange, lower_remaps, rank_remap
 from .plan import StepPlan
 from .plan_parts import TokenRange
+from .remap_windows import staying_rows
 from .routing import route_parts
 from .transfers import ACC_TAG, HEADS_TAG, KV_TAG, ROUNDS, TOKENS_TAG, Hop, Message, Transfer, TransferId, message_hops
 from .zigzag import next_position, ring_source, zigzag_tokens
@@ -307,7 +308,7 @@ class _Shared:
 
 def _shared(plan: StepPlan, routing: bool) -> _Shared:
     sh = _Shared(rings_of={}, own={}, slots={}, transfers={}, windows={},
-                 whole=None if plan.linear_layout == plan.attention_layout else _staying_rows(plan))
+                 whole=None if plan.linear_layout == plan.attention_layout else staying_rows(plan))
     for k in range(len(plan.rings)):
         for r in _participants(plan, k, routing):
             sh.rings_of.setdefault(r, []).append(k)
@@ -319,32 +320,6 @@ def _shared(plan: StepPlan, routing: bool) -> _Shared:
     for y in sorted(plan.remap_slots, key=lambda y: (y.rank, y.direction != "to_attention")):
         sh.windows.setdefault(y.rank, []).append((y.direction, y.seqs))
     return sh
-
-
-def _staying_rows(plan: StepPlan) -> dict[int, dict[int, tuple[int, int]]]:
-    """Per rank, ``seq -> [start, end)`` linear rows of each local sequence of that rank that is whole
-    on it in the linear layout (a *staying* sequence, :func:`~.remap_windows.staying_sequences`)."""
-    out: dict[int, dict[int, tuple[int, int]]] = {}
-    seqs = plan.sequences
-    for r, ranges in enumerate(plan.linear_layout):
-        row = 0
-        for i, a, b in ranges:
-            s = seqs[i]
-            if a == 0 and b == s.length and s.placement == "local" and s.ranks[0] == r:
-                out.setdefault(r, {})[i] = (row, row + b)
-            row += b - a
-    return out
-
-
-def _linear_rows(plan: StepPlan, rank: int, seqs: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """``[start, end)`` rows of each (whole) sequence of ``seqs`` in ``rank``'s linear buffer."""
-    at: dict[int, tuple[int, int]] = {}
-    row = 0
-    for i, a, b in plan.linear_layout[rank]:
-        if a == 0 and b == plan.sequences[i].length:
-            at[i] = (row, row + b)
-        row += b - a
-    return tuple(at[i] for i in seqs)
 
 
 def _rank_program(plan: StepPlan, rank: int, routing: bool, sh: _Shared) -> RankProgram:
@@ -362,9 +337,8 @@ def _rank_program(plan: StepPlan, rank: int, routing: bool, sh: _Shared) -> Rank
                    for idx in groups)
     slot_of = {(k, j): c for c, (k, j, _) in enumerate(mine)}
     first_window = len(mine) + (1 if rest else 0)
-    windows = tuple(WindowCall(chunk=first_window + n, direction=d, linear_rows=_linear_rows(plan, rank, seqs))
-                    for n, (d, seqs) in enumerate(wins))
-    assert all(chunks[w.chunk].linear_rows == w.linear_rows for w in windows)
+    windows = tuple(WindowCall(chunk=first_window + n, direction=d, linear_rows=tuple(whole[i] for i in seqs))
+                    for n, (d, seqs) in enumerate(wins))  # check_remap_slots: a window's sequences stay
     rings: list[RingPart] = []
     fwd: list[RankOp] = []
     bwd: list[RankOp] = []

@@ -60,6 +60,7 @@ from .engine_costs import hbm_ms, remap_copy_bytes, shape_of
 from .engine_ring import local_copy_ms_per_token, ring_steps
 from .plan import Prediction, StepPlan
 from .remap_cost import remap_layer_ms, remap_ranks
+from .remap_windows import staying_rows
 from .routing import Route
 from .zigzag import next_position
 
@@ -129,12 +130,8 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
         lin_t = [plan.tokens(r, "linear") for r in range(world)]
         att_t = [plan.tokens(r, "attention") for r in range(world)]
         stay = plan.remap.counts().diagonal().tolist()  # tokens that stay on each rank
-        whole = {(r, i) for r in range(world) for i, a, b in plan.linear_layout[r]
-                 if a == 0 and b == plan.sequences[i].length}
-        in_place = [0] * world
-        for i, s in enumerate(plan.sequences):
-            if s.placement == "local" and (s.ranks[0], i) in whole:
-                in_place[s.ranks[0]] += s.length
+        whole = staying_rows(plan)  # the staying local sequences, run in place
+        in_place = [sum(b - a for a, b in whole.get(r, {}).values()) for r in range(world)]
         copies = [hbm_ms(cost, remap_copy_bytes(
             sh, lin_t[r], att_t[r], staying=int(stay[r]), in_place=in_place[r],
             identity=in_place[r] == 0 and plan.linear_layout[r] == plan.attention_layout[r])) for r in range(world)]

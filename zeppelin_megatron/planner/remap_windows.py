@@ -43,7 +43,7 @@ from .remap_cost import remap_pairs
 if TYPE_CHECKING:
     from .cost_model import CostModel
 
-__all__ = ["window_ms", "staying_sequences", "remap_slots", "with_remap_windows"]
+__all__ = ["window_ms", "staying_rows", "staying_sequences", "remap_slots", "with_remap_windows"]
 
 def _direction_wait(pairs: Sequence[tuple[int, int, int]], cost: "CostModel", proxies: Sequence[int],
                     world: int) -> list[float]:
@@ -117,18 +117,29 @@ def window_ms(plan: StepPlan, cost: "CostModel") -> tuple[list[float], list[floa
             _direction_wait(back, cost, plan.remap_proxies, world))
 
 
-def staying_sequences(plan: StepPlan) -> dict[int, list[int]]:
-    """Per rank, its local sequences that are whole on it in the linear layout (ascending)."""
-    whole: set[tuple[int, int, int]] = set()
+def staying_rows(plan: StepPlan) -> dict[int, dict[int, tuple[int, int]]]:
+    """Per rank, ``seq -> [start, end)``: the rows in the rank's linear buffer of each of its local sequences
+    that is whole on it in the linear layout too (a *staying* sequence), in linear-buffer order. The one
+    derivation the lowering (``LocalChunk.linear_rows``), the windows and the prediction share.
+
+    Example: sequence 4 (5 tokens) local on rank 1, whose linear ranges are ``((2, 3, 9), (4, 0, 5))``:
+    ``{1: {4: (6, 11)}}``.
+    """
+    out: dict[int, dict[int, tuple[int, int]]] = {}
+    seqs = plan.sequences
     for r, ranges in enumerate(plan.linear_layout):
+        row = 0
         for i, a, b in ranges:
-            if a == 0 and b == plan.sequences[i].length:
-                whole.add((r, i, b))
-    out: dict[int, list[int]] = {}
-    for i, s in enumerate(plan.sequences):
-        if s.placement == "local" and (s.ranks[0], i, s.length) in whole:
-            out.setdefault(s.ranks[0], []).append(i)
+            s = seqs[i]
+            if a == 0 and b == s.length and s.placement == "local" and s.ranks[0] == r:
+                out.setdefault(r, {})[i] = (row, row + b)
+            row += b - a
     return out
+
+
+def staying_sequences(plan: StepPlan) -> dict[int, list[int]]:
+    """Per rank, its staying local sequences (:func:`staying_rows`), ascending."""
+    return {r: sorted(rows) for r, rows in staying_rows(plan).items()}
 
 
 def remap_slots(plan: StepPlan, cost: "CostModel") -> tuple[tuple[RemapSlot, ...], tuple[LocalSlot, ...]]:
