@@ -67,7 +67,8 @@ from typing import Callable, Literal, Mapping
 
 from ..planner.cost_model import CostModel
 from ..planner.lowering import (
-    LocalCall, Post, RankProgram, RemapExchange, RingCall, Transfer, Wait, lower, lower_remaps, message_hops,
+    LocalCall, LocalChunk, Post, RankProgram, RemapExchange, RingCall, Transfer, Wait, lower, lower_remaps,
+    message_hops,
 )
 from .plain_rings import plain_rings
 from ..planner.plan import Ring, StepPlan
@@ -254,11 +255,8 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
             else:
                 ops.append(Op("compute", ms, "local", label=f"local slot (in {label[op.ring]} step {op.step})"))
             if charges == "zeppelin":
-                chunk = rank.local_chunks[op.chunk]
-                # in place: q/k/v forward and dout, dq/dk/dv at linear rows, q/k/v backward at attention rows
-                one = chunk.span is not None and (chunk.linear_rows is None or chunk.linear_span is not None)
-                ops.append(Op("compute", hbm_ms(cost, zeppelin_local_bytes(sh, sum(lens), contiguous=one)),
-                              "copy", label="local call row copies"))
+                ops.append(Op("compute", _chunk_copy_ms(cost, rank.local_chunks[op.chunk]), "copy",
+                              label="local call row copies"))
         elif isinstance(op, Post):
             t = op.transfer
             if t.kind in ("heads", "tokens") and charges == "zeppelin":
@@ -293,11 +291,17 @@ def _window_ops(rank: RankProgram, direction: str, cost: CostModel, charges: str
         ops.append(Op("compute", max(sum(cost.local_ms(n) for n in lens), cost.call_overhead_ms), "local",
                       label=name))
         if charges == "zeppelin":
-            one = (all(a[1] == b[0] for a, b in zip(w.linear_rows, w.linear_rows[1:]))  # linear rows, and the
-                   and rank.local_chunks[w.chunk].span is not None)  # attention rows backward reads q/k/v at
-            ops.append(Op("compute", hbm_ms(cost, zeppelin_local_bytes(shape_of(cost), sum(lens), contiguous=one)),
-                          "copy", label=f"{name}: row copies"))
+            ops.append(Op("compute", _chunk_copy_ms(cost, rank.local_chunks[w.chunk]), "copy",
+                          label=f"{name}: row copies"))
     return ops
+
+
+def _chunk_copy_ms(cost: CostModel, chunk: LocalChunk) -> float:
+    """A local call's row copies (:func:`~.charges.zeppelin_local_bytes`), views when its rows are one range:
+    its attention rows and, in place (``linear_rows``: q/k/v forward, dout and dq/dk/dv at the linear rows,
+    q/k/v backward at the attention rows), its linear rows too."""
+    one = chunk.span is not None and (chunk.linear_rows is None or chunk.linear_span is not None)
+    return hbm_ms(cost, zeppelin_local_bytes(shape_of(cost), sum(chunk.lens), contiguous=one))
 
 
 def _call_copy_bytes(sh: Shape, op: RingCall, charges: str, started: set[int]) -> float:
@@ -430,14 +434,16 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
         tin = add(_remap_transfer(("remap", "in"), cost, remaps[0], per_token))
         tout = add(_remap_transfer(("remap", "out"), cost, remaps[1], per_token))
         remap_keys = (tin, tout)
+
+    def exchange(r: int, n: int) -> list[Op]:
+        """Rank ``r``'s remap in (``n = 0``) or out (1): post, its window calls, wait (windows only, no remap)."""
+        inside = _window_ops(windows[r], ("to_attention", "to_linear")[n], cost, charges) if windows[r] else []
+        if remap_keys is None:
+            return inside
+        return [Op("post", key=remap_keys[n]), *inside,
+                Op("wait", key=remap_keys[n], kind="remap", label=("remap in", "remap out")[n])]
     for r in range(world):
-        w = windows[r]
-        inside = _window_ops(w, "to_attention", cost, charges) if w is not None else []
-        if remap_keys is not None:
-            ops[r] += [Op("post", key=remap_keys[0]), *inside, Op("wait", key=remap_keys[0], kind="remap",
-                                                                  label="remap in")]
-        else:
-            ops[r] += inside
+        ops[r] += exchange(r, 0)
 
     local_lens: list[list[int]] = [[] for _ in range(world)]  # what the fill queue / other comms run after
     if lowered is not None:
@@ -484,13 +490,7 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
         if queue[r]:
             ops[r].append(Op("local", kind="local", label="local sequences"))
     for r in range(world):
-        w = windows[r]
-        inside = _window_ops(w, "to_linear", cost, charges) if w is not None else []
-        if remap_keys is not None:
-            ops[r] += [Op("post", key=remap_keys[1]), *inside, Op("wait", key=remap_keys[1], kind="remap",
-                                                                  label="remap out")]
-        else:
-            ops[r] += inside
+        ops[r] += exchange(r, 1)
     for r in range(world):
         if remap_copy[r] > 0:
             ops[r].append(Op("compute", remap_copy[r], "copy", label="remap out: row gathers, copies"))
