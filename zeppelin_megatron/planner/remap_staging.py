@@ -138,7 +138,9 @@ def rank_staging(ex: RankExchange, routed: RoutedExchange | None, t_src: int, t_
 def in_place_rows(chunks: "Sequence[LocalChunk]", direction: str) -> np.ndarray:
     """The destination rows of ``direction``'s remap that the *in-place* local chunks (``linear_rows`` not None:
     the engine runs them on the rank's linear rows) fill themselves: their attention rows for ``to_attention``
-    (never read), their linear rows for ``to_linear`` (written by the call). Sorted int64.
+    (the output gradient's: backward reads it at the linear rows; the q/k/v remap in is run without them and
+    gathers those rows, where backward reads q/k/v), their linear rows for ``to_linear`` (written by the
+    call). Sorted int64.
 
     Example: one chunk of sequence 7 at attention rows ``[0, 4)`` and linear rows ``((5, 9),)``:
     ``to_attention`` -> ``[0, 1, 2, 3]``, ``to_linear`` -> ``[5, 6, 7, 8]``."""

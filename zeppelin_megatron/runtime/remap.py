@@ -45,8 +45,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..planner.lowering import rank_remap
-from ..planner.lowering import RankProgram
+from ..planner.lowering import RankProgram, rank_remap
 from ..planner.remap_staging import SOURCE, drop_rows, in_place_rows, rank_staging
 from ..planner.remap import Direction
 from ..planner.plan import StepPlan
