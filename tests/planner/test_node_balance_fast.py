@@ -209,6 +209,7 @@ def test_lo_view_groups_by_cost_in_placement_order() -> None:
     st = NodeState(seqs=[[], [4, 5, 6]], inter={}, load=[0.0, 7.0], tokens=[0, 15], cost={4: 2.0, 5: 3.0, 6: 2.0})
     view = lo_view_of(ctx, st, 1, list(range(7)))
     assert (view.items, view.firsts, view.runs, view.total) == ([5, 4, 6], [5, 4], [(0, 1), (1, 3)], 7.0)
+    assert (view.first_keys, view.run_keys) == ([-3.0, -2.0], [-3.0, -2.0])
     rng = random.Random(2)
     for distinct in (1, 3, 8, 9, 40):  # the C-level grouping (<= 8 costs) and the dictionary one
         lengths = [rng.choice([3, 9, 27]) for _ in range(300)]
@@ -226,6 +227,9 @@ def test_lo_view_groups_by_cost_in_placement_order() -> None:
         seen: set[tuple[float, int]] = set()
         firsts = [b for b in items if (cost[b], lengths[b]) not in seen and not seen.add((cost[b], lengths[b]))]
         assert sorted(view.firsts, key=items.index) == firsts
+        # the bisection keys of swaps / swap_for_several: -cost, ascending, one per first / run
+        assert view.first_keys == [-cost[b] for b in view.firsts] == sorted(view.first_keys)
+        assert view.run_keys == [-cost[view.items[a]] for a, _ in view.runs] == sorted(view.run_keys)
 
 
 @pytest.mark.parametrize("lengths, per_node", [

@@ -225,7 +225,8 @@ class LoView(NamedTuple):
     """The sequences of a receiving node ``lo`` as the swaps see them (:func:`lo_view_of`).
 
     Example: costs ``{4: 2.0, 5: 3.0, 6: 2.0}``, all of one length, order = index:
-    ``items [5, 4, 6]``, ``firsts [5, 4]``, ``runs [(0, 1), (1, 3)]``, ``total 7.0``.
+    ``items [5, 4, 6]``, ``firsts [5, 4]``, ``runs [(0, 1), (1, 3)]``, ``total 7.0``, ``first_keys`` and
+    ``run_keys [-3.0, -2.0]``.
     """
 
     items: list[int]
@@ -237,6 +238,10 @@ class LoView(NamedTuple):
     """``(start, end)`` in ``items`` of each run of equal cost."""
     total: float
     """Their cost summed in ``items`` order."""
+    first_keys: list[float]
+    """``-cost`` of each of ``firsts`` (ascending: ``firsts`` are costliest first), for :func:`swaps`' bisection."""
+    run_keys: list[float]
+    """``-cost`` of each run (ascending), for :func:`swap_for_several`'s bisection."""
 
 
 def lo_view_of(ctx: PartitionContext, st: NodeState, lo: int, rank_in_order: Sequence[int]) -> LoView:
@@ -262,7 +267,8 @@ def lo_view_of(ctx: PartitionContext, st: NodeState, lo: int, rank_in_order: Seq
         items.extend(g)
         first = dict(zip(reversed(list(map(lengths.__getitem__, g))), reversed(g)))  # length -> its first
         firsts.extend(sorted(first.values(), key=rank_in_order.__getitem__))
-    return LoView(items, firsts, runs, sum(map(cost.__getitem__, items)))
+    return LoView(items, firsts, runs, sum(map(cost.__getitem__, items)), [-cost[b] for b in firsts],
+                  [-cost[items[a]] for a, _ in runs])
 
 
 def swaps(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: float, item: Item,
@@ -270,7 +276,12 @@ def swaps(ctx: PartitionContext, st: NodeState, view: RoundView, lo: int, gap: f
     """``item`` (cost ``c >= gap``) for one sequence ``b`` of ``lo`` with ``0 < c - cost(b) < gap``
     (``b`` among ``lo_view.firsts``: the others lose to them)."""
     hi, tok, load = view.hi, st.tokens, st.load
-    for b in lo_view.firsts:
+    # only b with c - gap < cost(b) < c can pass (bisection, with a margin: the exact test below decides)
+    keys, c = lo_view.first_keys, item.cost
+    margin = 1e-9 * (1.0 + abs(c) + gap)  # far above the rounding of c - cost(b)
+    start = bisect_left(keys, -c - margin)
+    end = bisect_left(keys, gap - c + margin)
+    for b in lo_view.firsts[start:end]:
         m = item.cost - st.cost[b]
         if not 0 < m < gap:
             continue
@@ -293,7 +304,16 @@ def swap_for_several(ctx: PartitionContext, st: NodeState, view: RoundView, lo: 
     budget = item.cost - gap / 2
     back: list[int] = []
     got, back_tok = 0.0, 0
-    for start, end in lo_view.runs:
+    keys, runs = lo_view.run_keys, lo_view.runs
+    margin = 1e-9 * (1.0 + 2 * abs(budget))  # far above the rounding of got + c (0 <= got <= budget)
+    j = 0
+    while j < len(runs):
+        # runs costlier than what is left take nothing: skip them (bisection, with a margin)
+        j = max(j, bisect_left(keys, got - budget - margin))
+        if j == len(runs):
+            break
+        start, end = runs[j]
+        j += 1
         c = cost[items[start]]
         k = start
         while k < end and got + c <= budget:  # the sums one by one, as the plain greedy adds them
