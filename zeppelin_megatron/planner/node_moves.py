@@ -302,8 +302,8 @@ def swap_for_several(ctx: PartitionContext, st: NodeState, view: RoundView, lo: 
         return
     hi, tok, load, cost, items = view.hi, st.tokens, st.load, st.cost, lo_view.items
     budget = item.cost - gap / 2
-    back: list[int] = []
-    got, back_tok = 0.0, 0
+    taken: list[tuple[int, int]] = []
+    got = 0.0
     keys, runs = lo_view.run_keys, lo_view.runs
     margin = 1e-9 * (1.0 + 2 * abs(budget))  # far above the rounding of got + c (0 <= got <= budget)
     j = 0
@@ -320,11 +320,14 @@ def swap_for_several(ctx: PartitionContext, st: NodeState, view: RoundView, lo: 
             got += c
             k += 1
         if k > start:
-            back.extend(items[start:k])
-            back_tok += sum(map(ctx.lengths.__getitem__, items[start:k]))
+            taken.append((start, k))
     m = item.cost - got
+    if not (0 < m < gap and sum(k - a for a, k in taken) > 1):
+        return
+    back = [b for a, k in taken for b in items[a:k]]
+    back_tok = sum(map(ctx.lengths.__getitem__, back))
     fb = sum(filter(partial(ge, ctx.limit), map(ctx.w.__getitem__, back)))  # light work (is_light), in order
-    if (len(back) > 1 and 0 < m < gap and tok[lo] + item.tokens - back_tok <= ctx.node_soft_cap
+    if (tok[lo] + item.tokens - back_tok <= ctx.node_soft_cap
             and tok[hi] - item.tokens + back_tok <= ctx.node_soft_cap
             and item.light - fb <= view.spare[hi] and fb - item.light <= view.spare[lo]):
         yield (MoveKey(max(load[hi] - m, load[lo] + m), item.order, TIE_SEVERAL, lo),
