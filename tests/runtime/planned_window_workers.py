@@ -18,9 +18,10 @@ from zeppelin_megatron.planner import CostModel, PlannerOptions, load_cluster, l
 from zeppelin_megatron.planner.plan import StepPlan
 from zeppelin_megatron.runtime import ZeppelinGroup
 
-CASES = [("2x4", 1), ("2x4", 2), ("4x2", 2)]
-"""(topology, seed): plans with windows of the remap in (routed), the remap out (direct), and of the
-remap in on four ranks (routed)."""
+CASES = {8: [("2x4", 1), ("2x4", 2), ("4x2", 2)], 6: [("2x3", 3), ("2x3", 4), ("3x2", 2), ("3x2", 3)]}
+"""Per world size, (topology, seed): on 8 ranks, plans with windows of the remap in (routed), the remap out
+(direct), and of the remap in on four ranks (routed); on 6, the remap out of one rank (direct), the remap in of
+two ranks (routed), of four (routed), and both directions on five ranks (direct)."""
 
 
 def slow_links_plan(spec: str, seed: int, tokens_per_gpu: int = 96) -> StepPlan:
@@ -34,8 +35,8 @@ def slow_links_plan(spec: str, seed: int, tokens_per_gpu: int = 96) -> StepPlan:
 
 def run_planned_windows(rank: int, world: int) -> None:
     """Outputs and dq/dk/dv against float64 SDPA (MHA and GQA, float64 and float32, ring routing on and
-    off) and bitwise the same results without the windows, for every plan of :data:`CASES`."""
-    for spec, seed in CASES:
+    off) and bitwise the same results without the windows, for every plan of :data:`CASES` of ``world``."""
+    for spec, seed in CASES[world]:
         plan = slow_links_plan(spec, seed)
         assert plan.remap_slots, f"{spec} seed {seed}: the planner chose no window"
         group = ZeppelinGroup(process_group=None, gpus_per_node=plan.gpus_per_node)

@@ -460,7 +460,7 @@ def check_local_interleaving(rank: int) -> None:
 
 
 def topologies(world: int) -> list[tuple[int, int]]:
-    return {1: [(1, 1)], 2: [(1, 2), (2, 1)], 4: [(2, 2)], 8: [(2, 4), (4, 2)]}[world]
+    return {1: [(1, 1)], 2: [(1, 2), (2, 1)], 4: [(2, 2)], 6: [(2, 3), (3, 2)], 8: [(2, 4), (4, 2)]}[world]
 
 
 def run_all(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0, heads: int = 0,

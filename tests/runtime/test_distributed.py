@@ -1,7 +1,7 @@
 """Multi-rank tests on CPU with gloo: one spawn per world size runs every check.
 
 Each spawn loops over topologies (world 2: 1x2 and 2x1 plus groups of one;
-world 4: 2x2 plus a permuted rank map and sub-groups; world 8: 2x4 and 4x2) and
+world 4: 2x2 plus a permuted rank map and sub-groups; world 6: 2x3 and 3x2; world 8: 2x4 and 4x2) and
 random long-tailed plans with local, intra-node and inter-node sequences,
 checking: remap round trip (values and gradients), router delivery (random
 messages and every ring step of the plans, routed and direct), attention output
@@ -31,6 +31,10 @@ def test_world_2() -> None:
 
 def test_world_4() -> None:
     spawn(4, runtime_workers.run_all, 3, True, 0, 2)
+
+
+def test_world_6() -> None:
+    spawn(6, runtime_workers.run_all, 1, True, 0, 0)  # 2x3 and 3x2: remap, router, traces, exactness
 
 
 def test_heads_world_6() -> None:

@@ -1,6 +1,6 @@
 """Remap windows in the runtime (``runtime/overlap.py``) on gloo ranks: one spawn per world size runs
 every check of :mod:`window_workers` (call order, exactness against float64 per-sequence SDPA, bitwise
-the same results without the windows) on 1x2 and 2x1, 2x2 (and ``plan_step`` plans), 2x4 and 4x2, direct
+the same results without the windows) on 1x2 and 2x1, 2x2 (and ``plan_step`` plans), 2x3 and 3x2, 2x4 and 4x2, direct
 and routed remaps, MHA and GQA (more plans behind ``slow``); and a failed peer makes the posted remap's
 wait time out."""
 
@@ -21,6 +21,10 @@ def test_windows_world_2() -> None:
 
 def test_windows_world_4() -> None:
     spawn(4, window_workers.run_windows, 2)
+
+
+def test_windows_world_6() -> None:
+    spawn(6, window_workers.run_windows, 1)  # 2x3 and 3x2
 
 
 def test_windows_world_8() -> None:
