@@ -81,9 +81,11 @@ def rebalance_nodes(ctx: PartitionContext, st: NodeState, rank_in_order: Sequenc
         view = _round_view(ctx, st, rank_in_order, lend_ms if can_lend else None, memo)
         top = st.load[view.hi] - _EPS
         best: Candidate | None = None
-        for cand in _candidates(ctx, st, view, rank_in_order, memo):
+        bound = [float("inf")]  # the best peak so far: _candidates skips trades that cannot reach it
+        for cand in _candidates(ctx, st, view, rank_in_order, memo, bound):
             if cand[0].peak < top and (best is None or cand[0] < best[0]):
                 best = cand
+                bound[0] = cand[0].peak
         if best is None:
             return moved
         move = best[1]
@@ -185,21 +187,31 @@ def _node_items(ctx: PartitionContext, st: NodeState, n: int, rank_in_order: Seq
 
 
 def _candidates(ctx: PartitionContext, st: NodeState, view: RoundView,
-                rank_in_order: Sequence[int], memo: NodeMemo | None = None) -> Iterator[Candidate]:
+                rank_in_order: Sequence[int], memo: NodeMemo | None = None,
+                bound: list[float] | None = None) -> Iterator[Candidate]:
     """Every move of this round that can win, receiving nodes from the least loaded up (until none
     is lower). Swaps and lends are offered for ``view.firsts`` only (and swaps for one sequence of
     ``lo`` only for :attr:`LoView.firsts`): an item like an earlier one offers the same moves
-    with a later placement order, which never win (:class:`MoveKey`)."""
+    with a later placement order, which never win (:class:`MoveKey`).
+
+    ``bound`` (the caller's best peak so far, kept up to date between candidates): a trade between
+    ``hi`` and ``lo`` moves work from one to the other, so its peak is at least their mean load; once
+    ``bound[0]`` is below that mean (by more than rounding), ``lo``'s trades and swaps are not offered
+    (they would lose on the peak), its lends and ring moves still are. Example: loads hi 10, lo 6 and a
+    best peak of 7.5 so far: every trade with ``lo`` peaks at 8 or more, so none is offered."""
     memo = NodeMemo() if memo is None else memo
     for lo in sorted(range(ctx.cluster.nodes), key=lambda n: (st.load[n], n)):
         gap = st.load[view.hi] - st.load[lo]
         if gap <= _EPS:
             return
-        yield from single_trades(ctx, st, view, lo, gap)
-        yield from batch_trade(ctx, st, view, lo, gap, rank_in_order)
+        mean = (st.load[view.hi] + st.load[lo]) / 2
+        trades = bound is None or bound[0] >= mean - 1e-9 * (1.0 + abs(mean))
+        if trades:
+            yield from single_trades(ctx, st, view, lo, gap)
+            yield from batch_trade(ctx, st, view, lo, gap, rank_in_order)
         lo_busy = sorted(view.busy[lo])
         for item in view.firsts:
-            if item.cost >= gap:
+            if trades and item.cost >= gap:
                 if lo not in memo.lo_views:
                     memo.lo_views[lo] = lo_view_of(ctx, st, lo, rank_in_order)
                 yield from swaps(ctx, st, view, lo, gap, item, memo.lo_views[lo], rank_in_order)
