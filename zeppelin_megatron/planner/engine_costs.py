@@ -286,10 +286,16 @@ def remap_gathers(plan: "StepPlan", direction: Direction,
               if plan.remap_proxies and world > 1 else None)
     out = [rank_staging(plan.remap.exchange(r, direction), None if routed is None else routed[r],
                         plan.tokens(r, src), plan.tokens(r, dst)) for r in range(world)]
-    if programs is not None:
-        out = [drop_rows(st, in_place_rows(programs[r].local_chunks, direction), plan.tokens(r, dst))
-               for r, st in enumerate(out)]
-    return out
+    return out if programs is None else _without_in_place(plan, direction, out, programs)
+
+
+def _without_in_place(plan: "StepPlan", direction: Direction, gathers: list[StagingPlan],
+                      programs: "Sequence[RankProgram]") -> list[StagingPlan]:
+    """``gathers`` (:func:`remap_gathers` without programs) less the rows each rank's in-place local chunks fill
+    (:func:`~.remap_staging.drop_rows`)."""
+    dst = "attention" if direction == "to_attention" else "linear"
+    return [drop_rows(st, in_place_rows(programs[r].local_chunks, direction), plan.tokens(r, dst))
+            for r, st in enumerate(gathers)]
 
 
 def _gather_bytes(g: Gather, sizes: Sequence[int], n: int, row_bytes: int, *, whole_is_free: bool) -> float:
@@ -323,14 +329,14 @@ def zeppelin_remap_bytes(sh: Shape, plan: "StepPlan", programs: "Sequence[RankPr
         return [0.0] * plan.world_size
     b = sh.b
     q, kv = sh.eq, sh.ekv // 2
-    plans = {d: remap_gathers(plan, d, programs) for d in ("to_attention", "to_linear")}
-    qkv_in = remap_gathers(plan, "to_attention") if programs is not None else plans["to_attention"]
+    qkv_in = remap_gathers(plan, "to_attention")  # every attention row, in-place chunks' too
+    dout_in = qkv_in if programs is None else _without_in_place(plan, "to_attention", qkv_in, programs)
+    back = remap_gathers(plan, "to_linear", programs)
     out = []
     for r in range(plan.world_size):
         total = 0.0
-        for d, parts in (("to_attention", (q, kv, kv)), ("to_linear", (q,)), ("to_attention", (q,)),
-                         ("to_linear", (q, kv, kv))):
-            st = qkv_in[r] if parts == (q, kv, kv) and d == "to_attention" else plans[d][r]
+        for d, parts, st in (("to_attention", (q, kv, kv), qkv_in[r]), ("to_linear", (q,), back[r]),
+                             ("to_attention", (q,), dout_in[r]), ("to_linear", (q, kv, kv), back[r])):
             width = sum(parts)
             total += 2 * b * width * st.sizes[0]  # index_select of each part's moving rows into the send buffer
             for g in st.phases:  # routed: each phase's send buffer
