@@ -42,7 +42,8 @@ MAIN = ("zeppelin", "zeppelin-grouped") + PEERS + ("lower-bound",)
 """``zeppelin-grouped``: Zeppelin with the opt-in CP-group candidates (``PlannerOptions(grouped=True)``,
 ``--zeppelin-grouped on``), a column of its own: not the default, so not what ``Z / best peer`` uses."""
 ABLATION = ("te-cp", "te-cp-routing", "zeppelin-partition-only", "zeppelin-no-routing", "zeppelin-no-remap",
-            "zeppelin-remap-always", "zeppelin-no-head-parallel", "zeppelin-no-remap-overlap", "zeppelin",
+            "zeppelin-remap-always", "zeppelin-no-head-parallel", "zeppelin-no-remap-overlap", "zeppelin-no-packed",
+            "zeppelin",
             "zeppelin-no-inter",
             "zeppelin-local-only")
 FIXED_CP = ("te-cp@cp16", "te-cp@cp32")

@@ -12,7 +12,7 @@ from zeppelin_megatron.megatron.metrics import (
     scalars,
     step_metrics,
 )
-from zeppelin_megatron.planner import CostModel, load_cluster, plan_step
+from zeppelin_megatron.planner import CostModel, PlannerOptions, load_cluster, plan_step
 from zeppelin_megatron.planner.model import LLAMA_7B
 from zeppelin_megatron.planner.predict import attention_time
 
@@ -24,7 +24,8 @@ def plans():
     cluster = load_cluster(f"2x8@{H100_YAML}")
     cost = CostModel(model=LLAMA_7B, cluster=cluster)
     batches = [[60_000, 30_000] + [2_000] * 100, [4_096] * 64, [100_000, 500, 700, 9_000] + [1_000] * 50]
-    return [plan_step(b, cost) for b in batches]
+    # the partitioner's plans (rings across nodes to count); packed plans: tests/planner/test_packed.py
+    return [plan_step(b, cost, PlannerOptions(packed=False)) for b in batches]
 
 
 def test_plan_metrics_counts_and_bytes(plans) -> None:

@@ -56,3 +56,14 @@ def test_grouped_flag() -> None:
         PlannerOptions(grouped=True)
     with pytest.raises(ZeppelinArgsError, match="--zeppelin-grouped 1: expected on or off"):
         planner_options_from_args(megatron_namespace(zeppelin_grouped="1"))
+
+
+def test_packed_flag() -> None:
+    """``--zeppelin-packed {on,off}`` -> ``PlannerOptions.packed`` (default the planner's: on)."""
+    base = ["--zeppelin", "--zeppelin-cluster", "2x8"]
+    assert zeppelin_config_from_args(_parse(base)).options.packed is PlannerOptions().packed is True
+    assert zeppelin_config_from_args(_parse(base + ["--zeppelin-packed", "off"])).options == \
+        PlannerOptions(packed=False)
+    with pytest.raises(ZeppelinArgsError, match="--zeppelin-packed no: expected on or off"):
+        planner_options_from_args(megatron_namespace(zeppelin_packed="no"))
+    assert planner_options_from_args(megatron_namespace()).packed is True  # an older caller: the default

@@ -30,7 +30,8 @@ def _plan(spec: str, tokens: int, seed: int) -> StepPlan:
     # some rings (max/mean can rise while the step falls; test_choose_heads.py checks the step). Remap
     # windows, also chosen after it, take local work out of the attention time of the ranks that have them.
     cost = _cost(spec)
-    return plan_step(long_tailed_batch(tokens, seed), cost, PlannerOptions(head_parallel=False, remap_overlap=False))
+    return plan_step(long_tailed_batch(tokens, seed), cost, PlannerOptions(head_parallel=False, remap_overlap=False,
+                                                                                  packed=False))
 
 
 def _max_over_mean(plan: StepPlan) -> float:

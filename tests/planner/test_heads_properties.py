@@ -33,7 +33,7 @@ def test_every_width_obeys_the_rules(shape: tuple[int, int], seed: int, tokens: 
     nodes, gpus = shape
     cost = _cost(nodes, gpus, *heads)
     lengths = long_tailed_batch(tokens, seed, long_min=2_000, long_max=120_000, short_median=300)
-    plan = plan_step(lengths, cost, PlannerOptions(routing=routing, remap=remap))  # type: ignore[arg-type]
+    plan = plan_step(lengths, cost, PlannerOptions(routing=routing, remap=remap, packed=False))  # type: ignore[arg-type]
     check_plan(plan, lengths, cost.cluster.tokens_per_gpu)
     for s in plan.sequences:
         if s.placement == "local":
@@ -48,7 +48,8 @@ def test_every_width_obeys_the_rules(shape: tuple[int, int], seed: int, tokens: 
     assert StepPlan.from_json(plan.to_json()) == plan
     if nodes * gpus <= 16:
         lower(plan)  # the lowering accepts every plan the planner makes
-    off = plan_step(lengths, cost, PlannerOptions(routing=routing, remap=remap, head_parallel=False))  # type: ignore[arg-type]
+    off = plan_step(lengths, cost, PlannerOptions(routing=routing, remap=remap, head_parallel=False,
+                                                packed=False))  # type: ignore[arg-type]
     assert all(s.a2a == 1 for s in off.sequences)
     assert [(s.placement, s.ranks) for s in off.sequences] == [(s.placement, s.ranks) for s in plan.sequences]
 

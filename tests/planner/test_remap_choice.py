@@ -90,7 +90,7 @@ def test_workload_balanced_keeps_the_ring_and_evens_the_rest() -> None:
 def test_unrouted_plan_chosen_when_the_routed_one_predicts_slower(monkeypatch: pytest.MonkeyPatch) -> None:
     cost = _cost("2x8")
     lengths = long_tailed_batch(1 << 19, 0)
-    routed = plan_step(lengths, cost, PlannerOptions(head_parallel=False))
+    routed = plan_step(lengths, cost, PlannerOptions(head_parallel=False, packed=False))
     assert routed.routing, "this batch routes ring hops"
     real = layout_choice.predict
 
@@ -99,7 +99,7 @@ def test_unrouted_plan_chosen_when_the_routed_one_predicts_slower(monkeypatch: p
         return replace(p, step_ms=p.step_ms + (1e6 if plan.routing or plan.remap_proxies else 0.0))
 
     monkeypatch.setattr(layout_choice, "predict", slower_when_routed)
-    plan = plan_step(lengths, cost, PlannerOptions(head_parallel=False))
+    plan = plan_step(lengths, cost, PlannerOptions(head_parallel=False, packed=False))
     assert plan.routing == () and plan.remap_proxies == ()
     # the same tokens on each rank; the order follows the local slots, which follow the routing (engine_order)
     assert [sorted(r) for r in plan.attention_layout] == [sorted(r) for r in routed.attention_layout]
@@ -127,8 +127,8 @@ def test_auto_is_never_predicted_slower_than_a_forced_layout(spec: str, tokens: 
     cost = _cost(spec)
     lengths = long_tailed_batch(tokens, seed)
     on = plan_step(lengths, cost, PlannerOptions(remap=True))
-    off = plan_step(lengths, cost, PlannerOptions(remap=False))
-    auto = plan_step(lengths, cost)  # the default: "auto"
+    off = plan_step(lengths, cost, PlannerOptions(remap=False, packed=False))
+    auto = plan_step(lengths, cost, PlannerOptions(packed=False))  # "auto" on the partitioner's placement
     # the same ranges on each rank (their order within a rank follows the slots: remap windows' last)
     assert [sorted(r) for r in on.attention_layout] == [sorted(r) for r in off.attention_layout] \
         == [sorted(r) for r in auto.attention_layout]
@@ -136,8 +136,12 @@ def test_auto_is_never_predicted_slower_than_a_forced_layout(spec: str, tokens: 
     assert off.linear_layout == off.attention_layout
     assert auto.predicted.step_ms <= min(on.predicted.step_ms, off.predicted.step_ms)  # type: ignore[union-attr]
     assert auto.predicted == predict(replace(auto, predicted=None, validate=False), cost)
+    # the default also tries packed candidates (packed.py): never predicted slower than auto on the partition
+    default = plan_step(lengths, cost)
+    assert default.predicted.step_ms <= auto.predicted.step_ms  # type: ignore[union-attr]
+    assert default == auto or default.linear_layout == default.attention_layout  # a packed plan has no remap
     # deterministic: a fresh cost model, a copy of the lengths, the same document
-    assert auto.to_json() == plan_step(list(lengths), _cost(spec)).to_json()
+    assert default.to_json() == plan_step(list(lengths), _cost(spec)).to_json()
 
 
 def test_choice_recorded_in_json_and_round_trip() -> None:

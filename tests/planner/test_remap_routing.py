@@ -81,7 +81,7 @@ def test_a_nodes_network_rows_spread_over_its_nics() -> None:
     cl = load_cluster("4x8")
     cost = CostModel(model=load_model(None), cluster=cl)
     # plain rings: with head-parallel rings this batch's plan needs no routed remap
-    plan = plan_step(long_tailed_batch(1 << 20, seed=0), cost, PlannerOptions(head_parallel=False))
+    plan = plan_step(long_tailed_batch(1 << 20, seed=0), cost, PlannerOptions(head_parallel=False, packed=False))
     assert plan.remap_proxies == tuple(range(8))
     _, nic = _play(plan, "to_attention", plan.remap_proxies)
     counts = plan.remap.counts("to_attention")
@@ -97,7 +97,7 @@ def test_proxies_one_per_nic_and_the_planner_default() -> None:
     cl = load_cluster("4x8")
     cost = CostModel(model=load_model(None), cluster=cl)
     lengths = long_tailed_batch(1 << 20, seed=0)
-    routed = plan_step(lengths, cost, PlannerOptions(head_parallel=False))  # (see the test above)
+    routed = plan_step(lengths, cost, PlannerOptions(head_parallel=False, packed=False))  # (see the test above)
     direct = plan_step(lengths, cost, PlannerOptions(routing=False))
     assert routed.remap_proxies == remap_proxies_for(routed, cost) == tuple(range(8))
     assert direct.remap_proxies == () and plan_step(lengths, cost, PlannerOptions(remap=False)).remap_proxies == ()

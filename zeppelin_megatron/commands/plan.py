@@ -29,6 +29,14 @@ _REMAP: dict[str, Remap] = {REMAP_WORDS[v].split()[0]: v for v in REMAP_CHOICES}
 """``--remap`` word -> PlannerOptions.remap: {"auto": "auto", "on": True, "off": False} (words from REMAP_WORDS)."""
 
 
+_ORIGIN_WORDS: dict[str | None, str] = {
+    None: "the partitioner's",
+    "packed": "packed (documents packed by attention + linear work per GPU, no remap: planner/packed.py)",
+    "grouped": "CP groups (every split document on a whole group of nodes: planner/grouped.py)",
+}
+"""How the summary names :attr:`StepPlan.origin`."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", required=True, help="text file, one sequence length per line")
     p.add_argument("--cluster", required=True,
@@ -46,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-remap-overlap", action="store_true",
                    help="no remap windows: staying local sequences never run while a layout exchange is in "
                         "flight (PlannerOptions.remap_overlap=False)")
+    p.add_argument("--no-packed", action="store_true",
+                   help="no packed candidates (PlannerOptions.packed=False: documents packed by attention + linear "
+                        "work, linear modules on the attention layout)")
     p.add_argument("--grouped", action="store_true",
                    help="also try CP-group candidates (PlannerOptions.grouped: every split sequence on a whole "
                         "group of nodes; slower planning)")
@@ -102,6 +113,7 @@ def _table(plan: StepPlan) -> str:
         "",
         f"sequences: {len(plan.sequences)} ({kinds['local']} local, {kinds['intra_node']} intra_node, "
         f"{kinds['inter_node']} inter_node), tokens: {plan.total_tokens}, routed hops: {len(plan.routing)}",
+        "placement: " + _ORIGIN_WORDS[plan.origin],
         _head_line(plan),
         f"remap: {'off (linear layout = attention layout)' if plan.linear_layout == plan.attention_layout else 'on'}"
         + (f", linear layout: {plan.linear}" if plan.linear else "")
@@ -173,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
                            tokens_per_gpu=args.tokens_per_gpu,
                            options=PlannerOptions(routing=not args.no_routing, remap=_REMAP[args.remap or "auto"],
                                                   head_parallel=not args.no_head_parallel,
-                                                  remap_overlap=not args.no_remap_overlap, grouped=args.grouped))
+                                                  remap_overlap=not args.no_remap_overlap, packed=not args.no_packed,
+                                                  grouped=args.grouped))
     warning = profile_range_warning(setup.cost.profile, lengths) if args.profile else None
     if warning:
         print(f"zeppelin plan: {warning}", file=sys.stderr)

@@ -95,6 +95,11 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="Let the planner run a GPU's staying local sequences (whole on it in both layouts) while "
                         "the layout exchanges (remap in / out) are in flight, where the call fits the predicted "
                         f"exchange time (default: {_word(_PLANNER.remap_overlap)}; off: no remap windows).")
+    g.add_argument("--zeppelin-packed", choices=("on", "off"), default=_word(_PLANNER.packed),
+                   help="Also try packed placements (documents packed by attention + linear work per GPU, "
+                        "WLB-LLM's placement, linear modules on the attention layout: no remap) and keep one where "
+                        f"the planner predicts it faster (default: {_word(_PLANNER.packed)}; never with "
+                        "--zeppelin-remap, which forces the token-balanced layout).")
     g.add_argument("--zeppelin-grouped", choices=("on", "off"), default=_word(_PLANNER.grouped),
                    help="Also try CP-group candidates (every split document on a whole group of nodes, all-to-all "
                         "in each node and a ring across them) and keep one where the planner predicts it faster "
@@ -174,13 +179,14 @@ def _remap_from_args(args: argparse.Namespace) -> Remap:
 _PLANNER_FLAGS = {"routing": "--zeppelin-routing", "remap": "--zeppelin-remap", "slack": "--zeppelin-slack",
                   "min_ratio": "--zeppelin-min-ratio", "placements": "--zeppelin-placements",
                   "head_parallel": "--zeppelin-head-parallel", "remap_overlap": "--zeppelin-remap-overlap",
-                  "grouped": "--zeppelin-grouped"}
+                  "packed": "--zeppelin-packed", "grouped": "--zeppelin-grouped"}
 """PlannerOptions field -> the flag that sets it (errors name the flag)."""
 
 
 def planner_options_from_args(args: argparse.Namespace) -> PlannerOptions:
     """The planner's settings from ``--zeppelin-routing/-remap/-remap-auto/-slack/-min-ratio/-placements``
-    and ``--zeppelin-head-parallel {on,off}``, ``--zeppelin-remap-overlap {on,off}``, ``--zeppelin-grouped {on,off}``.
+    and ``--zeppelin-head-parallel {on,off}``, ``--zeppelin-remap-overlap {on,off}``, ``--zeppelin-packed {on,off}``,
+    ``--zeppelin-grouped {on,off}``.
 
     :class:`PlannerOptions` validates the values; its error is re-raised naming
     the flag, e.g. ``--zeppelin-slack 2.0: slack is 2.0, expected a fraction in [0, 1)``.
@@ -197,6 +203,10 @@ def planner_options_from_args(args: argparse.Namespace) -> PlannerOptions:
     if ro not in ("on", "off"):
         raise ZeppelinArgsError(f"--zeppelin-remap-overlap {ro}: expected on or off")
     values["remap_overlap"] = ro == "on"
+    pk = getattr(args, "zeppelin_packed", _word(_PLANNER.packed))
+    if pk not in ("on", "off"):
+        raise ZeppelinArgsError(f"--zeppelin-packed {pk}: expected on or off")
+    values["packed"] = pk == "on"
     gr = getattr(args, "zeppelin_grouped", _word(_PLANNER.grouped))
     if gr not in ("on", "off"):
         raise ZeppelinArgsError(f"--zeppelin-grouped {gr}: expected on or off")

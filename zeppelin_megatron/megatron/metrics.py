@@ -13,7 +13,9 @@ Numbers (all from the plans' cost-model predictions, except ``measured_ms``):
   ``ulysses`` / ``hybrid``: of the split ones, those run head-parallel (all-to-all over heads in one
   node; all-to-all in each node and a ring across nodes), the rest run as zigzag rings;
   ``remapped``: micro-steps whose linear modules run on a layout of their own (a remap every layer);
-  ``windowed``: local sequences run while a remap is in flight (``StepPlan.remap_slots``).
+  ``windowed``: local sequences run while a remap is in flight (``StepPlan.remap_slots``);
+  ``packed``: micro-steps whose plan is a packed candidate (``StepPlan.origin``: attention + linear
+  balanced per rank, no remap; ``planner/packed.py``).
 * ``predicted_ms``: sum over micro-steps of ``plan.predicted.step_ms``
   (forward + backward, all layers; no optimizer, no data loading).
 * ``measured_ms``: wall time from the start of this step's first micro-step to
@@ -62,6 +64,7 @@ class PlanMetrics:
     remapped: bool
     routed_hops: int
     windowed: int = 0
+    packed: bool = False
     predicted_ms: float
     attention_max_ms: float
     attention_mean_ms: float
@@ -97,6 +100,7 @@ def plan_metrics(plan: StepPlan) -> PlanMetrics:
         remapped=plan.linear_layout != plan.attention_layout,
         routed_hops=len(plan.routing),
         windowed=sum(len(x.seqs) for x in plan.remap_slots),
+        packed=plan.origin == "packed",
         predicted_ms=pred.step_ms,
         attention_max_ms=max(att),
         attention_mean_ms=sum(att) / len(att),
@@ -124,6 +128,7 @@ class StepMetrics:
     remapped: int
     routed_hops: int
     windowed: int = 0
+    packed: int = 0
     predicted_ms: float
     measured_ms: float | None
     attention_imbalance: float
@@ -160,6 +165,7 @@ def step_metrics(iteration: int, plans: Sequence[PlanMetrics], measured_ms: floa
         remapped=sum(p.remapped for p in plans),
         routed_hops=sum(p.routed_hops for p in plans),
         windowed=sum(p.windowed for p in plans),
+        packed=sum(p.packed for p in plans),
         predicted_ms=sum(p.predicted_ms for p in plans),
         measured_ms=measured_ms,
         attention_imbalance=_ratio(sum(p.attention_max_ms for p in plans), sum(p.attention_mean_ms for p in plans)),
@@ -183,6 +189,7 @@ def scalars(m: StepMetrics) -> dict[str, float]:
         "zeppelin/remapped_micro_steps": float(m.remapped),
         "zeppelin/routed_hops": float(m.routed_hops),
         "zeppelin/remap_window_sequences": float(m.windowed),
+        "zeppelin/packed_micro_steps": float(m.packed),
         "zeppelin/predicted_ms": m.predicted_ms,
         "zeppelin/attention_imbalance": m.attention_imbalance,
         "zeppelin/token_imbalance": m.token_imbalance,
@@ -200,7 +207,8 @@ def scalars(m: StepMetrics) -> dict[str, float]:
 
 def format_step(m: StepMetrics) -> str:
     """One log line, e.g. ``zeppelin step 12 | seqs 246 (230 local / 12 intra / 4 inter; split: 9 ring,
-    5 all-to-all, 2 hybrid), tokens ..., remap 1 of 1 micro-steps (4 seqs in remap windows), routed hops 3 |
+    5 all-to-all, 2 hybrid), tokens ..., remap 1 of 1 micro-steps (4 seqs in remap windows), packed 0 of 1,
+    routed hops 3 |
     ...``."""
     measured = "n/a" if m.measured_ms is None else f"{m.measured_ms:.1f} ms"
     ratio = m.measured_over_predicted
@@ -209,7 +217,7 @@ def format_step(m: StepMetrics) -> str:
         f"zeppelin step {m.iteration} | seqs {m.sequences} ({m.local} local / {m.intra_node} intra / "
         f"{m.inter_node} inter; split: {rings} ring, {m.ulysses} all-to-all, {m.hybrid} hybrid), "
         f"tokens {m.tokens}, micro-steps {m.micro_steps}, remap {m.remapped} of {m.micro_steps} "
-        f"({m.windowed} seqs in remap windows), "
+        f"({m.windowed} seqs in remap windows), packed {m.packed} of {m.micro_steps}, "
         f"routed hops {m.routed_hops} | "
         f"predicted {m.predicted_ms:.1f} ms (cost model), measured {measured}"
         + (f" ({ratio:.2f}x)" if ratio is not None else "")

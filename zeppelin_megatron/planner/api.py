@@ -10,6 +10,7 @@ from .cluster import Cluster
 from .cost_model import CostModel
 from .gc_pause import gc_paused
 from .grouped import best_plan
+from .packed import best_packed
 from .linear_layout import linear_layout
 from .layout_check import engine_attention_layout
 from .layout_choice import choose_plan
@@ -100,8 +101,13 @@ REMAP_BOUND = 0.25
 def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOptions) -> StepPlan:
     plan = _finish(lengths, partition(lengths, cost_model, options), cost_model, options)
     plan = _unrouted_partition(lengths, cost_model, options, plan)
+    if options.packed:  # packed candidates (packed.py): attention + linear balanced, no remap
+        no_remap = replace(options, remap=False)
+        plan = best_packed(lengths, cost_model, options, plan,
+                           lambda a: _finish(lengths, a, cost_model, no_remap).evolve(origin="packed"))
     if options.grouped:  # CP-group candidates (grouped.py), opt-in
-        plan = best_plan(lengths, cost_model, options, plan, lambda a: _finish(lengths, a, cost_model, options))
+        plan = best_plan(lengths, cost_model, options, plan,
+                         lambda a: _finish(lengths, a, cost_model, options).evolve(origin="grouped"))
     return plan
 
 

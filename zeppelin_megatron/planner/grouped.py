@@ -63,7 +63,7 @@ from .options import PlannerOptions
 from .partition_context import Assignment
 from .plan import PLACEMENTS, SequencePlan, StepPlan, derive_routing
 
-__all__ = ["group_sizes", "grouped_assignments", "best_plan", "rings_end_ms", "step_floor"]
+__all__ = ["group_sizes", "grouped_assignments", "best_plan", "rings_end_ms", "step_floor", "ring_floor"]
 
 
 def group_sizes(lengths: Sequence[int], cluster: Cluster) -> list[int]:
@@ -126,7 +126,7 @@ def rings_end_ms(plan: StepPlan, cost: CostModel) -> float:
     return max(ring_timeline(plan, cost)[1], default=0.0)
 
 
-def _ring_floor(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int],
+def ring_floor(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int],
                 head_parallel: bool) -> tuple[float, float]:
     """``(total, own)`` lower bounds of one ring's per-layer times in :func:`~.predict.predict` (charges
     ``none``, what ``plan_step`` predicts with), whatever block width and routes the finished plan gives it:
@@ -159,7 +159,7 @@ def step_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost: 
     ``rank_ms_r = L * (attn_r + linear_r + copy_r)``. So ``step >= L * max_r (attn_r + linear_r)``.
 
     * ``attn_r = tot_r + max(0, loc_r - (tot_r - own_r)) >= tot_r``, ``tot_r`` the sum over ``r``'s rings
-      of their totals, each at least :func:`_ring_floor`'s (the rings are the sequences sharing a rank
+      of their totals, each at least :func:`ring_floor`'s (the rings are the sequences sharing a rank
       tuple, as :attr:`~.plan.StepPlan.rings` groups them). With ``remap_overlap`` off no local sequence
       is hidden, so also ``attn_r >= own_r + loc_r`` (``loc_r``: ``r``'s local ``local_ms``, at least the
       call overhead when any); with it on, sequences in remap windows leave ``loc_r``, so local work is
@@ -186,7 +186,7 @@ def step_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost: 
     tot = [0.0] * world
     own = [0.0] * world
     for ranks, ls in rings.items():
-        t, o = _ring_floor(cost, ranks, ls, options.head_parallel)
+        t, o = ring_floor(cost, ranks, ls, options.head_parallel)
         for r in ranks:
             tot[r] += t
             own[r] += o

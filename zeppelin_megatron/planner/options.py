@@ -68,6 +68,10 @@ class PlannerOptions:
     remap_overlap: bool = True
     """Run staying local sequences while the layout exchanges are in flight (:mod:`.remap_windows`:
     ``StepPlan.remap_slots``), where the call fits the rank's predicted exchange time; ``False``: none."""
+    packed: bool = True
+    """Also try packed candidates (:mod:`.packed`: documents packed by attention + linear work per rank, WLB-LLM's
+    placement, with the linear layout equal to the attention layout: no remap) and keep one whose predicted step
+    is lower. Not tried when ``remap`` is ``True`` (token-balanced layout forced)."""
     grouped: bool = False
     """Also try TE-CP-a2a+p2p-style candidates (:mod:`.grouped`: every split sequence on a whole CP group of
     nodes, head-parallel) and keep one where it beats the partitioner's plan on both the predicted step and
@@ -83,6 +87,8 @@ class PlannerOptions:
             raise PlanError(f"head_parallel is {self.head_parallel!r}, expected True or False")
         if not isinstance(self.remap_overlap, bool):
             raise PlanError(f"remap_overlap is {self.remap_overlap!r}, expected True or False")
+        if not isinstance(self.packed, bool):
+            raise PlanError(f"packed is {self.packed!r}, expected True or False")
         if not isinstance(self.grouped, bool):
             raise PlanError(f"grouped is {self.grouped!r}, expected True or False")
         if not _is_remap(self.remap):

@@ -38,7 +38,7 @@ from .plan_check import check_local_slots, check_remap_slots, check_routing, val
 from .plan_json import derive_routing, plan_from_json, plan_to_dict, plan_to_json
 from .plan_parts import (
     PLACEMENTS, PLAN_SCHEMA, REMAP_DIRECTIONS, LocalSlot, Placement, PlanError, Prediction, RemapSlot, Ring,
-    SequencePlan, TokenRange,
+    SequencePlan, TokenRange, ORIGINS,
     check_linear,
 )
 from .remap import RemapPlan, build_remap
@@ -82,6 +82,9 @@ class StepPlan:
     linear: str | None = None
     """How the linear layout was chosen (:data:`~.plan_parts.LINEAR_LAYOUTS`: ``token_balanced``,
     ``workload_balanced``, ``attention``); ``None``: not recorded (hand-made plans, older documents)."""
+    origin: str | None = None
+    """Where the placement came from (:data:`~.plan_parts.ORIGINS`): ``packed`` (:mod:`.packed`), ``grouped``
+    (:mod:`.grouped`); ``None``: the partitioner's (or not recorded)."""
     predicted: Prediction | None = None
     validate: InitVar[bool] = True
     """``False`` skips the layout and sequence checks (only for plans built from a validated one with the
@@ -96,6 +99,8 @@ class StepPlan:
         check_local_slots(self)
         check_remap_slots(self)
         check_linear(self.linear, self.linear_layout, self.attention_layout)
+        if self.origin is not None and self.origin not in ORIGINS:
+            raise PlanError(f"origin is {self.origin!r}, expected None or one of {list(ORIGINS)}")
         gpn = self.gpus_per_node
         if (len(set(self.remap_proxies)) != len(self.remap_proxies)
                 or not all(isinstance(p, int) and 0 <= p < gpn for p in self.remap_proxies)):

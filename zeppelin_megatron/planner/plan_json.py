@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .gc_pause import gc_paused
 from .plan_parts import (
-    LINEAR_LAYOUTS, PLACEMENTS, PLAN_SCHEMA, LocalSlot, PlanError, Prediction, RemapSlot, SequencePlan,
+    LINEAR_LAYOUTS, ORIGINS, PLACEMENTS, PLAN_SCHEMA, LocalSlot, PlanError, Prediction, RemapSlot, SequencePlan,
     TokenRange,
 )
 from .routing import Route, plan_routing
@@ -32,7 +32,8 @@ __all__ = ["plan_to_dict", "plan_to_json", "plan_from_json", "derive_routing"]
 def plan_to_dict(plan: "StepPlan") -> dict[str, Any]:
     """The ``zeppelin-plan/1`` document of ``plan``.
 
-    ``linear``, ``remap_proxies``, ``local_slots``, ``remap_slots`` and ``predicted`` appear only when present.
+    ``linear``, ``origin``, ``remap_proxies``, ``local_slots``, ``remap_slots`` and ``predicted`` appear only when
+    present.
     """
     d: dict[str, Any] = {
         "schema": PLAN_SCHEMA,
@@ -52,6 +53,8 @@ def plan_to_dict(plan: "StepPlan") -> dict[str, Any]:
 def _tail(plan: "StepPlan") -> dict[str, Any]:
     """The document's keys after the layouts, in order."""
     d: dict[str, Any] = {"linear": plan.linear} if plan.linear is not None else {}
+    if plan.origin is not None:
+        d["origin"] = plan.origin
     d.update({
         "routing": [
             {"ring": list(r.ring), "src": r.src, "dst": r.dst, "proxies": list(r.proxies)}
@@ -142,6 +145,9 @@ def plan_from_json(
     linear = doc.get("linear")
     if "linear" in doc and (not isinstance(linear, str) or linear not in LINEAR_LAYOUTS):
         raise PlanError(f"plan.linear is {linear!r}, expected one of {list(LINEAR_LAYOUTS)}")
+    origin = doc.get("origin")
+    if "origin" in doc and (not isinstance(origin, str) or origin not in ORIGINS):
+        raise PlanError(f"plan.origin is {origin!r}, expected one of {list(ORIGINS)}")
     if "routing" in doc:
         routing = []
         for i, r in enumerate(_list(doc, "routing", "plan")):
@@ -152,10 +158,10 @@ def plan_from_json(
                                  _int(r, "dst", where, 0), tuple(_list(r, "proxies", where))))
         return cls(nodes=nodes, gpus_per_node=gpus, sequences=tuple(sequences), attention_layout=att,
                    linear_layout=lin, routing=tuple(routing), remap_proxies=proxies, local_slots=slots,
-                   remap_slots=windows, linear=linear, predicted=predicted)
+                   remap_slots=windows, linear=linear, origin=origin, predicted=predicted)
     plan = cls(nodes=nodes, gpus_per_node=gpus, sequences=tuple(sequences), attention_layout=att,
                linear_layout=lin, routing=(), remap_proxies=proxies, local_slots=slots,
-               remap_slots=windows, linear=linear, predicted=predicted)
+               remap_slots=windows, linear=linear, origin=origin, predicted=predicted)
     if cost_model is not None:
         cluster = cost_model.cluster
     if cluster is None:

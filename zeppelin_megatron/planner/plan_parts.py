@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 __all__ = ["PlanError", "SequencePlan", "Ring", "LocalSlot", "RemapSlot", "REMAP_DIRECTIONS", "Prediction",
            "PLAN_SCHEMA", "PLACEMENTS",
-           "Placement", "TokenRange", "LINEAR_LAYOUTS", "check_linear"]
+           "Placement", "TokenRange", "LINEAR_LAYOUTS", "check_linear", "ORIGINS"]
 
 PLAN_SCHEMA = "zeppelin-plan/1"
 Placement = Literal["local", "intra_node", "inter_node"]
@@ -22,6 +22,9 @@ TokenRange = tuple[int, int, int]
 LINEAR_LAYOUTS: tuple[str, ...] = ("token_balanced", "workload_balanced", "attention")
 """How a plan's linear layout was chosen (:attr:`~.plan.StepPlan.linear`; docs/planner.md, "Layouts"), in
 the order ``plan_step`` prefers them on a tie."""
+ORIGINS: tuple[str, ...] = ("packed", "grouped")
+"""Where a plan's placement came from when not the partitioner's (:attr:`~.plan.StepPlan.origin`): a packed
+candidate (:mod:`.packed`) or a CP-group candidate (:mod:`.grouped`)."""
 
 
 class PlanError(ValueError):

@@ -35,23 +35,16 @@ from typing import Callable, Sequence
 
 from ..planner.cluster import Cluster
 from ..planner.cost_model import CostModel
+from ..planner.packed import packed_groups
 from ..planner.plan import PlanError, StepPlan
 from .planbuild import build_plan
 from .te_cp import cp_candidates
 
-__all__ = ["hybrid_dp_groups", "hybrid_dp_plan", "wlb_llm_groups", "wlb_llm_plan", "split_pays"]
+__all__ = ["hybrid_dp_groups", "hybrid_dp_plan", "wlb_llm_groups", "wlb_llm_plan"]
 
 
 def _ring_ms(cost: CostModel, s: int, g: int, cluster: Cluster) -> float:
     return cost.ring_ms(s, g, inter_node=g > cluster.gpus_per_node)
-
-
-def split_pays(cost: CostModel, s: int, g: int) -> bool:
-    """A ``g``-way ring of ``s`` hides its transfer (ratio >= 1) and beats one GPU."""
-    cl = cost.cluster
-    inter = g > cl.gpus_per_node
-    return (g > 1 and s >= 2 * g and cost.comm_ratio(s, g, inter_node=inter) >= 1.0
-            and cost.ring_ms(s, g, inter_node=inter) < cost.local_ms(s))
 
 
 def hybrid_dp_groups(lengths: Sequence[int], cluster: Cluster, cost: CostModel,
@@ -105,54 +98,15 @@ def hybrid_dp_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel,
 
 
 def wlb_llm_groups(lengths: Sequence[int], cluster: Cluster, cost: CostModel, cp: int) -> list[tuple[int, ...]]:
-    """Ranks of each document under WLB-LLM with CP size ``cp`` (see module docstring)."""
-    world, cap = cluster.world_size, cluster.tokens_per_gpu
-    if cp < 1 or world % cp:
-        raise PlanError(f"cp_size = {cp} must be a positive divisor of the world size {world}")
-    n_groups = world // cp
-    shard = [split_pays(cost, s, cp) or s > cap for s in lengths]
-    lin_per_token = cost.linear_ms(max(1, sum(lengths) // world)) / max(1, sum(lengths) // world)
-    work = [(cp * _ring_ms(cost, s, cp, cluster) if sh and cp > 1 else cost.local_ms(s)) + s * lin_per_token
-            for s, sh in zip(lengths, shard)]
-    if any(sh and (cp == 1 or s < 2 * cp) for s, sh in zip(lengths, shard)):
-        bad = next(i for i, (s, sh) in enumerate(zip(lengths, shard)) if sh and (cp == 1 or s < 2 * cp))
-        raise PlanError(f"wlb-llm: sequence {bad} ({lengths[bad]} tokens) does not fit one GPU and cannot be "
-                        f"sharded over cp = {cp}")
-    g_work = [0.0] * n_groups
-    g_tok = [0] * n_groups
-    where = [-1] * len(lengths)
-    for i in sorted(range(len(lengths)), key=lambda i: (-work[i], -lengths[i], i)):
-        best = -1
-        for b in range(n_groups):
-            if g_tok[b] + lengths[i] <= cp * cap and (best < 0 or g_work[b] < g_work[best] - 1e-12):
-                best = b
-        if best < 0:
-            raise PlanError(f"wlb-llm: sequence {i} ({lengths[i]} tokens) fits in no group of {cp * cap} tokens")
-        where[i] = best
-        g_work[best] += work[i]
-        g_tok[best] += lengths[i]
-    load = [0.0] * world
-    tok = [0] * world
-    groups: list[tuple[int, ...]] = [()] * len(lengths)
-    for i, s in enumerate(lengths):
-        if shard[i] and cp > 1:
-            ranks = tuple(range(where[i] * cp, (where[i] + 1) * cp))
-            groups[i] = ranks
-            for r in ranks:
-                load[r] += work[i] / cp
-                tok[r] += -(-s // cp)
-    for i in sorted(range(len(lengths)), key=lambda i: (-work[i], -lengths[i], i)):
-        if groups[i]:
-            continue
-        base = where[i] * cp
-        fits = [r for r in range(base, base + cp) if tok[r] + lengths[i] <= cap]
-        if not fits:
-            raise PlanError(f"wlb-llm: sequence {i} ({lengths[i]} tokens) fits on no GPU of group {where[i]}")
-        r = min(fits, key=lambda r: (load[r], r))
-        groups[i] = (r,)
-        load[r] += work[i]
-        tok[r] += lengths[i]
-    return groups
+    """Ranks of each document under WLB-LLM with CP size ``cp`` (see module docstring): the planner's
+    :func:`~zeppelin_megatron.planner.packed.packed_groups` (Zeppelin tries the same packing as a candidate);
+    its :class:`PlanError` prefixed ``wlb-llm:``."""
+    if cost.cluster != cluster:
+        raise ValueError("cost was built for another cluster; build it with this cluster")
+    try:
+        return packed_groups(lengths, cost, cp)
+    except PlanError as exc:
+        raise PlanError(f"wlb-llm: {exc}") from None
 
 
 def wlb_llm_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *, cp_size: int | None = None,

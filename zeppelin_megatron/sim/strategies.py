@@ -154,7 +154,7 @@ _DESCRIPTIONS: dict[str, str] = {
     "zeppelin": "Zeppelin: hierarchical partitioning + routing + remapping (per step, where predicted to pay)",
     "zeppelin-no-routing": "Zeppelin without NIC-aware routing",
     "zeppelin-no-remap": "Zeppelin without remapping (linear modules on the attention layout, every step)",
-    "zeppelin-partition-only": "Zeppelin partitioning + engine only (no routing, no remapping)",
+    "zeppelin-partition-only": "Zeppelin partitioning + engine only (no routing, no remapping, no packed candidates)",
     "zeppelin-no-inter": "Zeppelin with local and intra-node placements only",
     "zeppelin-local-only": "Zeppelin with the local placement only (sequences too long for a GPU still split)",
     "zeppelin-no-head-parallel": "Zeppelin without head-parallel rings (every split sequence a plain zigzag ring)",
@@ -162,6 +162,8 @@ _DESCRIPTIONS: dict[str, str] = {
                                  "exchanges are in flight; PlannerOptions(remap_overlap=False))",
     "zeppelin-remap-always": "Zeppelin with the linear layout forced token-balanced (a remap every step; no per-step "
                              "choice of layout)",
+    "zeppelin-no-packed": "Zeppelin without packed candidates (no WLB-LLM-style placement balancing attention + "
+                          "linear work with no remap; PlannerOptions(packed=False))",
     "zeppelin-grouped": "Zeppelin also trying TE-CP-a2a+p2p-style whole-node CP groups as candidates "
                         "(PlannerOptions(grouped=True), opt-in)",
     "te-cp": "TE CP: fixed CP groups, every sequence zigzag-split over its group, packed by tokens",
@@ -182,12 +184,13 @@ _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
     "zeppelin": _zeppelin(),
     "zeppelin-no-routing": _zeppelin(routing=False),
     "zeppelin-no-remap": _zeppelin(remap=False),
-    "zeppelin-partition-only": _zeppelin(routing=False, remap=False),
+    "zeppelin-partition-only": _zeppelin(routing=False, remap=False, packed=False),
     "zeppelin-no-inter": _zeppelin(placements=("local", "intra_node")),
     "zeppelin-local-only": _zeppelin(placements=("local",)),
     "zeppelin-no-head-parallel": _zeppelin(head_parallel=False),
     "zeppelin-no-remap-overlap": _zeppelin(remap_overlap=False),
     "zeppelin-remap-always": _zeppelin(remap=True),
+    "zeppelin-no-packed": _zeppelin(packed=False),
     "zeppelin-grouped": _zeppelin(grouped=True),
     "te-cp": _te_cp(routing=False),
     "te-cp-routing": _te_cp(routing=True),

@@ -1,0 +1,192 @@
+"""Packed candidates (planner/packed.py): WLB-LLM's packing, its floors, and plan_step's choice."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from zeppelin_megatron.planner import CostModel, PlanError, PlannerOptions, load_cluster, load_model, plan_step
+from zeppelin_megatron.planner import api, packed
+from zeppelin_megatron.planner.packed import (
+    best_packed, pack_sizes, packed_assignments, packed_floor, packed_groups, quick_floor, split_pays,
+)
+from zeppelin_megatron.planner.workloads import long_tailed_batch
+
+
+def _cost(spec: str, model: str | None = None, **kw: int) -> CostModel:
+    return CostModel(model=load_model(model), cluster=load_cluster(spec, **kw))
+
+
+def _reference_groups(lengths: list[int], cost: CostModel, cp: int) -> list[tuple[int, ...]]:
+    """The packing written as plain scans (every group, every rank, each time): what the heaps must match."""
+    world, cap = cost.cluster.world_size, cost.cluster.tokens_per_gpu
+    shard = [split_pays(cost, s, cp) or s > cap for s in lengths]
+    share = max(1, sum(lengths) // world)
+    lin = cost.linear_ms(share) / share
+    gpn = cost.cluster.gpus_per_node
+    work = [(cp * cost.ring_ms(s, cp, inter_node=cp > gpn) if sh else cost.local_ms(s)) + s * lin
+            for s, sh in zip(lengths, shard)]
+    order = sorted(range(len(lengths)), key=lambda i: (-work[i], -lengths[i], i))
+    g_work, g_tok, where = [0.0] * (world // cp), [0] * (world // cp), [-1] * len(lengths)
+    for i in order:
+        room = [b for b in range(world // cp) if g_tok[b] + lengths[i] <= cp * cap]
+        b = min(room, key=lambda b: (g_work[b], b))
+        where[i], g_work[b], g_tok[b] = b, g_work[b] + work[i], g_tok[b] + lengths[i]
+    load, tok = [0.0] * world, [0] * world
+    out: list[tuple[int, ...]] = [()] * len(lengths)
+    for i, s in enumerate(lengths):
+        if shard[i]:
+            out[i] = tuple(range(where[i] * cp, (where[i] + 1) * cp))
+            for r in out[i]:
+                load[r] += work[i] / cp
+                tok[r] += -(-s // cp)
+    for i in order:
+        if not out[i]:
+            fits = [r for r in range(where[i] * cp, (where[i] + 1) * cp) if tok[r] + lengths[i] <= cap]
+            r = min(fits, key=lambda r: (load[r], r))
+            out[i] = (r,)
+            load[r] += work[i]
+            tok[r] += lengths[i]
+    return out
+
+
+def test_worked_example() -> None:
+    cost = _cost("1x4")
+    lengths = [9000, 3000, 3000, 1000]
+    assert [split_pays(cost, s, 2) for s in lengths] == [True, False, False, False]
+    assert packed_groups(lengths, cost, 2) == [(0, 1), (2,), (3,), (2,)]
+    assert packed_groups(lengths, cost, 1) == [(0,), (1,), (2,), (3,)]
+    assert pack_sizes(lengths, cost.cluster) == [1, 2, 4]
+    a = packed_assignments(lengths, cost, 2)
+    assert a is not None and [x.placement for x in a] == ["intra_node", "local", "local", "local"]
+
+
+@pytest.mark.parametrize("spec,tokens", [("2x8", 1 << 19), ("4x8", 1 << 20), ("2x3", 1 << 17)])
+def test_heaps_match_plain_scans_and_place_every_token(spec: str, tokens: int) -> None:
+    for seed in range(4):
+        cost = _cost(spec)
+        lengths = long_tailed_batch(tokens, seed)
+        cap = cost.cluster.tokens_per_gpu
+        for cp in pack_sizes(lengths, cost.cluster):
+            try:
+                got = packed_groups(lengths, cost, cp)
+            except PlanError:
+                continue
+            assert got == _reference_groups(lengths, cost, cp), (spec, seed, cp)
+            held = [0] * cost.cluster.world_size
+            for s, g in zip(lengths, got):
+                assert len(g) in (1, cp) and list(g) == list(range(g[0], g[0] + len(g)))
+                assert len(g) == 1 or g[0] % cp == 0
+                for r in g:
+                    held[r] += -(-s // len(g))
+            assert max(held) <= cap
+
+
+def test_errors_name_the_value_and_the_limit() -> None:
+    cost = _cost("1x4", tokens_per_gpu=1000)
+    with pytest.raises(PlanError, match="cp_size = 3 must be a positive divisor of the world size 4"):
+        packed_groups([10], cost, 3)
+    with pytest.raises(PlanError, match=r"sequence 1 \(1500 tokens\) does not fit one GPU \(1000 tokens\) and "
+                                        r"cannot be sharded over cp = 1"):
+        packed_groups([10, 1500], cost, 1)
+    with pytest.raises(PlanError, match=r"fits in no group of 2000 tokens"):
+        packed_groups([900] * 9, cost, 2)
+    assert packed_assignments([900] * 9, cost, 2) is None
+    assert quick_floor([1500], cost, 1, PlannerOptions()) == float("inf")
+    with pytest.raises(PlanError, match="packed is 'yes', expected True or False"):
+        PlannerOptions(packed="yes")  # type: ignore[arg-type]
+
+
+LLAMA_13B = str(Path(__file__).resolve().parents[2] / "configs" / "models" / "llama_13b.yaml")
+CASES = [("1x8", 1 << 18, None), ("2x8", 1 << 19, None), ("2x4", 1 << 18, LLAMA_13B), ("2x3", 1 << 17, None)]
+
+
+@pytest.mark.parametrize("spec,tokens,model", CASES)
+def test_floors_bound_the_finished_prediction(spec: str, tokens: int, model: str | None) -> None:
+    for head_parallel in (True, False):
+        options = PlannerOptions(head_parallel=head_parallel)
+        for seed in range(3):
+            cost = _cost(spec, model)
+            lengths = long_tailed_batch(tokens, seed)
+            longest = sorted(lengths, reverse=True)[:packed.QUICK]
+            for cp in pack_sizes(lengths, cost.cluster):
+                a = packed_assignments(lengths, cost, cp)
+                if a is None:
+                    continue
+                plan = api._finish(lengths, a, cost, replace(options, remap=False))
+                assert plan.linear_layout == plan.attention_layout and plan.linear == "attention"
+                floor = packed_floor(lengths, a, cost, options)
+                assert quick_floor(longest, cost, cp, options) <= floor + 1e-6
+                assert floor <= plan.predicted.step_ms + 1e-6, (spec, seed, cp)  # type: ignore[union-attr]
+
+
+def test_a_ring_floor_only_grows_with_its_sequences() -> None:
+    from zeppelin_megatron.planner.grouped import ring_floor
+    cost = _cost("2x8")
+    rng = random.Random(0)
+    for _ in range(30):
+        g = rng.choice([2, 4, 8, 16])
+        ranks = tuple(range(g))
+        a, b = rng.randint(2 * g, 60000), rng.randint(2 * g, 60000)
+        one, two = ring_floor(cost, ranks, [a], True), ring_floor(cost, ranks, [a, b], True)
+        assert one[0] <= two[0] + 1e-9 and one[1] <= two[1] + 1e-9
+
+
+@pytest.mark.parametrize("spec,tokens", [("1x8", 1 << 18), ("2x8", 1 << 19)])
+def test_plan_step_takes_a_packed_plan_only_where_it_predicts_faster(spec: str, tokens: int,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    taken = 0
+    for seed in range(4):
+        lengths = long_tailed_batch(tokens, seed)
+        plan = plan_step(lengths, _cost(spec))
+        part = plan_step(lengths, _cost(spec), PlannerOptions(packed=False))
+        assert plan.predicted.step_ms <= part.predicted.step_ms  # type: ignore[union-attr]
+        if plan != part:
+            taken += 1
+            assert plan.linear_layout == plan.attention_layout and plan.linear == "attention"
+            assert plan.predicted.step_ms < part.predicted.step_ms - 1e-6  # type: ignore[union-attr]
+        # the floors change no choice: finishing every candidate gives the same plan
+        with monkeypatch.context() as m:
+            m.setattr(packed, "quick_floor", lambda *a, **k: 0.0)
+            m.setattr(packed, "packed_floor", lambda *a, **k: 0.0)
+            assert plan_step(lengths, _cost(spec)).to_json() == plan.to_json()
+        # a forced token-balanced layout has no packed candidate
+        assert plan_step(lengths, _cost(spec), PlannerOptions(remap=True)) == \
+            plan_step(lengths, _cost(spec), PlannerOptions(remap=True, packed=False))
+    assert taken, "these small batches have steps a packed plan wins (predicted)"
+
+
+def test_best_packed_keeps_the_plan_without_a_prediction_or_with_remap_forced() -> None:
+    cost = _cost("1x8")
+    lengths = long_tailed_batch(1 << 18, 0)
+    plan = plan_step(lengths, cost, PlannerOptions(packed=False))
+    never = lambda a: pytest.fail("finished a candidate")  # noqa: E731
+    assert best_packed(lengths, cost, PlannerOptions(remap=True), plan, never) is plan
+    bare = replace(plan, predicted=None, validate=False)
+    assert best_packed(lengths, cost, PlannerOptions(), bare, never) is bare
+
+
+def test_origin_is_recorded_round_trips_and_is_checked() -> None:
+    from zeppelin_megatron.megatron.metrics import format_step, plan_metrics, scalars, step_metrics
+    from zeppelin_megatron.planner import StepPlan
+    cost = _cost("1x8")
+    plans = [plan_step(long_tailed_batch(1 << 18, seed), cost) for seed in range(4)]
+    packed_plans = [p for p in plans if p.origin == "packed"]
+    assert packed_plans and all(p.linear_layout == p.attention_layout for p in packed_plans)
+    assert all(p.origin is None for p in plans if p.origin != "packed")
+    doc = packed_plans[0].to_json()
+    assert '"origin":"packed"' in doc.replace(" ", "")
+    assert StepPlan.from_json(doc) == packed_plans[0]
+    part = plan_step(long_tailed_batch(1 << 18, 0), cost, PlannerOptions(packed=False))
+    assert part.origin is None and '"origin"' not in part.to_json()  # documents without it are unchanged
+    with pytest.raises(PlanError, match="plan.origin is 'wlb', expected one of"):
+        StepPlan.from_json(doc.replace('"origin": "packed"', '"origin": "wlb"').replace('"origin":"packed"',
+                                                                                       '"origin":"wlb"'))
+    with pytest.raises(PlanError, match="origin is 'x', expected None or one of"):
+        replace(part, origin="x")
+    m = step_metrics(1, [plan_metrics(p) for p in plans])
+    assert m.packed == len(packed_plans) and scalars(m)["zeppelin/packed_micro_steps"] == len(packed_plans)
+    assert f"packed {len(packed_plans)} of 4" in format_step(m)

@@ -1,0 +1,285 @@
+"""Packed candidates: documents packed by attention + linear work, one layout for both modules (no remap).
+
+The partitioner balances *attention* per rank and leaves the linear modules to the remap, which moves
+every layer's q/k/v and output rows to a token-balanced layout and back. Where documents are short
+against the batch (github data, and at 16-32 GPUs most data), a placement that evens attention plus
+linear time per rank needs no remap at all: WLB-LLM's packing. :func:`packed_groups` builds it for one
+CP size ``cp``: ``P / cp`` groups of ``cp`` consecutive ranks; documents, heaviest work first, go to the
+group with the least work that has token room (work: kept whole ``local_ms(s) + lin * s``, sharded
+``cp * ring_ms(s, cp) + lin * s``, ``lin`` the linear ms per token at the batch's per-rank share); a
+document is sharded over its whole group when :func:`split_pays` (its ring hides its transfer and beats
+one GPU) or when it does not fit one GPU, else it stays whole on the group rank with the least work
+that has room. The simulator's ``wlb-llm`` baseline is this placement on TE CP's ring
+(:func:`~zeppelin_megatron.sim.baselines.wlb_llm_groups` calls :func:`packed_groups`).
+
+:func:`best_packed` makes one candidate per CP size of :func:`pack_sizes` (identical placements once),
+bounds each one's predicted step from below (:func:`packed_floor`, no layout built), finishes those whose
+floor is below the step to beat, lowest floor first, as ``plan_step`` finishes a placement but with the
+linear layout *equal* to the attention layout (Zeppelin's block widths, head-parallel rings, routing and
+local slots), and keeps one only where its predicted step is lower. Tried when ``options.remap`` is
+``"auto"`` (the default) or ``False`` (a forced token-balanced layout, ``remap=True``, has no packed
+candidate) and every placement a candidate uses is allowed.
+
+Simulated (one step each, seed 0, 1M tokens, at cb45f30; the candidate's prediction picks it where it is
+lower): Llama-13B TP 2 github-64k 16 GPUs 5528 -> 5190 ms (``cp = 1``; ``wlb-llm`` 5148), Llama-7B
+github-64k 32 2818 -> 2685 (``cp = 2``; ``wlb-llm`` 2605), Llama-13B arxiv-128k 32 9710 -> 8518
+(``cp = 8``), 13B github-64k 128 1864 -> 1334 (``cp = 4``); one pick against the simulator: Llama-3B
+github-64k 128 471 -> 502 (predicted 494 -> 487). docs/planner.md, "Packed candidates".
+
+Example (Llama-7B, 1 node x 4 GPUs, ``cp = 2``, lengths ``[9000, 3000, 3000, 1000]``): only 9000 pays to
+shard over 2 GPUs; the heaviest, it goes to group 0 (ranks 0-1) and is sharded there; both 3000s go to group 1
+(less work than group 0's), then 1000 too (two 3000s are still less work than the sharded 9000); inside
+group 1 whole documents go to the rank with the least work: 3000 on rank 2, 3000 on rank 3, 1000 on rank 2
+(a tie: the lower rank). ``packed_groups`` returns ``[(0, 1), (2,), (3,), (2,)]``.
+
+Pure and deterministic.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Callable, Sequence
+
+from .cluster import Cluster
+from .cost_model import CostModel
+from .grouped import ring_floor
+from .options import PlannerOptions
+from .partition_context import Assignment
+from .plan import PlanError, StepPlan
+from .zigzag import zigzag_tokens
+
+__all__ = ["pack_sizes", "split_pays", "packed_groups", "packed_assignments", "packed_floor", "quick_floor",
+           "best_packed"]
+
+
+def pack_sizes(lengths: Sequence[int], cluster: Cluster) -> list[int]:
+    """CP sizes a packing can use: powers of two dividing the world whose GPUs hold the longest sequence
+    (``ceil(max / cp) <= tokens_per_gpu``). Example: 2 x 8 GPUs, capacity 65536, longest 100 000:
+    ``[2, 4, 8, 16]``."""
+    world, cap = cluster.world_size, cluster.tokens_per_gpu
+    out = []
+    cp = 1
+    while cp <= world:
+        if world % cp == 0 and -(-max(lengths) // cp) <= cap:
+            out.append(cp)
+        cp *= 2
+    return out
+
+
+def _ring_ms(cost: CostModel, s: int, g: int) -> float:
+    return cost.ring_ms(s, g, inter_node=g > cost.cluster.gpus_per_node)
+
+
+def split_pays(cost: CostModel, s: int, g: int) -> bool:
+    """A ``g``-way ring of ``s`` tokens hides its transfer (``comm_ratio >= 1``) and beats one GPU
+    (``ring_ms < local_ms``); ``False`` for ``g < 2`` or ``s < 2 g`` (zigzag needs two chunks per rank)."""
+    inter = g > cost.cluster.gpus_per_node
+    return (g > 1 and s >= 2 * g and cost.comm_ratio(s, g, inter_node=inter) >= 1.0
+            and cost.ring_ms(s, g, inter_node=inter) < cost.local_ms(s))
+
+
+def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int) -> list[tuple[int, ...]]:
+    """Ranks of each sequence under the packing with CP size ``cp`` (module docstring): ``(r,)`` for a
+    whole one, the group's ``cp`` ranks in order for a sharded one.
+
+    Raises :class:`PlanError` (naming the sequence, its tokens and the limit) when ``cp`` does not divide
+    the world, a sequence too long for one GPU cannot be sharded (``cp = 1`` or ``s < 2 cp``), or a
+    sequence fits in no group (``cp * tokens_per_gpu`` tokens) or on no GPU of its group."""
+    cluster = cost.cluster
+    world, cap = cluster.world_size, cluster.tokens_per_gpu
+    if cp < 1 or world % cp:
+        raise PlanError(f"cp_size = {cp} must be a positive divisor of the world size {world}")
+    n_groups = world // cp
+    shard = [split_pays(cost, s, cp) or s > cap for s in lengths]
+    bad = next((i for i, (s, sh) in enumerate(zip(lengths, shard)) if sh and (cp == 1 or s < 2 * cp)), None)
+    if bad is not None:
+        raise PlanError(f"sequence {bad} ({lengths[bad]} tokens) does not fit one GPU ({cap} tokens) and cannot "
+                        f"be sharded over cp = {cp}")
+    share = max(1, sum(lengths) // world)
+    lin_per_token = cost.linear_ms(share) / share
+    local: dict[int, float] = {}
+    work = []
+    for s, sh in zip(lengths, shard):
+        if sh:
+            w = cp * _ring_ms(cost, s, cp)
+        else:
+            w = local.get(s, -1.0)
+            if w < 0:
+                w = local[s] = cost.local_ms(s)
+        work.append(w + s * lin_per_token)
+    order = sorted(range(len(lengths)), key=lambda i: (-work[i], -lengths[i], i))
+    # groups by (work, index): the least-loaded group with room, ties to the lower group
+    heap = [(0.0, b) for b in range(n_groups)]
+    g_tok = [0] * n_groups
+    where = [-1] * len(lengths)
+    for i in order:
+        s = lengths[i]
+        skipped = []
+        while heap and g_tok[heap[0][1]] + s > cp * cap:
+            skipped.append(heapq.heappop(heap))
+        if not heap:
+            raise PlanError(f"sequence {i} ({s} tokens) fits in no group of {cp * cap} tokens (cp = {cp})")
+        w, b = heapq.heappop(heap)
+        where[i] = b
+        g_tok[b] += s
+        heapq.heappush(heap, (w + work[i], b))
+        for item in skipped:
+            heapq.heappush(heap, item)
+    load = [0.0] * world
+    tok = [0] * world
+    groups: list[tuple[int, ...]] = [()] * len(lengths)
+    for i, s in enumerate(lengths):
+        if shard[i]:
+            ranks = tuple(range(where[i] * cp, (where[i] + 1) * cp))
+            groups[i] = ranks
+            for r in ranks:
+                load[r] += work[i] / cp
+                tok[r] += -(-s // cp)
+    # whole sequences: per group, ranks by (work, rank), the least-loaded one with room
+    rank_heaps = [sorted((load[r], r) for r in range(b * cp, (b + 1) * cp)) for b in range(n_groups)]
+    for i in order:
+        if groups[i]:
+            continue
+        s, h = lengths[i], rank_heaps[where[i]]
+        skipped = []
+        while h and tok[h[0][1]] + s > cap:
+            skipped.append(heapq.heappop(h))
+        if not h:
+            raise PlanError(f"sequence {i} ({s} tokens) fits on no GPU of group {where[i]} ({cap} tokens per GPU)")
+        w, r = heapq.heappop(h)
+        groups[i] = (r,)
+        tok[r] += s
+        heapq.heappush(h, (w + work[i], r))
+        for item in skipped:
+            heapq.heappush(h, item)
+    return groups
+
+
+def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int) -> list[Assignment] | None:
+    """:func:`packed_groups` as the partitioner's :class:`Assignment` list (``local``, ``intra_node`` or
+    ``inter_node`` by the group's nodes), or ``None`` when the packing fails (:class:`PlanError`)."""
+    try:
+        groups = packed_groups(lengths, cost, cp)
+    except PlanError:
+        return None
+    cl = cost.cluster
+    return [Assignment("local", g) if len(g) == 1 else
+            Assignment("intra_node" if cl.node_of(g[0]) == cl.node_of(g[-1]) else "inter_node", g) for g in groups]
+
+
+def packed_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost: CostModel,
+                 options: PlannerOptions) -> float:
+    """A lower bound on ``predict(finish(assignments)).step_ms`` when the linear layout is the attention
+    layout (no remap, so no remap windows), cheap: no layout built.
+
+    :func:`~.predict.predict` gives such a plan ``L * max_r (attn_r + linear_ms(t_r))`` (no remap, no remap
+    copies), ``t_r`` the tokens rank ``r`` holds (``zigzag_tokens`` of each of its ring positions, its whole
+    sequences), and ``attn_r = max(tot_r, own_r + loc_r)`` (:func:`~.predict.rank_attention`, ``loc_r`` at
+    least the call overhead when any), where every ring's total and own times are at least
+    :func:`~.grouped.ring_floor`'s whatever the widths and routes. Example: 4 GPUs, two whole sequences
+    of 3000 tokens on ranks 0 and 1: ``L * (local_ms(3000) + linear_ms(3000))``.
+    """
+    world = cost.cluster.world_size
+    rings: dict[tuple[int, ...], list[int]] = {}
+    local = [0.0] * world
+    tokens = [0] * world
+    for s, a in zip(lengths, assignments):
+        if a.placement == "local":
+            local[a.ranks[0]] += cost.local_ms(s)
+            tokens[a.ranks[0]] += s
+        else:
+            rings.setdefault(a.ranks, []).append(s)
+            for p, r in enumerate(a.ranks):
+                tokens[r] += zigzag_tokens(s, len(a.ranks), p)
+    tot = [0.0] * world
+    own = [0.0] * world
+    for ranks, ls in rings.items():
+        t, o = ring_floor(cost, ranks, ls, options.head_parallel)
+        for r in ranks:
+            tot[r] += t
+            own[r] += o
+    oh = cost.call_overhead_ms
+    att = [max(t, o + (max(x, oh) if x > 0 else 0.0)) for t, o, x in zip(tot, own, local)]
+    return cost.model.layers * max(a + cost.linear_ms(t) for a, t in zip(att, tokens))
+
+
+def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: PlannerOptions) -> float:
+    """A lower bound on :func:`packed_floor` of the packing with CP size ``cp``, without packing: ``longest``
+    are some of the batch's sequences, longest first (the caller passes the first few). A sequence the
+    packing shards (``split_pays`` or over one GPU) puts at least its ring's :func:`~.grouped.ring_floor`
+    total on every group rank (a ring's floor only grows with the sequences sharing it) and
+    ``zigzag_tokens`` of its position on each; one kept whole puts ``max(local_ms(s), overhead)`` and ``s``
+    tokens on its rank; every rank's linear time is at least ``p * tokens`` (``p``: the profile's least ms
+    per token). Stops after the longest sharded and the longest whole sequence (later ones are shorter).
+    Example: the batch's longest sequence, 123 936 tokens, sharded over ``cp = 8`` on Llama-7B: about
+    6.4 s a step, far above a 2.5 s plan, so that packing is never built."""
+    cap = cost.cluster.tokens_per_gpu
+    per_token = min(cost.linear_ms(r.tokens) / r.tokens for r in cost.profile.linear)
+    bound = 0.0
+    seen_shard = seen_whole = False
+    for s in longest:
+        if s > cap and (cp == 1 or s < 2 * cp):
+            return math.inf  # packed_groups cannot place it: no packing
+        if split_pays(cost, s, cp) or s > cap:
+            if seen_shard:
+                continue
+            seen_shard = True
+            total = min(ring_floor(cost, ranks, [s], options.head_parallel)[0] for ranks in _group_shapes(cost, cp))
+            bound = max(bound, total + per_token * max(zigzag_tokens(s, cp, q) for q in range(cp)))
+        else:
+            seen_whole = True
+            bound = max(bound, max(cost.local_ms(s), cost.call_overhead_ms) + per_token * s)
+        if seen_whole and seen_shard:
+            break
+    return cost.model.layers * bound
+
+
+def _group_shapes(cost: CostModel, cp: int) -> list[tuple[int, ...]]:
+    """One group of ``cp`` consecutive ranks per distinct node pattern (``3`` GPUs per node, ``cp = 2``:
+    ``(0, 1)`` inside a node and ``(2, 3)`` across two), so a bound taken over these holds for every group
+    (a ring's floor depends on its ranks only through their nodes: hops, head-parallel blocks)."""
+    cl = cost.cluster
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+    for b in range(cl.world_size // cp):
+        ranks = tuple(range(b * cp, (b + 1) * cp))
+        first = cl.node_of(ranks[0])
+        shapes.setdefault(tuple(cl.node_of(r) - first for r in ranks), ranks)
+    return list(shapes.values())
+
+
+QUICK = 8
+"""How many of the longest sequences :func:`quick_floor` looks at, at most."""
+
+
+def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, plan: StepPlan,
+                finish: Callable[[Sequence[Assignment]], StepPlan]) -> StepPlan:
+    """``plan`` or the packed candidate (module docstring) with the lowest predicted step, where that is below
+    ``plan``'s by more than rounding (ties keep the earlier: ``plan``, then the lower floor, the smaller ``cp``).
+    ``finish`` turns assignments into a finished plan whose linear layout is its attention layout. ``plan``
+    unchanged when ``options.remap`` is ``True`` (token-balanced layout forced) or ``plan`` has no prediction."""
+    if options.remap is True or plan.predicted is None:
+        return plan
+    allowed = set(options.placements)
+    best, best_ms = plan, plan.predicted.step_ms
+    seen: set[tuple[Assignment, ...]] = set()
+    floors = []
+    longest = sorted(lengths, reverse=True)[:QUICK]
+    for cp in pack_sizes(lengths, cost.cluster):
+        if quick_floor(longest, cost, cp, options) >= best_ms:
+            continue  # cannot win: not even packed
+        assignments = packed_assignments(lengths, cost, cp)
+        if assignments is None or any(a.placement not in allowed for a in assignments):
+            continue
+        key = tuple(assignments)
+        if key in seen:  # a larger cp that shards nothing more: the same placement
+            continue
+        seen.add(key)
+        floors.append((packed_floor(lengths, assignments, cost, options), cp, assignments))
+    for floor, _cp, assignments in sorted(floors, key=lambda x: (x[0], x[1])):  # the likeliest winner first
+        if floor >= best_ms:
+            break  # a candidate's prediction (rounded to 1e-6 ms) is above best_ms - 1e-6: no win; floors ascend
+        cand = finish(assignments)
+        if cand.predicted is not None and cand.predicted.step_ms < best_ms - 1e-6:
+            best, best_ms = cand, cand.predicted.step_ms
+    return best
