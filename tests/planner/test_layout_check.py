@@ -10,7 +10,7 @@ from typing import Callable
 
 import pytest
 
-from zeppelin_megatron.planner import PlanError, StepPlan, plan_step
+from zeppelin_megatron.planner import PlannerOptions, PlanError, StepPlan, plan_step
 from zeppelin_megatron.planner import plan_check
 from zeppelin_megatron.planner.layout_check import (
     attention_in_planner_order, engine_attention_layout, planner_attention_layout,
@@ -57,7 +57,7 @@ def _frozen(lay: list[list[tuple[int, int, int]]]) -> Layout:
 def mixed() -> StepPlan:
     """Local, intra-node and inter-node sequences, remapped: both layouts differ."""
     cost = make_cost("2x4", tokens_per_gpu=40_000)
-    plan = plan_step([100_000, 60_000, 60_000, 40_000, 3000, 900, 5], cost)
+    plan = plan_step([100_000, 60_000, 60_000, 40_000, 3000, 900, 5], cost, PlannerOptions(packed=False))
     assert {s.placement for s in plan.sequences} == {"local", "intra_node", "inter_node"}
     assert plan.linear_layout != plan.attention_layout
     return plan

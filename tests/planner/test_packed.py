@@ -13,6 +13,7 @@ from zeppelin_megatron.planner import api, packed
 from zeppelin_megatron.planner.packed import (
     best_packed, pack_sizes, packed_assignments, packed_floor, packed_groups, quick_floor, split_pays,
 )
+from zeppelin_megatron.planner.predict import predict
 from zeppelin_megatron.planner.workloads import long_tailed_batch
 
 
@@ -118,9 +119,11 @@ def test_floors_bound_the_finished_prediction(spec: str, tokens: int, model: str
                     continue
                 plan = api._finish(lengths, a, cost, replace(options, remap=False))
                 assert plan.linear_layout == plan.attention_layout and plan.linear == "attention"
-                floor = packed_floor(lengths, a, cost, options)
-                assert quick_floor(longest, cost, cp, options) <= floor + 1e-6
-                assert floor <= plan.predicted.step_ms + 1e-6, (spec, seed, cp)  # type: ignore[union-attr]
+                for charges in ("zeppelin", "none"):  # best_packed compares under the engine's charges
+                    floor = packed_floor(lengths, a, cost, options, charges)
+                    assert quick_floor(longest, cost, cp, options, charges) <= floor + 1e-6
+                    got = predict(plan, cost, charges=charges).step_ms
+                    assert floor <= got + 1e-6, (spec, seed, cp, charges)
 
 
 def test_a_ring_floor_only_grows_with_its_sequences() -> None:
@@ -131,8 +134,9 @@ def test_a_ring_floor_only_grows_with_its_sequences() -> None:
         g = rng.choice([2, 4, 8, 16])
         ranks = tuple(range(g))
         a, b = rng.randint(2 * g, 60000), rng.randint(2 * g, 60000)
-        one, two = ring_floor(cost, ranks, [a], True), ring_floor(cost, ranks, [a, b], True)
-        assert one[0] <= two[0] + 1e-9 and one[1] <= two[1] + 1e-9
+        for charges in ("zeppelin", "none"):
+            one, two = ring_floor(cost, ranks, [a], True, charges), ring_floor(cost, ranks, [a, b], True, charges)
+            assert one[0] <= two[0] + 1e-9 and one[1] <= two[1] + 1e-9
 
 
 @pytest.mark.parametrize("spec,tokens", [("1x8", 1 << 18), ("2x8", 1 << 19)])
@@ -141,13 +145,16 @@ def test_plan_step_takes_a_packed_plan_only_where_it_predicts_faster(spec: str, 
     taken = 0
     for seed in range(4):
         lengths = long_tailed_batch(tokens, seed)
-        plan = plan_step(lengths, _cost(spec))
-        part = plan_step(lengths, _cost(spec), PlannerOptions(packed=False))
-        assert plan.predicted.step_ms <= part.predicted.step_ms  # type: ignore[union-attr]
+        cost = _cost(spec)
+        plan = plan_step(lengths, cost)
+        part = plan_step(lengths, cost, PlannerOptions(packed=False))
+        charged = predict(plan, cost, charges="zeppelin").step_ms  # the comparison's charges (packed.CHARGES)
+        assert charged <= predict(part, cost, charges="zeppelin").step_ms
         if plan != part:
             taken += 1
             assert plan.linear_layout == plan.attention_layout and plan.linear == "attention"
-            assert plan.predicted.step_ms < part.predicted.step_ms - 1e-6  # type: ignore[union-attr]
+            assert plan.origin == "packed"
+            assert charged < predict(part, cost, charges="zeppelin").step_ms - 1e-6
         # the floors change no choice: finishing every candidate gives the same plan
         with monkeypatch.context() as m:
             m.setattr(packed, "quick_floor", lambda *a, **k: 0.0)

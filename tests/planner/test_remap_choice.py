@@ -114,7 +114,7 @@ def test_tie_keeps_the_first_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(layout_choice, "predict", lambda plan, cost: replace(real(plan, cost), step_ms=1.0))
     cost = _cost("2x8")
     lengths = long_tailed_batch(1 << 19, 0)
-    plan = plan_step(lengths, cost, PlannerOptions(head_parallel=False))
+    plan = plan_step(lengths, cost, PlannerOptions(head_parallel=False, packed=False))
     assert plan.linear == "token_balanced" and plan.routing and plan.remap_proxies
     assert plan.linear_layout == plan_step(lengths, cost, PlannerOptions(remap=True)).linear_layout
 
@@ -136,9 +136,10 @@ def test_auto_is_never_predicted_slower_than_a_forced_layout(spec: str, tokens: 
     assert off.linear_layout == off.attention_layout
     assert auto.predicted.step_ms <= min(on.predicted.step_ms, off.predicted.step_ms)  # type: ignore[union-attr]
     assert auto.predicted == predict(replace(auto, predicted=None, validate=False), cost)
-    # the default also tries packed candidates (packed.py): never predicted slower than auto on the partition
+    # the default also tries packed candidates (packed.py, compared under the engine's charges): never
+    # predicted slower than auto on the partition there
     default = plan_step(lengths, cost)
-    assert default.predicted.step_ms <= auto.predicted.step_ms  # type: ignore[union-attr]
+    assert predict(default, cost, charges="zeppelin").step_ms <= predict(auto, cost, charges="zeppelin").step_ms
     assert default == auto or default.linear_layout == default.attention_layout  # a packed plan has no remap
     # deterministic: a fresh cost model, a copy of the lengths, the same document
     assert default.to_json() == plan_step(list(lengths), _cost(spec)).to_json()

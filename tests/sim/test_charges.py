@@ -251,7 +251,7 @@ def test_a_remap_pays_its_gathers_and_a_routed_remap_its_staging() -> None:
     b, f_in, f_out = 2, 4096 + 8192, 4096
     cl = _cluster(2, 2)
     cost = _cost(cl)
-    base = plan_with("zeppelin", [9000, 3000, 2000, 1500, 800, 700], cl, cost).plan
+    base = plan_with("zeppelin-no-packed", [9000, 3000, 2000, 1500, 800, 700], cl, cost).plan  # remaps
     plain = zeppelin_remap_bytes(sh, replace(base, remap_proxies=()))
     routed = zeppelin_remap_bytes(sh, replace(base, remap_proxies=(0, 1)))
     for r in range(4):
@@ -272,7 +272,7 @@ def test_a_remap_pays_its_gathers_and_a_routed_remap_its_staging() -> None:
     # (local sequences whole on their rank in both layouts, run on the linear rows) are gathered neither way.
     cl = _cluster(2, 2)
     cost = _cost(cl)
-    sp = plan_with("zeppelin", [9000, 3000, 2000, 1500, 800, 700], cl, cost)
+    sp = plan_with("zeppelin-no-packed", [9000, 3000, 2000, 1500, 800, 700], cl, cost)  # remaps
     prog = build_layer_program(sp.plan, cost)
     low = lower(sp.plan)
     want = zeppelin_remap_bytes(sh, sp.plan, low.ranks)

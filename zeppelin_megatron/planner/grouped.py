@@ -127,9 +127,10 @@ def rings_end_ms(plan: StepPlan, cost: CostModel) -> float:
 
 
 def ring_floor(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int],
-                head_parallel: bool) -> tuple[float, float]:
-    """``(total, own)`` lower bounds of one ring's per-layer times in :func:`~.predict.predict` (charges
-    ``none``, what ``plan_step`` predicts with), whatever block width and routes the finished plan gives it:
+               head_parallel: bool, charges: str = "none") -> tuple[float, float]:
+    """``(total, own)`` lower bounds of one ring's per-layer times in :func:`~.predict.predict` under
+    ``charges`` (default ``none``, what ``plan_step`` predicts with; :mod:`.packed` compares under
+    ``zeppelin``), whatever block width and routes the finished plan gives it:
     the minimum over the widths :func:`~.choose_heads.choose_widths` may pick (1 and, with
     ``head_parallel``, :func:`~.cost_heads.head_widths`) of
 
@@ -138,12 +139,12 @@ def ring_floor(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int],
     * head-parallel at width ``a``: ``total`` of :func:`~.cost_heads.head_ring_time` (no term depends on
       the plan's routes), and ``own + a2a_ms`` (what ``predict`` adds to the rank's own time).
     """
-    st = ring_steps(cost, lengths, len(ranks), charges="none")
+    st = ring_steps(cost, lengths, len(ranks), charges=charges)
     plain = st.diag + (len(ranks) - 1) * st.off + st.first_late
     total = own = plain
     if head_parallel:
         for a in head_widths(cost, ranks):
-            h = head_ring_time(cost, ranks, lengths, a, "none")
+            h = head_ring_time(cost, ranks, lengths, a, charges)
             total, own = min(total, h.total), min(own, h.own + h.a2a_ms)
     return total, own
 

@@ -71,7 +71,7 @@ class PlannerOptions:
     packed: bool = True
     """Also try packed candidates (:mod:`.packed`: documents packed by attention + linear work per rank, WLB-LLM's
     placement, with the linear layout equal to the attention layout: no remap) and keep one whose predicted step
-    is lower. Not tried when ``remap`` is ``True`` (token-balanced layout forced)."""
+    under the engine's charges is lower. Not tried when ``remap`` is ``True`` (token-balanced layout forced)."""
     grouped: bool = False
     """Also try TE-CP-a2a+p2p-style candidates (:mod:`.grouped`: every split sequence on a whole CP group of
     nodes, head-parallel) and keep one where it beats the partitioner's plan on both the predicted step and

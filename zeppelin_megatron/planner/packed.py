@@ -13,15 +13,22 @@ that has room. The simulator's ``wlb-llm`` baseline is this placement on TE CP's
 (:func:`~zeppelin_megatron.sim.baselines.wlb_llm_groups` calls :func:`packed_groups`).
 
 :func:`best_packed` makes one candidate per CP size of :func:`pack_sizes` (identical placements once),
-bounds each one's predicted step from below (:func:`packed_floor`, no layout built), finishes those whose
-floor is below the step to beat, lowest floor first, as ``plan_step`` finishes a placement but with the
-linear layout *equal* to the attention layout (Zeppelin's block widths, head-parallel rings, routing and
-local slots), and keeps one only where its predicted step is lower. Tried when ``options.remap`` is
+bounds each one's predicted step from below (:func:`quick_floor` before packing, :func:`packed_floor`
+after, no layout built), finishes those whose floor is below the step to beat, lowest floor first, as
+``plan_step`` finishes a placement but with the linear layout *equal* to the attention layout (Zeppelin's
+block widths, head-parallel rings, routing and local slots), and keeps one only where its predicted step
+*under the engine's charges* (:data:`CHARGES`: ``predict(..., charges="zeppelin")``, the device-memory work
+the simulator charges) is lower than the plan so far's. Why charged: on the 120 steps of
+docs/BENCHMARKS.md's batches (3B / 7B / 13B, 16-128 GPUs, every packing finished), choosing by the
+uncharged prediction made the simulated steps 1.72% faster on average than the partitioner's plans,
+choosing by the charged one 1.87% (15 steps choose differently: 11 simulate faster, up to -5.4%; 4
+slower, up to +1.3%); the uncharged prediction underrates the charges of the remap that a packed plan
+does not pay. The plan keeps its uncharged ``predicted``, as every plan does. Tried when ``options.remap`` is
 ``"auto"`` (the default) or ``False`` (a forced token-balanced layout, ``remap=True``, has no packed
 candidate) and every placement a candidate uses is allowed.
 
-Simulated (one step each, seed 0, 1M tokens, at cb45f30; the candidate's prediction picks it where it is
-lower): Llama-13B TP 2 github-64k 16 GPUs 5528 -> 5190 ms (``cp = 1``; ``wlb-llm`` 5148), Llama-7B
+Simulated (one step each, seed 0, 1M tokens, at cb45f30; picked by the uncharged prediction, as the first
+version did): Llama-13B TP 2 github-64k 16 GPUs 5528 -> 5190 ms (``cp = 1``; ``wlb-llm`` 5148), Llama-7B
 github-64k 32 2818 -> 2685 (``cp = 2``; ``wlb-llm`` 2605), Llama-13B arxiv-128k 32 9710 -> 8518
 (``cp = 8``), 13B github-64k 128 1864 -> 1334 (``cp = 4``); one pick against the simulator: Llama-3B
 github-64k 128 471 -> 502 (predicted 494 -> 487). docs/planner.md, "Packed candidates".
@@ -43,14 +50,22 @@ from typing import Callable, Sequence
 
 from .cluster import Cluster
 from .cost_model import CostModel
+from .engine_ring import local_copy_ms_per_token
 from .grouped import ring_floor
 from .options import PlannerOptions
 from .partition_context import Assignment
 from .plan import PlanError, StepPlan
+from .predict import predict
 from .zigzag import zigzag_tokens
 
 __all__ = ["pack_sizes", "split_pays", "packed_groups", "packed_assignments", "packed_floor", "quick_floor",
            "best_packed"]
+
+
+CHARGES = "zeppelin"
+"""The charges :func:`best_packed` compares plans under (:func:`~.predict.predict`'s ``charges``): the engine's
+device-memory work included, which tracked the simulator better than the uncharged prediction on the
+candidates (module docstring)."""
 
 
 def pack_sizes(lengths: Sequence[int], cluster: Cluster) -> list[int]:
@@ -169,24 +184,26 @@ def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int) -> list
 
 
 def packed_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost: CostModel,
-                 options: PlannerOptions) -> float:
-    """A lower bound on ``predict(finish(assignments)).step_ms`` when the linear layout is the attention
-    layout (no remap, so no remap windows), cheap: no layout built.
+                 options: PlannerOptions, charges: str = CHARGES) -> float:
+    """A lower bound on ``predict(finish(assignments), charges=charges).step_ms`` when the linear layout is
+    the attention layout (no remap, so no remap windows), cheap: no layout built.
 
     :func:`~.predict.predict` gives such a plan ``L * max_r (attn_r + linear_ms(t_r))`` (no remap, no remap
     copies), ``t_r`` the tokens rank ``r`` holds (``zigzag_tokens`` of each of its ring positions, its whole
-    sequences), and ``attn_r = max(tot_r, own_r + loc_r)`` (:func:`~.predict.rank_attention`, ``loc_r`` at
-    least the call overhead when any), where every ring's total and own times are at least
-    :func:`~.grouped.ring_floor`'s whatever the widths and routes. Example: 4 GPUs, two whole sequences
-    of 3000 tokens on ranks 0 and 1: ``L * (local_ms(3000) + linear_ms(3000))``.
+    sequences), and ``attn_r = max(tot_r, own_r + loc_r)`` (:func:`~.predict.rank_attention`, ``loc_r`` its
+    local sequences' ``local_ms`` plus their row copies under ``charges``, at least the call overhead when
+    any), where every ring's total and own times are at least :func:`~.grouped.ring_floor`'s under the same
+    charges whatever the widths and routes. Example (``charges="none"``): 4 GPUs, two whole sequences of 3000
+    tokens on ranks 0 and 1: ``L * (local_ms(3000) + linear_ms(3000))``.
     """
+    copy = local_copy_ms_per_token(cost, charges)
     world = cost.cluster.world_size
     rings: dict[tuple[int, ...], list[int]] = {}
     local = [0.0] * world
     tokens = [0] * world
     for s, a in zip(lengths, assignments):
         if a.placement == "local":
-            local[a.ranks[0]] += cost.local_ms(s)
+            local[a.ranks[0]] += cost.local_ms(s) + s * copy
             tokens[a.ranks[0]] += s
         else:
             rings.setdefault(a.ranks, []).append(s)
@@ -195,7 +212,7 @@ def packed_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost
     tot = [0.0] * world
     own = [0.0] * world
     for ranks, ls in rings.items():
-        t, o = ring_floor(cost, ranks, ls, options.head_parallel)
+        t, o = ring_floor(cost, ranks, ls, options.head_parallel, charges)
         for r in ranks:
             tot[r] += t
             own[r] += o
@@ -204,18 +221,21 @@ def packed_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost
     return cost.model.layers * max(a + cost.linear_ms(t) for a, t in zip(att, tokens))
 
 
-def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: PlannerOptions) -> float:
+def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: PlannerOptions,
+                charges: str = CHARGES) -> float:
     """A lower bound on :func:`packed_floor` of the packing with CP size ``cp``, without packing: ``longest``
     are some of the batch's sequences, longest first (the caller passes the first few). A sequence the
     packing shards (``split_pays`` or over one GPU) puts at least its ring's :func:`~.grouped.ring_floor`
     total on every group rank (a ring's floor only grows with the sequences sharing it) and
-    ``zigzag_tokens`` of its position on each; one kept whole puts ``max(local_ms(s), overhead)`` and ``s``
-    tokens on its rank; every rank's linear time is at least ``p * tokens`` (``p``: the profile's least ms
-    per token). Stops after the longest sharded and the longest whole sequence (later ones are shorter).
+    ``zigzag_tokens`` of its position on each; one kept whole puts ``max(local_ms(s) + copies, overhead)``
+    and ``s`` tokens on its rank (both under ``charges``); every rank's linear time is at least ``p * tokens``
+    (``p``: the profile's least ms per token). Stops after the longest sharded and the longest whole sequence (later
+    ones are shorter).
     Example: the batch's longest sequence, 123 936 tokens, sharded over ``cp = 8`` on Llama-7B: about
     6.4 s a step, far above a 2.5 s plan, so that packing is never built."""
     cap = cost.cluster.tokens_per_gpu
     per_token = min(cost.linear_ms(r.tokens) / r.tokens for r in cost.profile.linear)
+    copy = local_copy_ms_per_token(cost, charges)
     bound = 0.0
     seen_shard = seen_whole = False
     for s in longest:
@@ -225,11 +245,12 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
             if seen_shard:
                 continue
             seen_shard = True
-            total = min(ring_floor(cost, ranks, [s], options.head_parallel)[0] for ranks in _group_shapes(cost, cp))
+            total = min(ring_floor(cost, ranks, [s], options.head_parallel, charges)[0]
+                        for ranks in _group_shapes(cost, cp))
             bound = max(bound, total + per_token * max(zigzag_tokens(s, cp, q) for q in range(cp)))
         else:
             seen_whole = True
-            bound = max(bound, max(cost.local_ms(s), cost.call_overhead_ms) + per_token * s)
+            bound = max(bound, max(cost.local_ms(s) + s * copy, cost.call_overhead_ms) + per_token * s)
         if seen_whole and seen_shard:
             break
     return cost.model.layers * bound
@@ -254,14 +275,15 @@ QUICK = 8
 
 def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, plan: StepPlan,
                 finish: Callable[[Sequence[Assignment]], StepPlan]) -> StepPlan:
-    """``plan`` or the packed candidate (module docstring) with the lowest predicted step, where that is below
-    ``plan``'s by more than rounding (ties keep the earlier: ``plan``, then the lower floor, the smaller ``cp``).
-    ``finish`` turns assignments into a finished plan whose linear layout is its attention layout. ``plan``
+    """``plan`` or the packed candidate (module docstring) with the lowest predicted step under :data:`CHARGES`,
+    where that is below ``plan``'s by more than rounding (ties keep the earlier: ``plan``, then the lower floor,
+    the smaller ``cp``). ``finish`` turns assignments into a finished plan whose linear layout is its attention
+    layout. ``plan``
     unchanged when ``options.remap`` is ``True`` (token-balanced layout forced) or ``plan`` has no prediction."""
     if options.remap is True or plan.predicted is None:
         return plan
     allowed = set(options.placements)
-    best, best_ms = plan, plan.predicted.step_ms
+    best, best_ms = plan, predict(plan, cost, charges=CHARGES).step_ms
     seen: set[tuple[Assignment, ...]] = set()
     floors = []
     longest = sorted(lengths, reverse=True)[:QUICK]
@@ -280,6 +302,7 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
         if floor >= best_ms:
             break  # a candidate's prediction (rounded to 1e-6 ms) is above best_ms - 1e-6: no win; floors ascend
         cand = finish(assignments)
-        if cand.predicted is not None and cand.predicted.step_ms < best_ms - 1e-6:
-            best, best_ms = cand, cand.predicted.step_ms
+        ms = predict(cand, cost, charges=CHARGES).step_ms
+        if ms < best_ms - 1e-6:
+            best, best_ms = cand, ms
     return best
