@@ -197,3 +197,14 @@ def test_origin_is_recorded_round_trips_and_is_checked() -> None:
     m = step_metrics(1, [plan_metrics(p) for p in plans])
     assert m.packed == len(packed_plans) and scalars(m)["zeppelin/packed_micro_steps"] == len(packed_plans)
     assert f"packed {len(packed_plans)} of 4" in format_step(m)
+
+
+def test_a_packing_that_rounds_a_rank_over_capacity_is_no_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two 5-token sequences sharded over 2 GPUs of 5 tokens: the group has room (10), but zigzag puts 3 + 3
+    tokens on the first GPU. The packing is no candidate, and the batch still gets a plan."""
+    cost = _cost("1x2", tokens_per_gpu=5)
+    monkeypatch.setattr(packed, "split_pays", lambda c, s, g: g > 1 and s >= 2 * g)
+    assert packed_groups([5, 5], cost, 2) == [(0, 1), (0, 1)]
+    assert packed_assignments([5, 5], cost, 2) is None
+    plan = plan_step([5, 5], cost)
+    assert max(plan.tokens(r, "attention") for r in range(2)) <= 5 and plan.origin is None

@@ -173,12 +173,21 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int) -> list[tupl
 
 def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int) -> list[Assignment] | None:
     """:func:`packed_groups` as the partitioner's :class:`Assignment` list (``local``, ``intra_node`` or
-    ``inter_node`` by the group's nodes), or ``None`` when the packing fails (:class:`PlanError`)."""
+    ``inter_node`` by the group's nodes), or ``None`` when the packing fails (:class:`PlanError`) or leaves
+    a rank over ``tokens_per_gpu`` (the packing checks a sharded sequence's room per group: its zigzag
+    chunks can still round a nearly full rank over, e.g. two 5-token sequences on 2 GPUs of 5 tokens put
+    3 + 3 on the first; such a packing is no candidate)."""
     try:
         groups = packed_groups(lengths, cost, cp)
     except PlanError:
         return None
     cl = cost.cluster
+    held = [0] * cl.world_size
+    for s, g in zip(lengths, groups):
+        for p, r in enumerate(g):
+            held[r] += s if len(g) == 1 else zigzag_tokens(s, len(g), p)
+    if max(held) > cl.tokens_per_gpu:
+        return None
     return [Assignment("local", g) if len(g) == 1 else
             Assignment("intra_node" if cl.node_of(g[0]) == cl.node_of(g[-1]) else "inter_node", g) for g in groups]
 
