@@ -48,22 +48,15 @@ def test_planner_options_validates_remap_overlap() -> None:
         PlannerOptions(remap_overlap=1)  # type: ignore[arg-type]
 
 
-def test_grouped_flag() -> None:
-    """``--zeppelin-grouped {on,off}`` -> ``PlannerOptions.grouped`` (default the planner's: off)."""
-    base = ["--zeppelin", "--zeppelin-cluster", "2x8"]
-    assert zeppelin_config_from_args(_parse(base)).options.grouped is PlannerOptions().grouped is False
-    assert zeppelin_config_from_args(_parse(base + ["--zeppelin-grouped", "on"])).options == \
-        PlannerOptions(grouped=True)
-    with pytest.raises(ZeppelinArgsError, match="--zeppelin-grouped 1: expected on or off"):
-        planner_options_from_args(megatron_namespace(zeppelin_grouped="1"))
-
-
-def test_packed_flag() -> None:
-    """``--zeppelin-packed {on,off}`` -> ``PlannerOptions.packed`` (default the planner's: on)."""
-    base = ["--zeppelin", "--zeppelin-cluster", "2x8"]
-    assert zeppelin_config_from_args(_parse(base)).options.packed is PlannerOptions().packed is True
-    assert zeppelin_config_from_args(_parse(base + ["--zeppelin-packed", "off"])).options == \
-        PlannerOptions(packed=False)
-    with pytest.raises(ZeppelinArgsError, match="--zeppelin-packed no: expected on or off"):
-        planner_options_from_args(megatron_namespace(zeppelin_packed="no"))
-    assert planner_options_from_args(megatron_namespace()).packed is True  # an older caller: the default
+@pytest.mark.parametrize("field,default", [("grouped", False), ("packed", True)])
+def test_candidate_flags(field: str, default: bool) -> None:
+    """``--zeppelin-grouped {on,off}`` / ``--zeppelin-packed {on,off}`` -> ``PlannerOptions.grouped`` / ``.packed``
+    (defaults the planner's: grouped off, packed on)."""
+    base, flag = ["--zeppelin", "--zeppelin-cluster", "2x8"], f"--zeppelin-{field}"
+    assert getattr(zeppelin_config_from_args(_parse(base)).options, field) is getattr(PlannerOptions(), field) \
+        is default
+    flipped = "off" if default else "on"
+    assert zeppelin_config_from_args(_parse(base + [flag, flipped])).options == PlannerOptions(**{field: not default})
+    with pytest.raises(ZeppelinArgsError, match=f"{flag} 1: expected on or off"):
+        planner_options_from_args(megatron_namespace(**{f"zeppelin_{field}": "1"}))
+    assert getattr(planner_options_from_args(megatron_namespace()), field) is default  # an older caller
