@@ -83,6 +83,9 @@ def test_plan_step_tries_the_candidates_only_when_asked() -> None:
     grouped = plan_step(lengths, cost, PlannerOptions(grouped=True))
     assert {len(r.ranks) for r in grouped.rings} == {16} and {r.a2a for r in grouped.rings} == {4}
     assert grouped.predicted.step_ms < plain.predicted.step_ms  # type: ignore[union-attr]
+    # finished without a remap (every long document split over its group balances the tokens too)
+    assert grouped.origin == "grouped" and grouped.linear == "attention"
+    assert grouped.linear_layout == grouped.attention_layout and plain.origin is None
     assert plan_step(lengths, cost, PlannerOptions(grouped=True, head_parallel=False)).to_json() == \
         plan_step(lengths, cost, PlannerOptions(head_parallel=False)).to_json()
     with pytest.raises(PlanError, match="grouped is 1, expected True or False"):

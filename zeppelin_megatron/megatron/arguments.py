@@ -103,7 +103,7 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--zeppelin-grouped", choices=("on", "off"), default=_word(_PLANNER.grouped),
                    help="Also try CP-group candidates (every split document on a whole group of nodes, all-to-all "
                         "in each node and a ring across them) and keep one where the planner predicts it faster "
-                        f"(default: {_word(_PLANNER.grouped)}; on: 0.2-0.3 s CPU of planning per 1M-token step at "
+                        f"(default: {_word(_PLANNER.grouped)}; on: 0.12-0.16 s CPU of planning per 1M-token step at "
                         "128 GPUs, on the data iterator's prefetch thread).")
     g.add_argument("--zeppelin-backend", type=str, default=None, choices=sorted(BACKENDS),
                    help="Attention kernel backend (default: the best usable one).")

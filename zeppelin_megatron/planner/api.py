@@ -101,13 +101,14 @@ REMAP_BOUND = 0.25
 def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOptions) -> StepPlan:
     plan = _finish(lengths, partition(lengths, cost_model, options), cost_model, options)
     plan = _unrouted_partition(lengths, cost_model, options, plan)
-    if options.packed:  # packed candidates (packed.py): attention + linear balanced, no remap
-        no_remap = replace(options, remap=False)
+    # packed and CP-group candidates balance tokens with attention (packed.py, grouped.py): finished without a remap
+    no_remap = replace(options, remap=False)
+    if options.packed:
         plan = best_packed(lengths, cost_model, options, plan,
                            lambda a: _finish(lengths, a, cost_model, no_remap).evolve(origin="packed"))
-    if options.grouped:  # CP-group candidates (grouped.py), opt-in
+    if options.grouped:  # opt-in
         plan = best_plan(lengths, cost_model, options, plan,
-                         lambda a: _finish(lengths, a, cost_model, options).evolve(origin="grouped"))
+                         lambda a: _finish(lengths, a, cost_model, no_remap).evolve(origin="grouped"))
     return plan
 
 

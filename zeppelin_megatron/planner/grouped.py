@@ -38,8 +38,9 @@ candidates they skip could not have won; tested against finishing all) and cut t
 ``plan_step`` with ``grouped=True`` on 1M-token long-tailed batches at 128 GPUs (benchmarks/plan_speed.py's,
 seeds 0-4, measured, 2 shared cores) from 194-736 ms to 168-302 ms (without: 32-37 ms): on those batches
 the ``cp = 32`` candidate predicts lower (2117-2292 ms against 2346-2706) and finishing it (~16k zigzag
-ranges) alone takes 125-250 ms, so ``plan_step`` calls :func:`best_plan` only with
-``PlannerOptions(grouped=True)`` (opt-in: over plan_speed's 50 ms budget).
+ranges) alone took 125-250 ms. ``plan_step`` now finishes a candidate without a remap (its tokens are
+balanced already): 115-123 ms median with ``grouped=True`` (quiet machine), still over plan_speed's 50 ms
+budget, so it calls :func:`best_plan` only with ``PlannerOptions(grouped=True)`` (opt-in).
 
 Example: 2 nodes x 4 GPUs, lengths ``[40000, 30000, 2000, 6]``, ``cp = 4``: groups ``0-3`` and
 ``4-7``; 40000 -> group 0, 30000 -> group 1, 2000 -> group 1 (30000 < 40000 tokens), 6 -> group 1

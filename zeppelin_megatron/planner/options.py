@@ -76,9 +76,9 @@ class PlannerOptions:
     """Also try TE-CP-a2a+p2p-style candidates (:mod:`.grouped`: every split sequence on a whole CP group of
     nodes, head-parallel) and keep one where it beats the partitioner's plan on both the predicted step and
     the rings' end with convoys (candidates whose :func:`~.grouped.step_floor` cannot win are not finished).
-    Off by default: it raises planning time (1M long-tailed tokens on 128 GPUs: 168-302 ms CPU per step
-    against 32-37 ms, measured; over the 50 ms budget, because the winning candidate must be finished)
-    and is simulated faster on 4 of 13 configurations only (docs/planner.md)."""
+    Off by default: it raises planning time (1M long-tailed tokens on 128 GPUs: 115-123 ms CPU median per
+    step against 40-44 ms, measured; over the 50 ms budget, because the winning candidate must be finished)
+    and is simulated faster on prolong data at 64-128 GPUs only (docs/BENCHMARKS.md)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.routing, bool):
