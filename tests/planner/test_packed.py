@@ -208,3 +208,20 @@ def test_a_packing_that_rounds_a_rank_over_capacity_is_no_candidate(monkeypatch:
     assert packed_assignments([5, 5], cost, 2) is None
     plan = plan_step([5, 5], cost)
     assert max(plan.tokens(r, "attention") for r in range(2)) <= 5 and plan.origin is None
+
+
+@pytest.mark.parametrize("spec,tokens", [("2x8", 1 << 19), ("4x8", 1 << 20)])
+def test_engine_order_carries_what_its_reorder_keeps(spec: str, tokens: int) -> None:
+    """engine_order carries the remap's per-rank totals (StepPlan.REORDER_INVARIANT) to the reordered plan;
+    a prediction there equals one on the same plan with nothing derived yet (from its JSON)."""
+    from zeppelin_megatron.planner import StepPlan
+    for seed in range(3):
+        cost = _cost(spec)
+        plan = plan_step(long_tailed_batch(tokens, seed), cost, PlannerOptions(packed=False))
+        assert plan.linear_layout != plan.attention_layout and "remap_pairs" in plan.__dict__  # carried
+        fresh = StepPlan.from_json(plan.to_json())
+        assert "remap" not in fresh.__dict__
+        for charges in ("zeppelin", "none"):
+            assert predict(plan, cost, charges=charges) == predict(fresh, cost, charges=charges)
+        for name in StepPlan.REORDER_INVARIANT:
+            assert getattr(plan, name) == getattr(fresh, name)

@@ -186,4 +186,4 @@ def engine_order(plan: StepPlan) -> StepPlan:
     if att == plan.attention_layout:
         return plan
     lin = att if plan.linear_layout == plan.attention_layout else plan.linear_layout
-    return plan.evolve(attention_layout=att, linear_layout=lin, remap_slots=plan.remap_slots)  # same ranks' tokens
+    return plan.reordered(attention_layout=att, linear_layout=lin, remap_slots=plan.remap_slots)  # same ranks' tokens

@@ -31,7 +31,7 @@ import hashlib
 import json
 from dataclasses import InitVar, dataclass, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 from .head_parallel import check_head_parallel
 from .plan_check import check_local_slots, check_remap_slots, check_routing, validate_plan
@@ -156,6 +156,40 @@ class StepPlan:
                     into[b] += seg.length
         return tuple(intra), tuple(out), tuple(into)
 
+    @cached_property
+    def remap_pairs(self) -> tuple[tuple[int, int, int], ...]:
+        """Rows the *in* remap moves, ``(linear rank, attention rank, rows)`` per pair of distinct ranks,
+        sorted (the *out* remap moves them back); empty when the layouts are equal. Example: linear
+        ``[[(0, 0, 4)], []]``, attention ``[[(0, 0, 1)], [(0, 1, 4)]]``: ``((0, 1, 3),)``."""
+        if self.linear_layout == self.attention_layout:
+            return ()
+        rows: dict[tuple[int, int], int] = {}
+        for seg in self.remap.segments:
+            if seg.lin_rank != seg.att_rank:
+                key = (seg.lin_rank, seg.att_rank)
+                rows[key] = rows.get(key, 0) + seg.length
+        return tuple((a, b, n) for (a, b), n in sorted(rows.items()))
+
+    @cached_property
+    def staying_tokens(self) -> tuple[int, ...]:
+        """Tokens on each rank in both layouts (the remap's diagonal: never sent). Example: linear
+        ``[[(0, 0, 4)], []]``, attention ``[[(0, 0, 1)], [(0, 1, 4)]]``: ``(1, 0)``."""
+        return tuple(int(x) for x in self.remap.counts().diagonal())
+
+    REORDER_INVARIANT: ClassVar[tuple[str, ...]] = ("remap_traffic", "remap_pairs", "staying_tokens")
+    """Derived values that depend on which tokens each rank holds in each layout, not on their order within
+    a rank: :func:`~.api.engine_order` carries them to the reordered plan (a prediction then needs no
+    remap rebuilt)."""
+
+    def reordered(self, **changes: Any) -> "StepPlan":
+        """:meth:`evolve` for a change of the order of tokens *within* each rank only (the same tokens on the
+        same ranks in both layouts), carrying :data:`REORDER_INVARIANT` values already derived."""
+        new = self.evolve(**changes)
+        for name in self.REORDER_INVARIANT:
+            if name in self.__dict__:
+                new.__dict__[name] = self.__dict__[name]
+        return new
+
     def evolve(self, **changes: Any) -> "StepPlan":
         """``dataclasses.replace`` without re-validating the layouts (only for changes that keep the plan
         valid), keeping the derived remap when neither layout changes (it is the costly one to rebuild).
@@ -165,7 +199,7 @@ class StepPlan:
             changes = dict(changes, remap_slots=())
         new = replace(self, validate=False, **changes)
         if not {"attention_layout", "linear_layout"} & changes.keys():
-            for name in ("remap", "remap_traffic"):
+            for name in ("remap",) + self.REORDER_INVARIANT:
                 if name in self.__dict__:
                     new.__dict__[name] = self.__dict__[name]
         if "sequences" not in changes and "rings" in self.__dict__:

@@ -129,7 +129,7 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
     if charges == "zeppelin" and plan.linear_layout != plan.attention_layout:
         lin_t = [plan.tokens(r, "linear") for r in range(world)]
         att_t = [plan.tokens(r, "attention") for r in range(world)]
-        stay = plan.remap.counts().diagonal().tolist()  # tokens that stay on each rank
+        stay = plan.staying_tokens  # tokens that stay on each rank
         whole = staying_rows(plan)  # the staying local sequences, run in place
         in_place = [sum(b - a for a, b in whole.get(r, {}).values()) for r in range(world)]
         copies = [hbm_ms(cost, remap_copy_bytes(

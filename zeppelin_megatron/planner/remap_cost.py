@@ -36,7 +36,6 @@ of this, and none of the rail concentration (simulated remap 1.7-6x that rule on
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -67,11 +66,7 @@ def remap_pairs(plan: "StepPlan") -> list[tuple[int, int, int]]:
         return hit[2]
     if lin == att:
         return []
-    rows: dict[tuple[int, int], int] = defaultdict(int)
-    for seg in plan.remap.segments:
-        if seg.lin_rank != seg.att_rank:
-            rows[(seg.lin_rank, seg.att_rank)] += seg.length
-    pairs = [(a, b, n) for (a, b), n in sorted(rows.items())]
+    pairs = list(plan.remap_pairs)
     if len(_PAIRS) >= 8:
         _PAIRS.pop(next(iter(_PAIRS)))
     _PAIRS[(id(lin), id(att))] = (lin, att, pairs)
