@@ -63,3 +63,6 @@ def test_demo_rejects_bad_settings(capsys: pytest.CaptureFixture[str]) -> None:
     assert "steps must be a positive integer, got 0" in capsys.readouterr().err
     with pytest.raises(ValueError, match="tokens_per_step=100 must be >= seq_length=6144"):
         DemoConfig(tokens_per_step=100)
+    with pytest.raises(ValueError, match="demo packed must be True or False, got 'no'"):
+        DemoConfig(packed="no")  # type: ignore[arg-type]
+    assert DemoConfig().packed is True and DemoConfig(packed=False).packed is False

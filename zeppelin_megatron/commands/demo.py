@@ -23,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="corpus, sampling and initialisation seed (default 0)")
     p.add_argument("--out", default="zeppelin_demo_out", help="directory for the corpus and demo.json")
     p.add_argument("--json", default=None, help="also copy the per-step record (JSON) here")
+    p.add_argument("--no-packed", action="store_true",
+                   help="plan without packed candidates (they win most steps of this tiny model): shows the "
+                        "partitioner's plans instead, with the same losses")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from .checks import check_output_dir, check_output_file
 
     cfg = DemoConfig(steps=args.steps, compare_baseline=args.compare_baseline, tokens_per_step=args.tokens_per_step,
-                     seq_length=args.seq_length, documents=args.documents, seed=args.seed, out_dir=args.out)
+                     seq_length=args.seq_length, documents=args.documents, seed=args.seed, out_dir=args.out,
+                     packed=not args.no_packed)
     check_output_dir(args.out, "--out")
     check_output_file(args.json, "--json")
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:

@@ -76,6 +76,10 @@ class DemoConfig:
     lr: float = 3e-3
     seed: int = 0
     compare_baseline: bool = False
+    packed: bool = True
+    """The planner's packed candidates (``PlannerOptions.packed``): on by default, as for every user; for this
+    tiny model they win most steps, so ``False`` shows the partitioner's plans instead (the same losses: the
+    same math on another placement)."""
     out_dir: str = "zeppelin_demo_out"
 
     def __post_init__(self) -> None:
@@ -84,6 +88,8 @@ class DemoConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"demo {name} must be a positive integer, got {value!r}")
+        if not isinstance(self.packed, bool):
+            raise ValueError(f"demo packed must be True or False, got {self.packed!r}")
         if self.heads % self.kv_heads or self.hidden % self.heads:
             raise ValueError(
                 f"demo heads={self.heads} must be a multiple of kv_heads={self.kv_heads} and divide "
@@ -177,7 +183,7 @@ def _worker(rank: int, world: int, port: int, cfg: DemoConfig, prefix: str, resu
 def _train(rank: int, cfg: DemoConfig, prefix: str, result_path: str) -> None:
     import torch
     import torch.distributed as dist
-    from ..planner import ModelShape
+    from ..planner import ModelShape, PlannerOptions
     from ..planner.setup import build_planning
     from .cpu_support import allreduce_grads, build_gpt, init_parallel_state, megatron_on_cpu, tiny_gpt_config
     from .data.indexed import DocumentDataset
@@ -195,8 +201,9 @@ def _train(rank: int, cfg: DemoConfig, prefix: str, result_path: str) -> None:
         shape = ModelShape(name="demo", layers=cfg.layers, hidden=cfg.hidden, q_heads=cfg.heads,
                            kv_heads=cfg.kv_heads, ffn=cfg.ffn, vocab=cfg.vocab)
         # NODESxGPUS: H100 link figures (one NIC per GPU up to 8 GPUs per node), the demo's rank capacity
-        # (TP 1: one rank per GPU), the bundled H100 profile, default planner options.
-        planner = build_planning(f"{cfg.nodes}x{cfg.gpus_per_node}", shape, tokens_per_gpu=cfg.capacity)
+        # (TP 1: one rank per GPU), the bundled H100 profile, default planner options (but cfg.packed).
+        planner = build_planning(f"{cfg.nodes}x{cfg.gpus_per_node}", shape, tokens_per_gpu=cfg.capacity,
+                                 options=PlannerOptions(packed=cfg.packed))
         dataset = DocumentDataset(prefix=prefix, seq_length=cfg.seq_length)
         sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=cfg.tokens_per_step, seed=cfg.seed)
         config = tiny_gpt_config(num_layers=cfg.layers, hidden_size=cfg.hidden, num_attention_heads=cfg.heads,
