@@ -77,7 +77,7 @@ class PlannerOptions:
     nodes, head-parallel) and keep one where it beats the partitioner's plan on both the predicted step and
     the rings' end with convoys (candidates whose :func:`~.grouped.step_floor` cannot win are not finished).
     Off by default: it raises planning time (1M long-tailed tokens on 128 GPUs: 115-123 ms CPU median per
-    step against 40-44 ms, measured; over the 50 ms budget, because the winning candidate must be finished)
+    step against 38-44 ms, measured; over the 50 ms budget, because the winning candidate must be finished)
     and is simulated faster on prolong data at 64-128 GPUs only (docs/BENCHMARKS.md)."""
 
     def __post_init__(self) -> None:
