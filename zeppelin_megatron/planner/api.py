@@ -10,11 +10,11 @@ from .cluster import Cluster
 from .cost_model import CostModel
 from .gc_pause import gc_paused
 from .grouped import best_plan
-from .packed import best_packed
 from .linear_layout import linear_layout
 from .layout_check import engine_attention_layout
 from .layout_choice import choose_plan
 from .options import REMAP_CHOICES, PlannerOptions
+from .packed import best_packed
 from .partition import partition
 from .partition_context import Assignment
 from .plan import PlanError, SequencePlan, StepPlan
