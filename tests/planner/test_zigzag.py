@@ -75,3 +75,19 @@ def test_neighbours() -> None:
     # a position receives at step j the K/V its predecessor held at step j - 1
     assert all(ring_source(p, j, 5) == ring_source(prev_position(p, 5), j - 1, 5)
                for p in range(5) for j in range(1, 5))
+
+
+def test_ring_ranges_are_position_ranges_of_every_position() -> None:
+    import random
+
+    from zeppelin_megatron.planner.zigzag import position_ranges, ring_ranges
+    rng = random.Random(0)
+    cases = [(8, 2), (2, 1), (5, 1), (9, 2), (16, 8), (17, 8)] + [
+        (rng.randint(2 * g, 5000), g) for g in (1, 2, 3, 4, 7, 8, 16, 32, 64) for _ in range(20)]
+    for length, g in cases:
+        assert ring_ranges(3, length, g) == [position_ranges(3, length, g, p) for p in range(g)], (length, g)
+    assert ring_ranges(0, 8, 2) == [[(0, 0, 2), (0, 6, 8)], [(0, 2, 6)]]
+    with pytest.raises(ValueError, match="zigzag needs at least 2 \\* 4 = 8 tokens"):
+        ring_ranges(0, 7, 4)
+    with pytest.raises(ValueError, match="ring size must be >= 1"):
+        ring_ranges(0, 7, 0)

@@ -18,7 +18,7 @@ from .packed import best_packed
 from .partition import partition
 from .partition_context import Assignment
 from .plan import PlanError, SequencePlan, StepPlan
-from .zigzag import position_ranges
+from .zigzag import ring_ranges
 
 __all__ = ["plan_step", "check_lengths", "engine_order", "REMAP_CHOICES"]
 
@@ -147,8 +147,8 @@ def _finish(lengths: list[int], assignments: Sequence[Assignment], cost_model: C
         if a.placement == "local":
             attention[a.ranks[0]].append((i, 0, s))
             continue
-        for p, r in enumerate(a.ranks):
-            attention[r].extend(position_ranges(i, s, len(a.ranks), p))
+        for r, ranges in zip(a.ranks, ring_ranges(i, s, len(a.ranks))):
+            attention[r].extend(ranges)
     att = tuple(tuple(rs) for rs in attention)
     held = max(sum(e - s for _, s, e in rs) for rs in att)
     if held > cluster.tokens_per_gpu:  # the partitioner keeps every rank within capacity

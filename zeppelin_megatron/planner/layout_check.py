@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .plan_parts import LocalSlot, RemapSlot, Ring, SequencePlan, TokenRange
-from .zigzag import position_ranges
+from .zigzag import ring_ranges
 
 if TYPE_CHECKING:
     from .plan import StepPlan
@@ -70,8 +70,8 @@ def planner_attention_layout(sequences: Sequence[SequencePlan], world: int) -> l
     for i in split:
         s = sequences[i]
         g = len(s.ranks)
-        for p, r in enumerate(s.ranks):
-            out[r].extend(position_ranges(i, s.length, g, p))
+        for r, ranges in zip(s.ranks, ring_ranges(i, s.length, g)):
+            out[r].extend(ranges)
             touched.add(r)
     for r in touched:
         out[r].sort()  # by sequence index (one sequence's ranges by start), as plan_step appends them
@@ -98,10 +98,11 @@ def engine_attention_layout(sequences: Sequence[SequencePlan], rings: Sequence[R
     out: list[list[TokenRange]] = [[] for _ in range(world)]
     for ring in rings:
         g = len(ring.ranks)
+        per_seq = [ring_ranges(i, sequences[i].length, g) for i in ring.seqs]
         for p, r in enumerate(ring.ranks):
             mine = out[r]
-            for i in ring.seqs:
-                mine.extend(position_ranges(i, sequences[i].length, g, p))
+            for ranges in per_seq:
+                mine.extend(ranges[p])
     placed: set[int] = set()
     for x in sorted(local_slots, key=lambda x: (x.ring, x.step, x.seqs)):
         for i in x.seqs:

@@ -38,6 +38,7 @@ __all__ = [
     "next_position",
     "prev_position",
     "ring_source",
+    "ring_ranges",
 ]
 
 
@@ -95,6 +96,23 @@ def position_ranges(seq: int, length: int, ring_size: int, position: int) -> lis
     """
     (s0, e0), (s1, e1) = zigzag_ranges(length, ring_size, position)
     return [(seq, s0, e1)] if e0 == s1 else [(seq, s0, e0), (seq, s1, e1)]
+
+
+def ring_ranges(seq: int, length: int, ring_size: int) -> list[list[tuple[int, int, int]]]:
+    """:func:`position_ranges` of every position at once (``out[p]``), one ``divmod`` for the sequence instead
+    of one per chunk: chunk ``c`` starts at ``c * base + min(c, extra)``, so the ``2g + 1`` chunk starts are
+    listed once and position ``p`` takes chunks ``p`` and ``2g - 1 - p``. Example: length 8 on a ring of 2:
+    ``[[(seq, 0, 2), (seq, 6, 8)], [(seq, 2, 6)]]``. Raises as :func:`chunk_bounds` does."""
+    g = ring_size
+    if g < 1 or length < 2 * g:
+        chunk_bounds(length, g)  # raises the explanatory error
+    base, extra = divmod(length, 2 * g)
+    starts = [c * base + min(c, extra) for c in range(2 * g + 1)]
+    out = []
+    for p in range(g):
+        s0, e0, s1, e1 = starts[p], starts[p + 1], starts[2 * g - 1 - p], starts[2 * g - p]
+        out.append([(seq, s0, e1)] if e0 == s1 else [(seq, s0, e0), (seq, s1, e1)])
+    return out
 
 
 def zigzag_tokens(length: int, ring_size: int, position: int) -> int:
