@@ -10,8 +10,9 @@ import pytest
 
 from zeppelin_megatron.planner import CostModel, PlanError, PlannerOptions, load_cluster, load_model, plan_step
 from zeppelin_megatron.planner import api, packed
+from zeppelin_megatron.planner.grouped import pack_sizes
 from zeppelin_megatron.planner.packed import (
-    best_packed, pack_sizes, packed_assignments, packed_floor, packed_groups, quick_floor, split_pays,
+    best_packed, packed_assignments, packed_floor, packed_groups, quick_floor, split_pays,
 )
 from zeppelin_megatron.planner.predict import predict
 from zeppelin_megatron.planner.workloads import long_tailed_batch

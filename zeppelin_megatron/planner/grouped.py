@@ -58,27 +58,34 @@ from .choose_heads import choose_width
 from .cost_heads import head_ring_time, head_widths
 from .cluster import Cluster
 from .cost_model import CostModel
-from .engine_ring import ring_steps
+from .engine_ring import local_copy_ms_per_token, ring_steps
 from .local_schedule import ring_timeline
 from .options import PlannerOptions
 from .partition_context import Assignment
 from .plan import PLACEMENTS, SequencePlan, StepPlan, derive_routing
 
-__all__ = ["group_sizes", "grouped_assignments", "best_plan", "rings_end_ms", "step_floor", "ring_floor"]
+__all__ = ["pack_sizes", "group_sizes", "grouped_assignments", "best_plan", "rings_end_ms", "step_floor",
+           "ring_floor", "rank_floors"]
 
 
-def group_sizes(lengths: Sequence[int], cluster: Cluster) -> list[int]:
-    """CP sizes tried: powers of two that are multiples of ``gpus_per_node``, divide the world and hold the
-    longest sequence (``ceil(max / cp) <= tokens_per_gpu``). Example: 16 nodes of 4, capacity 131072,
-    longest 122250: ``[4, 8, 16, 32, 64]``."""
-    world, gpn, cap = cluster.world_size, cluster.gpus_per_node, cluster.tokens_per_gpu
+def pack_sizes(lengths: Sequence[int], cluster: Cluster) -> list[int]:
+    """CP sizes a group placement can use: powers of two dividing the world whose GPUs hold the longest sequence
+    (``ceil(max / cp) <= tokens_per_gpu``); :mod:`.packed` tries them all. Example: 2 x 8 GPUs, capacity 65536,
+    longest 100 000: ``[2, 4, 8, 16]``."""
+    world, cap = cluster.world_size, cluster.tokens_per_gpu
     out = []
     cp = 1
     while cp <= world:
-        if cp % gpn == 0 and world % cp == 0 and -(-max(lengths) // cp) <= cap:
+        if world % cp == 0 and -(-max(lengths) // cp) <= cap:
             out.append(cp)
         cp *= 2
     return out
+
+
+def group_sizes(lengths: Sequence[int], cluster: Cluster) -> list[int]:
+    """CP sizes tried: the :func:`pack_sizes` that are multiples of ``gpus_per_node`` (whole nodes). Example:
+    16 nodes of 4, capacity 131072, longest 122250: ``[4, 8, 16, 32, 64]``."""
+    return [cp for cp in pack_sizes(lengths, cluster) if cp % cluster.gpus_per_node == 0]
 
 
 def grouped_assignments(lengths: Sequence[int], cluster: Cluster, cp: int) -> list[Assignment] | None:
@@ -150,6 +157,32 @@ def ring_floor(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int],
     return total, own
 
 
+def rank_floors(lengths: Sequence[int], assignments: Sequence[Assignment], cost: CostModel, head_parallel: bool,
+                charges: str = "none") -> tuple[list[float], list[float], list[float]]:
+    """Per rank, ``(tot, own, loc)`` lower bounds of :func:`~.predict.predict`'s terms under ``charges``: the
+    sums of its rings' :func:`ring_floor` totals and own times (the rings are the sequences sharing a rank
+    tuple, as :attr:`~.plan.StepPlan.rings` groups them), and its local sequences' ``local_ms`` plus their row
+    copies (:func:`~.engine_ring.local_copy_ms_per_token`; none under ``none``). Example: one sequence local
+    on rank 0, none elsewhere: ``loc = [local_ms(s), 0, ...]``, ``tot = own = [0, ...]``."""
+    world = cost.cluster.world_size
+    copy = local_copy_ms_per_token(cost, charges)
+    rings: dict[tuple[int, ...], list[int]] = {}
+    local = [0.0] * world
+    for s, a in zip(lengths, assignments):
+        if a.placement == "local":
+            local[a.ranks[0]] += cost.local_ms(s) + s * copy
+        else:
+            rings.setdefault(a.ranks, []).append(s)
+    tot = [0.0] * world
+    own = [0.0] * world
+    for ranks, ls in rings.items():
+        t, o = ring_floor(cost, ranks, ls, head_parallel, charges)
+        for r in ranks:
+            tot[r] += t
+            own[r] += o
+    return tot, own, local
+
+
 def step_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost: CostModel,
                options: PlannerOptions) -> float:
     """A lower bound on ``predict(finish(assignments)).step_ms`` (``finish`` as :func:`~.api.plan_step`
@@ -178,20 +211,7 @@ def step_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost: 
     step to beat.
     """
     world = cost.cluster.world_size
-    rings: dict[tuple[int, ...], list[int]] = {}
-    local = [0.0] * world
-    for s, a in zip(lengths, assignments):
-        if a.placement == "local":
-            local[a.ranks[0]] += cost.local_ms(s)
-        else:
-            rings.setdefault(a.ranks, []).append(s)
-    tot = [0.0] * world
-    own = [0.0] * world
-    for ranks, ls in rings.items():
-        t, o = ring_floor(cost, ranks, ls, options.head_parallel)
-        for r in ranks:
-            tot[r] += t
-            own[r] += o
+    tot, own, local = rank_floors(lengths, assignments, cost, options.head_parallel)
     att = tot
     if not options.remap_overlap:
         oh = cost.call_overhead_ms

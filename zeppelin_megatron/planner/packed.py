@@ -12,7 +12,7 @@ one GPU) or when it does not fit one GPU, else it stays whole on the group rank 
 that has room. The simulator's ``wlb-llm`` baseline is this placement on TE CP's ring
 (:func:`~zeppelin_megatron.sim.baselines.wlb_llm_groups` calls :func:`packed_groups`).
 
-:func:`best_packed` makes one candidate per CP size of :func:`pack_sizes` (identical placements once),
+:func:`best_packed` makes one candidate per CP size of :func:`~.grouped.pack_sizes` (identical placements once),
 bounds each one's predicted step from below (:func:`quick_floor` before packing, :func:`packed_floor`
 after, no layout built), finishes those whose floor is below the step to beat, lowest floor first, as
 ``plan_step`` finishes a placement but with the linear layout *equal* to the attention layout (Zeppelin's
@@ -48,17 +48,16 @@ import heapq
 import math
 from typing import Callable, Sequence
 
-from .cluster import Cluster
 from .cost_model import CostModel
 from .engine_ring import local_copy_ms_per_token
-from .grouped import ring_floor
+from .grouped import pack_sizes, rank_floors, ring_floor
 from .options import PlannerOptions
 from .partition_context import Assignment
 from .plan import PlanError, StepPlan
 from .predict import predict
 from .zigzag import zigzag_tokens
 
-__all__ = ["pack_sizes", "split_pays", "packed_groups", "packed_assignments", "packed_floor", "quick_floor",
+__all__ = ["split_pays", "packed_groups", "packed_assignments", "packed_floor", "quick_floor",
            "best_packed"]
 
 
@@ -66,20 +65,6 @@ CHARGES = "zeppelin"
 """The charges :func:`best_packed` compares plans under (:func:`~.predict.predict`'s ``charges``): the engine's
 device-memory work included, which tracked the simulator better than the uncharged prediction on the
 candidates (module docstring)."""
-
-
-def pack_sizes(lengths: Sequence[int], cluster: Cluster) -> list[int]:
-    """CP sizes a packing can use: powers of two dividing the world whose GPUs hold the longest sequence
-    (``ceil(max / cp) <= tokens_per_gpu``). Example: 2 x 8 GPUs, capacity 65536, longest 100 000:
-    ``[2, 4, 8, 16]``."""
-    world, cap = cluster.world_size, cluster.tokens_per_gpu
-    out = []
-    cp = 1
-    while cp <= world:
-        if world % cp == 0 and -(-max(lengths) // cp) <= cap:
-            out.append(cp)
-        cp *= 2
-    return out
 
 
 def _ring_ms(cost: CostModel, s: int, g: int) -> float:
@@ -205,26 +190,11 @@ def packed_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost
     charges whatever the widths and routes. Example (``charges="none"``): 4 GPUs, two whole sequences of 3000
     tokens on ranks 0 and 1: ``L * (local_ms(3000) + linear_ms(3000))``.
     """
-    copy = local_copy_ms_per_token(cost, charges)
-    world = cost.cluster.world_size
-    rings: dict[tuple[int, ...], list[int]] = {}
-    local = [0.0] * world
-    tokens = [0] * world
+    tot, own, local = rank_floors(lengths, assignments, cost, options.head_parallel, charges)
+    tokens = [0] * cost.cluster.world_size
     for s, a in zip(lengths, assignments):
-        if a.placement == "local":
-            local[a.ranks[0]] += cost.local_ms(s) + s * copy
-            tokens[a.ranks[0]] += s
-        else:
-            rings.setdefault(a.ranks, []).append(s)
-            for p, r in enumerate(a.ranks):
-                tokens[r] += zigzag_tokens(s, len(a.ranks), p)
-    tot = [0.0] * world
-    own = [0.0] * world
-    for ranks, ls in rings.items():
-        t, o = ring_floor(cost, ranks, ls, options.head_parallel, charges)
-        for r in ranks:
-            tot[r] += t
-            own[r] += o
+        for p, r in enumerate(a.ranks):
+            tokens[r] += s if a.placement == "local" else zigzag_tokens(s, len(a.ranks), p)
     oh = cost.call_overhead_ms
     att = [max(t, o + (max(x, oh) if x > 0 else 0.0)) for t, o, x in zip(tot, own, local)]
     return cost.model.layers * max(a + cost.linear_ms(t) for a, t in zip(att, tokens))
@@ -238,10 +208,9 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
     total on every group rank (a ring's floor only grows with the sequences sharing it) and
     ``zigzag_tokens`` of its position on each; one kept whole puts ``max(local_ms(s) + copies, overhead)``
     and ``s`` tokens on its rank (both under ``charges``); every rank's linear time is at least ``p * tokens``
-    (``p``: the profile's least ms per token). Stops after the longest sharded and the longest whole sequence (later
-    ones are shorter).
-    Example: the batch's longest sequence, 123 936 tokens, sharded over ``cp = 8`` on Llama-7B: about
-    6.4 s a step, far above a 2.5 s plan, so that packing is never built."""
+    (``p``: the profile's least ms per token). Stops after the longest sharded and the longest whole sequence
+    (later ones are shorter). Example: the batch's longest sequence, 123 936 tokens, sharded over ``cp = 8``
+    on Llama-7B: about 6.4 s a step, far above a 2.5 s plan, so that packing is never built."""
     cap = cost.cluster.tokens_per_gpu
     per_token = min(cost.linear_ms(r.tokens) / r.tokens for r in cost.profile.linear)
     copy = local_copy_ms_per_token(cost, charges)
@@ -287,8 +256,8 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
     """``plan`` or the packed candidate (module docstring) with the lowest predicted step under :data:`CHARGES`,
     where that is below ``plan``'s by more than rounding (ties keep the earlier: ``plan``, then the lower floor,
     the smaller ``cp``). ``finish`` turns assignments into a finished plan whose linear layout is its attention
-    layout. ``plan``
-    unchanged when ``options.remap`` is ``True`` (token-balanced layout forced) or ``plan`` has no prediction."""
+    layout. ``plan`` unchanged when ``options.remap`` is ``True`` (token-balanced layout forced) or ``plan`` has
+    no prediction."""
     if options.remap is True or plan.predicted is None:
         return plan
     allowed = set(options.placements)

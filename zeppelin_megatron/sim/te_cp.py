@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 from ..planner.cluster import Cluster
 from ..planner.cost_model import CostModel
-from ..planner.packed import pack_sizes
+from ..planner.grouped import pack_sizes
 from ..planner.plan import PlanError, StepPlan
 from .planbuild import build_plan
 
@@ -34,7 +34,7 @@ __all__ = ["cp_groups", "te_cp_plan", "cp_candidates", "pack_by_tokens", "allgat
 
 def cp_candidates(lengths: Sequence[int], cluster: Cluster) -> list[int]:
     """Powers of two ``cp`` dividing the world size whose GPUs can hold the longest sequence
-    (:func:`~zeppelin_megatron.planner.packed.pack_sizes`); :class:`PlanError` when there is none."""
+    (:func:`~zeppelin_megatron.planner.grouped.pack_sizes`); :class:`PlanError` when there is none."""
     out = pack_sizes(lengths, cluster)
     if not out:
         raise PlanError(f"no CP size up to {cluster.world_size} GPUs holds the longest sequence ({max(lengths)} "
