@@ -84,7 +84,7 @@ def run_config(job: dict[str, Any]) -> dict[str, Any]:
     from zeppelin_megatron.sim.runner import run_strategies
     from zeppelin_megatron.sim.simulator import simulate
     from zeppelin_megatron.sim.strategies import plan_with
-    cluster, cost = setup(f"{job['nodes']}x8@{CLUSTER}", job["model"], None, job["tp"])
+    cluster, cost = setup(f"{job['nodes']}x8@{job.get('cluster_file', CLUSTER)}", job["model"], None, job["tp"])
     batches = sample_steps(job["dist"], job["steps"], job["tokens"], job["seed"])
     t0 = time.perf_counter()
     out: dict[str, dict[str, Any]] = {}
