@@ -10,10 +10,11 @@ import pytest
 
 import zeppelin_megatron.sim.charges as sim_charges
 from zeppelin_megatron.planner import Cluster, CostModel, load_model
-from zeppelin_megatron.planner import engine_costs
+from zeppelin_megatron.planner import engine_costs, peer_costs
 from zeppelin_megatron.planner.engine_costs import (
-    Shape, call_bytes, hbm_ms, merge_bytes, shape_of, te_step_bytes, wire_factor, zeppelin_ring_bytes,
+    Shape, call_bytes, hbm_ms, merge_bytes, shape_of, wire_factor, zeppelin_ring_bytes,
 )
+from zeppelin_megatron.planner.peer_costs import te_kv_buffer_bytes, te_step_bytes
 from zeppelin_megatron.planner.engine_ring import local_copy_ms_per_token, ring_steps
 from zeppelin_megatron.planner.predict import predict, ring_time
 from zeppelin_megatron.sim.planbuild import build_plan
@@ -36,11 +37,13 @@ def _cost(nodes: int = 1, gpus: int = 8, layers: int = 1) -> CostModel:
 # -- one derivation ------------------------------------------------------------------------------------------
 
 def test_simulator_charges_are_the_planner_formulas() -> None:
-    """sim/charges.py re-exports planner/engine_costs.py: the same functions, not copies."""
+    """sim/charges.py re-exports planner/engine_costs.py and planner/peer_costs.py: the same functions, not copies."""
     for name in ("hbm_ms", "shape_of", "merge_bytes", "call_bytes", "zeppelin_call_bytes", "wire_factor",
-                 "zeppelin_ring_bytes", "zeppelin_local_bytes", "zeppelin_remap_bytes", "te_step_bytes",
-                 "a2a_token_bytes", "zeppelin_a2a_bytes"):
+                 "zeppelin_ring_bytes", "zeppelin_local_bytes", "zeppelin_remap_bytes", "a2a_token_bytes",
+                 "zeppelin_a2a_bytes"):
         assert getattr(sim_charges, name) is getattr(engine_costs, name), name
+    for name in peer_costs.__all__:
+        assert getattr(sim_charges, name) is getattr(peer_costs, name), name
 
 
 # -- each cost term by hand ----------------------------------------------------------------------------------
@@ -99,7 +102,9 @@ def test_ring_steps_te_and_none() -> None:
     te = ring_steps(cost, [4096], 4, charges="te")
     te_copy = hbm_ms(cost, te_step_bytes(sh, 1024, 512))
     assert te.early == pytest.approx(max(cost.block_fitted_ms(1024, 512), o) + te_copy)
-    assert te.diag == max(d, o)
+    assert te.diag == max(d, o) + hbm_ms(cost, te_kv_buffer_bytes(sh, 1024))  # TE's K/V send buffer at step 0
+    assert te.copy_ms == pytest.approx(hbm_ms(cost, te_kv_buffer_bytes(sh, 1024)) + 3 * max(
+        te.early - max(cost.block_fitted_ms(1024, 512), o), te.late - max(cost.block_fitted_ms(512, 1024), o)))
     with pytest.raises(ValueError, match="'tee'"):
         ring_steps(cost, [4096], 4, charges="tee")
     with pytest.raises(ValueError, match="g = 0"):

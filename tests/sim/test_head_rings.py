@@ -15,8 +15,8 @@ from zeppelin_megatron.planner.model import ModelShape
 from zeppelin_megatron.planner.plan import LocalSlot, StepPlan
 from zeppelin_megatron.planner.zigzag import ring_chunk_pair_tokens, zigzag_ranges
 from zeppelin_megatron.sim.charges import (
-    Shape, a2a_token_bytes, hbm_ms, shape_of, te_step_bytes, zeppelin_a2a_bytes, zeppelin_call_bytes,
-    zeppelin_remap_bytes,
+    A2A_PARTS, Shape, a2a_token_bytes, hbm_ms, shape_of, te_a2a_bytes, te_kv_buffer_bytes, te_step_bytes,
+    zeppelin_a2a_bytes, zeppelin_call_bytes, zeppelin_remap_bytes,
 )
 from zeppelin_megatron.sim.program import Traffic, build_layer_program, plain_rings
 from zeppelin_megatron.sim.simulator import simulate
@@ -228,12 +228,19 @@ def test_each_new_op_pays_its_charge_and_rings_of_one_rank_tuple_stay_apart() ->
     ring_label = att[0].label.rsplit(" step", 1)[0]
     assert [op.label for op in prog.ops[1] if op.kind == "local"] == [f"local slot (in {ring_label} step 0)"]
     te = build_layer_program(plan, cost, charges="te")
-    assert not [op for ops in te.ops for op in ops if "pack" in op.label]
-    for r in range(4):  # TE's fused correction of the lane's step 1, at the lane's heads
+    for r in range(4):  # TE's a2a permutes, K/V send buffer and fused correction of step 1, at the lane's heads
+        own = sum(b - a for a, b in zigzag_ranges(9000, 4, r))
+        block = next(p for p in low.ranks[r].rings if p.ring == hybrid).tokens(r // 2)
+        want = te_a2a_bytes(shape_of(cost), 2, own, block)
+        for part in A2A_PARTS:
+            kind, which = part.split()
+            ms = [op.ms for op in te.ops[r] if op.label.endswith(f"to {kind}: {which}")]
+            assert ms == [pytest.approx(hbm_ms(cost, want[part]), rel=1e-12)]
         (step1,) = [op for op in low.ranks[r].forward if isinstance(op, RingCall) and op.ring == hybrid and op.step]
-        (corr,) = [op.ms for op in te.ops[r] if op.kind == "copy" and "a2a 2" in op.label]
-        assert corr == pytest.approx(hbm_ms(cost, te_step_bytes(shape_of(cost, 2), sum(step1.lens_q),
-                                                                sum(step1.lens_k))), rel=1e-12)
+        copies = [op.ms for op in te.ops[r] if op.kind == "copy" and "a2a 2" in op.label and "step" in op.label]
+        assert copies == pytest.approx([
+            hbm_ms(cost, te_kv_buffer_bytes(shape_of(cost, 2), block)),  # at the lane's first call (step 0)
+            hbm_ms(cost, te_step_bytes(shape_of(cost, 2), sum(step1.lens_q), sum(step1.lens_k)))], rel=1e-12)
     res = simulate(plan, cost)
     assert res.layer_ms > simulate(plan, cost, charges="te").layer_ms > 0
 

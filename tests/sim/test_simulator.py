@@ -141,10 +141,10 @@ def test_one_ring_matches_hand_computation() -> None:
 def test_all_to_all_goes_rail_aligned_then_fans_out() -> None:
     # 2 nodes x 2 GPUs (one NIC each): rank 0 sends 1 GB to each of ranks 2 and 3.
     # PXN-style: 2 GB over rank 0's NIC to rank 2 (its rail peer), then 1 GB 2 -> 3 on NVLink.
-    from zeppelin_megatron.sim.program import _pairs_transfer
+    from zeppelin_megatron.sim.layer_ops import pairs_transfer
     cl = _cluster(2, 2, 2, (0, 1))
     cost = _cost(cl)
-    t = _pairs_transfer(("a",), "group", cost, {(0, 2): 1e9, (0, 3): 1e9})
+    t = pairs_transfer(("a",), "group", cost, {(0, 2): 1e9, (0, 3): 1e9})
     assert [[(h.src, h.dst, h.nbytes, h.link) for h in c] for c in t.chains] == [
         [(0, 2, 2e9, "nic")], [(2, 3, 1e9, "nvl")]]
     ops = [[Op("post", key=("a",)), Op("wait", key=("a",), kind="group")] for _ in range(4)]

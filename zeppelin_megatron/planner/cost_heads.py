@@ -50,6 +50,7 @@ from .cost_model import CostModel
 from .engine_costs import hbm_ms, shape_of, zeppelin_a2a_bytes
 from .engine_ring import ring_steps
 from .head_parallel import head_split_error, lane_kv_heads
+from .peer_costs import te_a2a_bytes
 from .zigzag import next_position, ring_chunk_pair_tokens, ring_max_tokens
 
 __all__ = ["HeadRingTime", "head_ring_time", "head_widths", "lane_hops", "a2a_bytes_per_token",
@@ -142,8 +143,10 @@ def head_ring_time(cost: CostModel, ranks: Sequence[int], lengths: Sequence[int]
     ``zeppelin`` the lane's steps carry their merges and row copies and the fp32 dK/dV on the wire
     (:func:`~.engine_ring.ring_steps` at ``m`` blocks), and every member copies around the two all-to-alls
     (:func:`~.engine_costs.zeppelin_a2a_bytes` of the ``held`` tokens and its block's rows), both in
-    ``own`` and ``total`` (``copy_ms``). Raises ``ValueError`` when ``a2a`` is not one of
-    :func:`head_widths` (the message names the limit). Memoised in the cost model's cache (plans repeat rings).
+    ``own`` and ``total`` (``copy_ms``); under ``te`` TE's steps and all-to-all permutes instead
+    (:func:`~.peer_costs.te_a2a_bytes`, as the simulator charges them). Raises ``ValueError`` when ``a2a``
+    is not one of :func:`head_widths` (the message names the limit). Memoised in the cost model's cache (plans
+    repeat rings).
     """
     key = ("hring", tuple(ranks), tuple(lengths), a2a, charges)
     hit = cost._cache.get(key)
@@ -163,8 +166,8 @@ def head_ring_time(cost: CostModel, ranks: Sequence[int], lengths: Sequence[int]
     tokens_ms = cost.nvlink_ms((a2a - 1) * held * tokens_b)
     lane_bytes = st.wire_bytes
     comm = _lane_comm_ms(cost, ranks, a2a, lane_bytes) if m > 1 else 0.0
-    a2a_copy = (hbm_ms(cost, sum(zeppelin_a2a_bytes(shape_of(cost), a2a, held, block).values()))
-                if charges == "zeppelin" else 0.0)
+    copies = {"zeppelin": zeppelin_a2a_bytes, "te": te_a2a_bytes}.get(charges)
+    a2a_copy = hbm_ms(cost, sum(copies(shape_of(cost), a2a, held, block).values())) if copies else 0.0
     own = a2a_copy + st.diag + (m - 1) * st.off + st.first_late
     a2a_ms = heads_ms + tokens_ms
     total = a2a_ms + a2a_copy + st.diag + (m - 1) * max(st.off, comm) + st.first_late

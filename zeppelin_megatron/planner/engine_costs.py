@@ -87,17 +87,10 @@ forward + backward of one layer, as the cost model's kernel times are.
 * the router's relays: none. A relay receives into a buffer and sends that buffer on; a message part is
   a view of the payload (``runtime/router.py``). Its bytes are network traffic, charged as such.
 
-**Transformer Engine CP's ring** (``te-cp``, ``te-cp-routing``, ``wlb-llm``, ``hybrid-dp``,
-``megatron-hcp``, the ring of ``te-cp-a2a-p2p``; :func:`te_step_bytes`): our reading of TE's
-``AttnFuncWithCPAndKVP2P``: the softmax-lse and output corrections are fused (``jit_fuser``) kernels,
-one pass each per step: r ``b`` (the step's bf16 output) + r/w ``a`` (the running output) per ``T Eq``,
-``5a T Hq``; backward accumulates dQ and dK/dV in the training dtype (``3b`` per element). No row
-gathers (TE's THD buffers are used in place). This is a lower bound for TE: it favours the baseline.
+**TE CP's ring and the peers' all-to-alls**: :mod:`.peer_costs` (what the simulator charges the baselines).
 
 Not charged anywhere: GQA K/V head expansion inside the ``torch_varlen`` backend (the ``flash_attn``
-backend needs none), Ulysses all-to-all head permutes of ``flexsp`` and the a2a part of
-``te-cp-a2a-p2p`` (both favour those baselines). DistCA charges its own buffer packing
-(:mod:`.distca`).
+backend needs none). DistCA charges its own buffer packing (``sim/distca.py``).
 
 Example (bf16, ``Hq = 32``, ``D = 128``): merging a 4096-row ``early`` call costs
 ``4096 * 4096 * 10 + 4096 * 32 * 12 = 169 MB`` of traffic -> 0.057 ms at 2951.7 GB/s (the torch path:
@@ -123,7 +116,7 @@ if TYPE_CHECKING:
 
 __all__ = ["hbm_ms", "Shape", "shape_of", "merge_bytes", "call_bytes", "zeppelin_call_bytes", "wire_factor",
            "zeppelin_ring_bytes", "zeppelin_local_bytes", "zeppelin_remap_bytes", "remap_copy_bytes", "remap_gathers",
-           "te_step_bytes", "a2a_token_bytes", "zeppelin_a2a_bytes", "A2A_PARTS"]
+           "a2a_token_bytes", "zeppelin_a2a_bytes", "A2A_PARTS", "lane_shape"]
 
 
 class Shape:
@@ -145,7 +138,7 @@ def shape_of(cost: "CostModel", a2a: int = 1) -> Shape:
     b = cost.profile.dtype_bytes
     sh = Shape(eq=(m.q_heads // tp) * m.head_dim, ekv=2 * (m.kv_heads // tp) * m.head_dim, hq=m.q_heads // tp,
                b=b, a=max(4, b))
-    return sh if a2a == 1 else _lane(sh, a2a)
+    return sh if a2a == 1 else lane_shape(sh, a2a)
 
 
 def hbm_ms(cost: "CostModel", nbytes: float) -> float:
@@ -384,13 +377,6 @@ def remap_copy_bytes(sh: Shape, linear_tokens: int, attention_tokens: int, *, st
                  + 4 * sh.b * (sh.eq + sh.ekv) * in_place)
 
 
-def te_step_bytes(sh: Shape, q_rows: float, kv_rows: float) -> float:
-    """TE CP ring: forward correction + backward dQ, dK/dV accumulation of one step (not the diagonal)."""
-    a, b = sh.a, sh.b
-    return float(q_rows * sh.eq * (b + 2 * a) + 5 * a * q_rows * sh.hq
-                 + 3 * b * q_rows * sh.eq + 3 * b * kv_rows * sh.ekv)
-
-
 def a2a_token_bytes(sh: Shape, charges: str = "zeppelin") -> tuple[int, int]:
     """Bytes per token of one lane's slice in a head-parallel ring's two all-to-alls, forward + backward
     merged (``sh``: the lane's :func:`shape_of`): ``heads`` carries the q, k, v slices forward and the
@@ -432,7 +418,7 @@ def zeppelin_a2a_bytes(sh: Shape, a2a: int, own: int, block: int) -> dict[str, f
     ``n = 2048``, ``N = 8192``): heads pack 302 MB, unpack 168 MB, tokens pack 344 MB, unpack 554 MB.
     """
     a, b, eq, ekv = sh.a, sh.b, sh.eq, sh.ekv
-    lane = _lane(sh, a2a)
+    lane = lane_shape(sh, a2a)
     eql, ekvl = lane.eq, lane.ekv
     n, big = own, block
     packed = a2a * ekvl
@@ -448,7 +434,7 @@ def zeppelin_a2a_bytes(sh: Shape, a2a: int, own: int, block: int) -> dict[str, f
     }
 
 
-def _lane(sh: Shape, a2a: int) -> Shape:
+def lane_shape(sh: Shape, a2a: int) -> Shape:
     """The lane :class:`Shape` of full shape ``sh`` at width ``a2a`` (as :func:`shape_of` ``(cost, a2a)``)."""
     d = sh.eq // sh.hq
     hkv = sh.ekv // (2 * d)

@@ -1,7 +1,8 @@
 """Device-memory charges: the elementwise passes and row copies an attention runtime does besides its kernels.
 
-The byte formulas live in :mod:`zeppelin_megatron.planner.engine_costs` (one derivation: the planner prices
-the same work when it scores and predicts plans; its docstring counts every charge from the runtime's code)
+The byte formulas live in :mod:`zeppelin_megatron.planner.engine_costs` (Zeppelin's engine; one derivation:
+the planner prices the same work when it scores and predicts plans; its docstring counts every charge from the
+runtime's code) and :mod:`zeppelin_megatron.planner.peer_costs` (the baselines' engines, read from their code)
 and are re-exported here; this module adds the simulator's charge models. Every charge is
 ``bytes / hbm_GBps`` (:func:`hbm_ms`); ``sim/program.py`` turns them into ``copy`` ops.
 """
@@ -9,14 +10,15 @@ and are re-exported here; this module adds the simulator's charge models. Every 
 from __future__ import annotations
 
 from ..planner.engine_costs import (
-    A2A_PARTS, Shape, a2a_token_bytes, call_bytes, hbm_ms, merge_bytes, remap_gathers, shape_of, te_step_bytes,
-    wire_factor, zeppelin_a2a_bytes, zeppelin_call_bytes, zeppelin_local_bytes, zeppelin_remap_bytes,
-    zeppelin_ring_bytes,
+    A2A_PARTS, Shape, a2a_token_bytes, call_bytes, hbm_ms, merge_bytes, remap_gathers, shape_of, wire_factor,
+    zeppelin_a2a_bytes, zeppelin_call_bytes, zeppelin_local_bytes, zeppelin_remap_bytes, zeppelin_ring_bytes,
 )
+from ..planner.peer_costs import PEER_A2A_PASSES, peer_a2a_bytes, te_a2a_bytes, te_kv_buffer_bytes, te_step_bytes
 
 __all__ = ["hbm_ms", "Shape", "shape_of", "merge_bytes", "call_bytes", "zeppelin_call_bytes", "wire_factor",
            "zeppelin_ring_bytes", "zeppelin_local_bytes", "zeppelin_remap_bytes", "remap_gathers", "te_step_bytes",
-           "CHARGES", "charges_for", "a2a_token_bytes", "zeppelin_a2a_bytes", "A2A_PARTS"]
+           "CHARGES", "charges_for", "a2a_token_bytes", "zeppelin_a2a_bytes", "A2A_PARTS", "PEER_A2A_PASSES",
+           "peer_a2a_bytes", "te_a2a_bytes", "te_kv_buffer_bytes"]
 
 CHARGES: tuple[str, ...] = ("zeppelin", "te", "none")
 """Charge models: ``zeppelin`` (this project's engine, counted from its code), ``te`` (TE CP's ring) and

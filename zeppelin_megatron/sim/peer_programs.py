@@ -27,10 +27,14 @@ from __future__ import annotations
 
 from ..planner.cost_model import CostModel
 from ..planner.zigzag import next_position
-from .charges import hbm_ms, shape_of, te_step_bytes
-from .program import Leg, LayerProgram, Op, Traffic
+from .charges import hbm_ms, shape_of, te_kv_buffer_bytes, te_step_bytes
+from .layer_ops import Leg, LayerProgram, Op, Traffic
 
-__all__ = ["ProgramBuilder"]
+__all__ = ["ProgramBuilder", "CHARGE_LABELS"]
+
+CHARGE_LABELS: tuple[str, ...] = ("output correction", "K/V send buffer", "permute")
+"""How the labels of the device-memory charges in peer programs end (TE CP's corrections, its K/V send buffer,
+the all-to-alls' permutes): ``build_layer_program(..., charges="none")`` drops them."""
 
 class ProgramBuilder:
     """Accumulates per-rank ops and named transfers for one simulated layer."""
@@ -90,6 +94,8 @@ class ProgramBuilder:
         rows = step_bytes / (3 * self.cost.kv_bytes_per_token)
         for r in (members if members is not None else ranks):
             p = ranks.index(r)
+            if g > 1:  # TE's torch.cat of K and V into the first send buffer
+                self.compute(r, hbm_ms(self.cost, te_kv_buffer_bytes(sh, rows)), "copy", f"{label} K/V send buffer")
             for j in range(g):
                 if j < g - 1:
                     self.post(r, keys[j])

@@ -30,14 +30,8 @@ bytes). Per rank, in this order:
      slot between the ``Post`` and ``Wait`` of its ``heads`` all-to-all, which flows
      meanwhile), and the rank's other local sequences as one call after
      the rings.
-   * ``ulysses``: all-to-all in (each member sends ``t_i (2 q + kv) / g`` bytes
-     to each other member), one call over the group's sequences with
-     ``1/g`` of the heads (``sum causal_ms(s) / g``), all-to-all out (same bytes).
-   * ``allgather``: post the K/V all-gather (``2 t_i kv`` bytes from each
-     member to each other: forward, and again in backward), compute the
-     rank's own diagonal blocks meanwhile, wait, compute the rest of its rows
-     (``block_ms(s/g, s) / 2`` in total per sequence), reduce-scatter dK/dV
-     (``t_j kv`` bytes to each member ``j``).
+   * ``ulysses`` (FlexSP) and ``allgather`` (TE CP's all-gather): the baselines' groups, one at a time
+     (:mod:`.group_programs`; FlexSP's all-to-all permutes charged unless ``charges="none"``).
 
    Without ``interleave_local`` (the ``fill`` engine) local sequences leave
    the lowered program and form a queue, run as one call after the groups; with ``fill`` (simulator option)
@@ -61,116 +55,35 @@ runtime's messages and wire hops; a ring transfer becomes one ``Traffic``.)
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping
-
 from ..planner.cost_model import CostModel
 from ..planner.lowering import (
     LocalCall, LocalChunk, Post, RankProgram, RemapExchange, RingCall, Transfer, Wait, lower, lower_remaps,
     message_hops,
 )
-from .plain_rings import plain_rings
-from ..planner.plan import Ring, StepPlan
-from ..planner.zigzag import ring_chunk_pair_tokens, zigzag_tokens
-from .peer_plan import PEER_COMMS, PeerPlan
+from ..planner.plan import StepPlan
+from ..planner.zigzag import ring_chunk_pair_tokens
 from .charges import (
-    CHARGES, Shape, a2a_token_bytes, hbm_ms, shape_of, te_step_bytes, wire_factor, zeppelin_a2a_bytes,
-    zeppelin_call_bytes,
-    zeppelin_local_bytes, zeppelin_remap_bytes, zeppelin_ring_bytes,
+    CHARGES, Shape, a2a_token_bytes, hbm_ms, shape_of, te_a2a_bytes, te_kv_buffer_bytes, te_step_bytes, wire_factor,
+    zeppelin_a2a_bytes, zeppelin_call_bytes, zeppelin_local_bytes, zeppelin_remap_bytes, zeppelin_ring_bytes,
 )
+from .group_programs import group_ops
+from .layer_ops import Leg, LayerProgram, Op, Traffic, hop, pairs_transfer
+from .peer_plan import PEER_COMMS, PeerPlan
+from .peer_programs import CHARGE_LABELS
+from .plain_rings import plain_rings
 
 __all__ = ["Leg", "Traffic", "Op", "LayerProgram", "build_layer_program", "plain_rings"]
 
-Link = Literal["nvl", "nic"]
-
-
-@dataclass(frozen=True)
-class Leg:
-    """One flow of a chain: ``nbytes`` from ``src`` to ``dst`` over ``link``."""
-
-    src: int
-    dst: int
-    nbytes: float
-    link: Link
-
-
-@dataclass
-class Traffic:
-    """Named set of hop chains (``category``: ``ring``, ``relay``, ``remap``, ``group``)."""
-
-    key: tuple
-    category: str
-    chains: list[list[Leg]] = field(default_factory=list)
-    after: dict[int, int] = field(default_factory=dict)
-    """Chain ``c`` starts only when chain ``after[c]`` has finished (fan-out after a shared hop)."""
-
-
-@dataclass(frozen=True)
-class Op:
-    """``compute`` (``ms``, ``kind``), ``post`` or ``wait`` (``key``), or ``local``: the rank's
-    local queue (whatever is left of it) as one call."""
-
-    what: Literal["compute", "post", "wait", "local"]
-    ms: float = 0.0
-    kind: str = ""
-    key: tuple = ()
-    label: str = ""
-
-
-@dataclass
-class LayerProgram:
-    """Per-rank ops, the transfers they name, and each rank's local queue (kernel ms per
-    local sequence, longest first)."""
-
-    ops: list[list[Op]]
-    transfers: dict[tuple, Traffic]
-    local_queue: list[list[float]] = field(default_factory=list)
-
-
-def _hop(cost: CostModel, src: int, dst: int, nbytes: float) -> Leg:
-    cl = cost.cluster
-    return Leg(src, dst, float(nbytes), "nvl" if cl.node_of(src) == cl.node_of(dst) else "nic")
-
-
-def _pairs_transfer(key: tuple, category: str, cost: CostModel,
-                    pair_bytes: Mapping[tuple[int, int], float]) -> Traffic:
-    """One hop per pair, except that a rank's bytes to all GPUs of another node go as one NIC
-    hop to the rail-aligned GPU there and on over NVLink (NCCL's PXN-style all-to-all):
-    ``src -> (node(dst), local(src))`` carries the sum, then one NVLink hop per final GPU.
-    Keeps a 128-rank all-to-all at ``128 x (nodes + 7)`` flows instead of ``128^2``.
-    """
-    cl = cost.cluster
-    t = Traffic(key, category)
-    remote: dict[tuple[int, int], list[tuple[int, float]]] = defaultdict(list)
-    for (a, b), nbytes in sorted(pair_bytes.items()):
-        if a == b or nbytes <= 0:
-            continue
-        if cl.node_of(a) == cl.node_of(b):
-            t.chains.append([Leg(a, b, float(nbytes), "nvl")])
-        else:
-            remote[(a, cl.node_of(b))].append((b, float(nbytes)))
-    for (a, node), items in sorted(remote.items()):
-        rail = cl.rank_of(node, cl.local_of(a))
-        total = sum(n for _, n in items)
-        head = len(t.chains)
-        t.chains.append([Leg(a, rail, total, "nic")])
-        for b, n in items:
-            if b != rail:
-                t.after[len(t.chains)] = head
-                t.chains.append([Leg(rail, b, n, "nvl")])
-    return t
-
 
 def _remap_transfer(key: tuple, cost: CostModel, remap: RemapExchange, per_token: float) -> Traffic:
-    """The lowered remap exchange: direct (:func:`_pairs_transfer`), or routed as the runtime routes it:
+    """The lowered remap exchange: direct (:func:`~.layer_ops.pairs_transfer`), or routed as the runtime routes it:
     one chain per :meth:`~zeppelin_megatron.planner.lowering.RemapExchange.chains` piece, ``src -> P_src(p)``
     (NVLink), ``P_src(p) -> P_dst(p)`` (the proxy's NIC), ``P_dst(p) -> dst`` (NVLink)."""
     if not remap.proxies:
-        return _pairs_transfer(key, "remap", cost, {(a, b): n * per_token for a, b, n in remap.pair_rows})
+        return pairs_transfer(key, "remap", cost, {(a, b): n * per_token for a, b, n in remap.pair_rows})
     t = Traffic(key, "remap")
     for path, rows in remap.chains(cost.cluster.gpus_per_node):
-        t.chains.append([_hop(cost, a, b, rows * per_token) for a, b in zip(path, path[1:])])
+        t.chains.append([hop(cost, a, b, rows * per_token) for a, b in zip(path, path[1:])])
     return t
 
 
@@ -182,7 +95,7 @@ def _ring_transfer(lowered: Transfer, key: tuple, nbytes: float, cost: CostModel
     hops = message_hops(lowered.messages, (n,) * len(lowered.messages), cost.cluster.gpus_per_node)
     chains: dict[tuple[int, int], list[Leg]] = {}
     for h in hops:
-        chains.setdefault((h.msg, h.part), []).append(_hop(cost, h.sender, h.receiver, h.count))
+        chains.setdefault((h.msg, h.part), []).append(hop(cost, h.sender, h.receiver, h.count))
     t = Traffic(key, "ring")
     t.chains = [chains[mp] for mp in sorted(chains)]
     return t
@@ -203,7 +116,9 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
     time is ``1/a`` of the full-head time (flops scale with the query heads, the cost model's rates
     carry over), at least the call overhead; its charges are counted at the lane's shape
     (``shape_of(cost, a)``); the ring's own copies (:func:`~.charges.zeppelin_a2a_bytes`) are ``copy`` ops
-    before each all-to-all's ``Post`` (pack) and after its ``Wait`` (unpack) (``zeppelin`` charges only)."""
+    before each all-to-all's ``Post`` (pack) and after its ``Wait`` (unpack) (``zeppelin`` charges; under
+    ``te`` TE's all-to-all permutes instead, :func:`~.charges.te_a2a_bytes`, and TE's K/V send buffer at a ring's
+    first call, :func:`~.charges.te_kv_buffer_bytes`)."""
     o = cost.call_overhead_ms
     sh = shape_of(cost)
     started: set[int] = set()
@@ -228,9 +143,12 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
                             sum(cost.ring_compute_profile(s, g)[1] for s in part.lengths) / a)
         lane[part.ring] = shape_of(cost, a)
         if a > 1 and part.position is not None:
-            started.add(part.ring)  # no per-ring gathers: the all-to-alls' copies instead
             own = part.fine_tokens(part.position * a + (part.lane or 0))
-            a2a_copies[part.ring] = zeppelin_a2a_bytes(sh, a, own, part.tokens(part.position))
+            if charges == "zeppelin":
+                started.add(part.ring)  # no per-ring gathers: the all-to-alls' copies instead
+                a2a_copies[part.ring] = zeppelin_a2a_bytes(sh, a, own, part.tokens(part.position))
+            elif charges == "te":  # TE's all-to-all: one pass each side (PEER_A2A_PASSES)
+                a2a_copies[part.ring] = te_a2a_bytes(sh, a, own, part.tokens(part.position))
     for op in rank.forward:
         if isinstance(op, RingCall):
             diag, off = block[op.ring]
@@ -259,7 +177,7 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
                               label="local call row copies"))
         elif isinstance(op, Post):
             t = op.transfer
-            if t.kind in ("heads", "tokens") and charges == "zeppelin":
+            if t.kind in ("heads", "tokens") and t.ring in a2a_copies:
                 ops.append(Op("compute", hbm_ms(cost, a2a_copies[t.ring][f"{t.kind} pack"]), "copy",
                               label=f"{label[t.ring]} to {t.kind}: pack"))
             ops.append(Op("post", key=keys[t]))
@@ -268,7 +186,7 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
             t = op.transfer
             if t.kind in ("heads", "tokens"):
                 ops.append(Op("wait", key=keys[t], kind="group", label=f"{label[t.ring]} all-to-all to {t.kind}"))
-                if charges == "zeppelin":
+                if t.ring in a2a_copies:
                     ops.append(Op("compute", hbm_ms(cost, a2a_copies[t.ring][f"{t.kind} unpack"]), "copy",
                                   label=f"{label[t.ring]} to {t.kind}: unpack"))
                 continue
@@ -310,10 +228,13 @@ def _call_copy_bytes(sh: Shape, op: RingCall, charges: str, started: set[int]) -
     gathers, its first ``late`` call the backward row gathers, marked by ``-1 - ring``)."""
     if charges == "none":
         return 0.0
-    if charges == "te":
-        if op.kind == "diag":
-            return 0.0
-        return te_step_bytes(sh, sum(op.lens_q), sum(op.lens_k))
+    if charges == "te":  # TE packs K and V into its send buffer once per ring (p2p only), then corrects per step
+        total = 0.0
+        if op.ring not in started:
+            started.add(op.ring)
+            if op.part.size > 1:
+                total += te_kv_buffer_bytes(sh, op.part.tokens(op.position))
+        return total + (te_step_bytes(sh, sum(op.lens_q), sum(op.lens_k)) if op.kind != "diag" else 0.0)
     total = 0.0
     if op.ring not in started:
         started.add(op.ring)
@@ -322,58 +243,6 @@ def _call_copy_bytes(sh: Shape, op: RingCall, charges: str, started: set[int]) -
     if first_late:
         started.add(-1 - op.ring)
     return total + zeppelin_call_bytes(sh, op, first_late=first_late)
-
-
-def _tokens_by_rank(plan: StepPlan, seq: int) -> dict[int, int]:
-    s = plan.sequences[seq]
-    g = len(s.ranks)
-    return {r: zigzag_tokens(s.length, g, p) for p, r in enumerate(s.ranks)}
-
-
-def _group_ops(plan: StepPlan, ring: Ring, cost: CostModel, attention_comm: str, ops: list[list[Op]],
-               add: Callable[[Traffic], tuple]) -> None:
-    """The ops of one non-ring group (baselines' ``ulysses`` and ``allgather``; module docstring)."""
-    o = cost.call_overhead_ms
-    per_token = 2 * cost.q_bytes_per_token + cost.kv_bytes_per_token
-    kvb = cost.kv_bytes_per_token
-    g = len(ring.ranks)
-    lengths = [plan.sequences[i].length for i in ring.seqs]
-    label = f"{ring.placement} group {list(ring.ranks)[:4]}{'...' if g > 4 else ''} ({len(lengths)} seqs)"
-    if attention_comm == "ulysses":
-        held: dict[int, int] = defaultdict(int)
-        for i in ring.seqs:
-            for r, t in _tokens_by_rank(plan, i).items():
-                held[r] += t
-        a2a = {(a, b): held[a] * per_token / g for a in ring.ranks for b in ring.ranks if a != b}
-        tin = add(_pairs_transfer(("ulysses", ring.ranks, "in"), "group", cost, a2a))
-        tout = add(_pairs_transfer(("ulysses", ring.ranks, "out"), "group", cost,
-                                   {(b, a): v for (a, b), v in a2a.items()}))
-        comp = max(sum(cost.causal_ms(s) for s in lengths) / g, o)
-        for r in ring.ranks:
-            ops[r] += [Op("post", key=tin), Op("wait", key=tin, kind="group", label=f"{label} all-to-all in"),
-                       Op("compute", comp, "attention", label=f"{label} ulysses"),
-                       Op("post", key=tout), Op("wait", key=tout, kind="group", label=f"{label} all-to-all out")]
-        return
-    held = defaultdict(int)
-    diag: dict[int, float] = defaultdict(float)
-    rest: dict[int, float] = defaultdict(float)
-    for i in ring.seqs:
-        s = plan.sequences[i].length
-        for r, t in _tokens_by_rank(plan, i).items():
-            held[r] += t
-            d = cost.causal_ms(t)
-            diag[r] += d
-            rest[r] += max(cost.block_ms(t, s) / 2 - d, 0.0)
-    ag = {(a, b): 2 * held[a] * kvb for a in ring.ranks for b in ring.ranks if a != b}
-    rs = {(a, b): held[b] * kvb for a in ring.ranks for b in ring.ranks if a != b}
-    tag = add(_pairs_transfer(("allgather", ring.ranks, "ag"), "group", cost, ag))
-    trs = add(_pairs_transfer(("allgather", ring.ranks, "rs"), "group", cost, rs))
-    for r in ring.ranks:
-        ops[r] += [Op("post", key=tag),
-                   Op("compute", max(diag[r], o), "attention", label=f"{label} own chunks"),
-                   Op("wait", key=tag, kind="group", label=f"{label} all-gather K/V"),
-                   Op("compute", max(rest[r], o), "attention", label=f"{label} gathered K/V"),
-                   Op("post", key=trs), Op("wait", key=trs, kind="group", label=f"{label} reduce-scatter dK/dV")]
 
 
 def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "ring",
@@ -399,7 +268,7 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
                              f"(got a {type(plan).__name__} without a peer schedule)")
         peer = plan.build(plan, cost)  # their rings pay TE CP's charges
         if charges == "none":
-            peer.ops = [[o for o in ops if not o.label.endswith("output correction")] for ops in peer.ops]
+            peer.ops = [[o for o in ops if not o.label.endswith(CHARGE_LABELS)] for ops in peer.ops]
         return peer
     if attention_comm not in ("ring", "ulysses", "allgather"):
         raise ValueError(f"attention_comm is {attention_comm!r}, expected ring, ulysses or allgather")
@@ -459,7 +328,7 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
             key = ("ring", ring.ranks, tid.step) if ring.a2a == 1 else ("ring", ring.ranks, ring.a2a, tid.kind)
             if tid.kind in ("heads", "tokens"):  # a head-parallel ring's all-to-alls: one NVLink flow per message
                 per_token = a2a_token_bytes(shape_of(cost, ring.a2a), charges)[tid.kind == "tokens"]
-                keys[tid] = add(Traffic(key, "group", [[_hop(cost, m.src, m.dst, m.tokens * per_token)]
+                keys[tid] = add(Traffic(key, "group", [[hop(cost, m.src, m.dst, m.tokens * per_token)]
                                                       for m in t.messages if m.tokens]))
             elif tid.kind == "kv":  # a lane's K/V: 2 lane_kv_heads D elements per token, chunks of the blocks
                 g, lane = ring.blocks, shape_of(cost, ring.a2a)
@@ -475,7 +344,7 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
             if s.placement == "local":
                 local_lens[s.ranks[0]].append(s.length)
         for ring in plan.rings:
-            _group_ops(plan, ring, cost, attention_comm, ops, add)
+            group_ops(plan, ring, cost, attention_comm, ops, add, charges)
 
     queue: list[list[float]] = [[] for _ in range(world)]
     for r in range(world):

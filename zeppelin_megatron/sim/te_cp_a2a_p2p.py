@@ -49,6 +49,7 @@ from ..planner.cluster import Cluster
 from ..planner.cost_model import CostModel
 from ..planner.plan import PlanError
 from ..planner.zigzag import zigzag_tokens
+from .charges import PEER_A2A_PASSES, hbm_ms, peer_a2a_bytes, shape_of
 from .peer_plan import PeerPlan, as_peer_plan
 from .peer_programs import ProgramBuilder
 from .planbuild import build_plan
@@ -145,6 +146,7 @@ def a2a_p2p_program(plan: PeerPlan, cost: CostModel) -> LayerProgram:
     a, p = sizes.a2a, sizes.p2p
     b = ProgramBuilder(cost)
     per_token = 2 * cost.q_bytes_per_token + cost.kv_bytes_per_token
+    sh = shape_of(cost)
     for r in range(plan.world_size):
         b.compute(r, cost.linear_ms(plan.tokens(r, "linear")) / 2, "linear", "linear (first half)")
     for ring in plan.rings:
@@ -162,9 +164,15 @@ def a2a_p2p_program(plan: PeerPlan, cost: CostModel) -> LayerProgram:
         a2a = {(x, y): held[x] * per_token / a for sg in subgroups for x in sg for y in sg if x != y}
         tin = b.pairs(("a2a_p2p", ring.ranks, "in"), a2a)
         tout = b.pairs(("a2a_p2p", ring.ranks, "out"), {(y, x): v for (x, y), v in a2a.items()})
+        got = {r: sum(held[x] for x in sg) / a for sg in subgroups for r in sg}  # tokens' worth received
+        permute = {(r, d, side): hbm_ms(cost, peer_a2a_bytes(sh, n, PEER_A2A_PASSES["te"][d][side]))
+                   for r in ring.ranks for d, sides in (("in", (held[r], got[r])), ("out", (got[r], held[r])))
+                   for side, n in enumerate(sides)}
         for r in ring.ranks:
+            b.compute(r, permute[(r, "in", 0)], "copy", f"{label} all-to-all in: sender's permute")
             b.post(r, tin)
             b.wait(r, tin, "group", f"{label} all-to-all in")
+            b.compute(r, permute[(r, "in", 1)], "copy", f"{label} all-to-all in: receiver's permute")
         if p == 1:
             comp = sum(cost.causal_ms(s) for s in lengths) / a
             for r in ring.ranks:
@@ -177,8 +185,10 @@ def a2a_p2p_program(plan: PeerPlan, cost: CostModel) -> LayerProgram:
                 ranks = tuple(sg[i] for sg in subgroups)
                 b.ring(ranks, nbytes, diag, off, key=("a2a_p2p", ring.ranks, "ring", i), label=f"{label} ring {i}")
         for r in ring.ranks:
+            b.compute(r, permute[(r, "out", 0)], "copy", f"{label} all-to-all out: sender's permute")
             b.post(r, tout)
             b.wait(r, tout, "group", f"{label} all-to-all out")
+            b.compute(r, permute[(r, "out", 1)], "copy", f"{label} all-to-all out: receiver's permute")
     local: dict[int, list[int]] = defaultdict(list)
     for s in plan.sequences:
         if s.placement == "local":
