@@ -14,7 +14,7 @@ from zeppelin_megatron.planner import engine_costs, peer_costs
 from zeppelin_megatron.planner.engine_costs import (
     Shape, call_bytes, hbm_ms, merge_bytes, shape_of, wire_factor, zeppelin_ring_bytes,
 )
-from zeppelin_megatron.planner.peer_costs import te_kv_buffer_bytes, te_step_bytes
+from zeppelin_megatron.planner.peer_costs import te_ring_bytes, te_step_bytes
 from zeppelin_megatron.planner.engine_ring import local_copy_ms_per_token, ring_steps
 from zeppelin_megatron.planner.predict import predict, ring_time
 from zeppelin_megatron.sim.planbuild import build_plan
@@ -100,10 +100,13 @@ def test_ring_steps_te_and_none() -> None:
                                                                                  0.0, 0.0)
     assert none.wire_bytes == 3 * cost.ring_step_bytes(4096, 4)
     te = ring_steps(cost, [4096], 4, charges="te")
-    te_copy = hbm_ms(cost, te_step_bytes(sh, 1024, 512))
+    te_copy = hbm_ms(cost, te_step_bytes(sh, 1024, 512, "early"))
     assert te.early == pytest.approx(max(cost.block_fitted_ms(1024, 512), o) + te_copy)
-    assert te.diag == max(d, o) + hbm_ms(cost, te_kv_buffer_bytes(sh, 1024))  # TE's K/V send buffer at step 0
-    assert te.copy_ms == pytest.approx(hbm_ms(cost, te_kv_buffer_bytes(sh, 1024)) + 3 * max(
+    buf = hbm_ms(cost, te_ring_bytes(sh, 1024) + te_step_bytes(sh, 1024, 1024, "diag"))  # the ring's buffers, step 0
+    assert te.diag == max(d, o) + buf
+    assert te.late == pytest.approx(max(cost.block_fitted_ms(512, 1024), o) + hbm_ms(cost, te_step_bytes(sh, 512, 1024,
+                                                                                                       "late")))
+    assert te.copy_ms == pytest.approx(buf + 3 * max(
         te.early - max(cost.block_fitted_ms(1024, 512), o), te.late - max(cost.block_fitted_ms(512, 1024), o)))
     with pytest.raises(ValueError, match="'tee'"):
         ring_steps(cost, [4096], 4, charges="tee")

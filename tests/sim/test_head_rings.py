@@ -15,7 +15,7 @@ from zeppelin_megatron.planner.model import ModelShape
 from zeppelin_megatron.planner.plan import LocalSlot, StepPlan
 from zeppelin_megatron.planner.zigzag import ring_chunk_pair_tokens, zigzag_ranges
 from zeppelin_megatron.sim.charges import (
-    A2A_PARTS, Shape, a2a_token_bytes, hbm_ms, shape_of, te_a2a_bytes, te_kv_buffer_bytes, te_step_bytes,
+    A2A_PARTS, Shape, a2a_token_bytes, hbm_ms, shape_of, te_a2a_bytes, te_ring_bytes, te_step_bytes,
     zeppelin_a2a_bytes, zeppelin_call_bytes, zeppelin_remap_bytes,
 )
 from zeppelin_megatron.sim.program import Traffic, build_layer_program, plain_rings
@@ -236,11 +236,13 @@ def test_each_new_op_pays_its_charge_and_rings_of_one_rank_tuple_stay_apart() ->
             kind, which = part.split()
             ms = [op.ms for op in te.ops[r] if op.label.endswith(f"to {kind}: {which}")]
             assert ms == [pytest.approx(hbm_ms(cost, want[part]), rel=1e-12)]
-        (step1,) = [op for op in low.ranks[r].forward if isinstance(op, RingCall) and op.ring == hybrid and op.step]
+        step0, step1 = [op for op in low.ranks[r].forward if isinstance(op, RingCall) and op.ring == hybrid]
         copies = [op.ms for op in te.ops[r] if op.kind == "copy" and "a2a 2" in op.label and "step" in op.label]
-        assert copies == pytest.approx([
-            hbm_ms(cost, te_kv_buffer_bytes(shape_of(cost, 2), block)),  # at the lane's first call (step 0)
-            hbm_ms(cost, te_step_bytes(shape_of(cost, 2), sum(step1.lens_q), sum(step1.lens_k)))], rel=1e-12)
+        lane = shape_of(cost, 2)
+        assert copies == pytest.approx([  # the lane's ring buffers and step 0's charges, then step 1's
+            hbm_ms(cost, te_ring_bytes(lane, block)
+                   + te_step_bytes(lane, sum(step0.lens_q), sum(step0.lens_k), "diag")),
+            hbm_ms(cost, te_step_bytes(lane, sum(step1.lens_q), sum(step1.lens_k), step1.kind))], rel=1e-12)
     res = simulate(plan, cost)
     assert res.layer_ms > simulate(plan, cost, charges="te").layer_ms > 0
 

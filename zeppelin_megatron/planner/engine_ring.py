@@ -21,8 +21,8 @@ with ``c = ceil(s / 2g)`` and ``2c`` the chunk pair (:func:`~.zigzag.ring_chunk_
 over the ring's sequences. Copies are ``bytes / hbm_GBps`` (:func:`~.engine_costs.hbm_ms`).
 
 Charge models (as the simulator's ``charges``): ``zeppelin`` (above), ``te`` (TE CP's fused
-corrections, :func:`~.peer_costs.te_step_bytes`, its K/V send buffer at step 0,
-:func:`~.peer_costs.te_kv_buffer_bytes`, no gathers, 3x on the wire) and ``none``: the cost
+corrections and THD half-tensor copies at every step, :func:`~.peer_costs.te_step_bytes`, its ring buffers at
+step 0, :func:`~.peer_costs.te_ring_bytes`, no gathers, 3x on the wire) and ``none``: the cost
 model before these charges (steps timed with the area-averaged ``ring_compute_profile``, no copies, 3x
 on the wire). Who uses which: :func:`~.predict.predict` prices a plan with ``zeppelin`` when asked
 (``charges="zeppelin"``: within 0.4% of the simulator on one-node ring plans, mean |error| 3.8%
@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Sequence
 from .engine_costs import (
     call_bytes, hbm_ms, shape_of, wire_factor, zeppelin_local_bytes, zeppelin_ring_bytes,
 )
-from .peer_costs import te_kv_buffer_bytes, te_step_bytes
+from .peer_costs import te_ring_bytes, te_step_bytes
 from .zigzag import ring_chunk_pair_tokens
 
 if TYPE_CHECKING:
@@ -119,10 +119,10 @@ def ring_steps(cost: "CostModel", lengths: Sequence[int], g: int, *, a2a: int = 
     if charges == "none":
         off = max(off_k / a2a, o)
         hit = RingSteps(diag=diag, early=off, late=off, first_late=0.0, copy_ms=0.0, wire_bytes=wire)
-    elif charges == "te":  # the K/V send buffer at step 0 (rings of g > 1), a correction at every other step
-        buf = hbm_ms(cost, te_kv_buffer_bytes(sh, pair)) if g > 1 else 0.0
-        early = max(early_k / a2a, o) + hbm_ms(cost, te_step_bytes(sh, pair, chunk))
-        late = max(late_k / a2a, o) + hbm_ms(cost, te_step_bytes(sh, chunk, pair))
+    elif charges == "te":  # rings of g > 1: the ring's buffers and step 0's charges, then every step's
+        buf = hbm_ms(cost, te_ring_bytes(sh, pair) + te_step_bytes(sh, pair, pair, "diag")) if g > 1 else 0.0
+        early = max(early_k / a2a, o) + hbm_ms(cost, te_step_bytes(sh, pair, chunk, "early"))
+        late = max(late_k / a2a, o) + hbm_ms(cost, te_step_bytes(sh, chunk, pair, "late"))
         copy = buf + (g - 1) * max(early - max(early_k / a2a, o), late - max(late_k / a2a, o))
         hit = RingSteps(diag=diag + buf, early=early, late=late, first_late=0.0, copy_ms=copy, wire_bytes=wire)
     else:

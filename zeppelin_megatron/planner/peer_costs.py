@@ -7,13 +7,26 @@ baselines run, each read from its own code; same notation (``b``, ``a``, ``Eq``,
 ``charges="te"`` (:mod:`.engine_ring`, :mod:`.cost_heads`). Pure: the planner's own modules only.
 
 **Transformer Engine CP's ring** (``te-cp``, ``te-cp-routing``, ``wlb-llm``, ``hybrid-dp``,
-``megatron-hcp``, the ring of ``te-cp-a2a-p2p``; :func:`te_step_bytes`): our reading of TE's
-``AttnFuncWithCPAndKVP2P``: the softmax-lse and output corrections are fused (``jit_fuser``) kernels,
-one pass each per step: r ``b`` (the step's bf16 output) + r/w ``a`` (the running output) per ``T Eq``,
-``5a T Hq``; backward accumulates dQ and dK/dV in the training dtype (``3b`` per element); the forward
-packs K and V into its first send buffer once per ring (``torch.cat``, :func:`te_kv_buffer_bytes`: ``2 b n
-Ekv``). No other row gathers (TE's THD buffers are used in place). This is a lower bound for TE: it favours
-the baseline.
+``megatron-hcp``, the ring of ``te-cp-a2a-p2p``; :func:`te_step_bytes`, :func:`te_ring_bytes`): our reading of
+``AttnFuncWithCPAndKVP2P`` on THD inputs (Megatron's packed sequences) in bf16 with the flash-attn backend, at
+TE's main branch of 2026-08 (``d0067d0``, 2.20.0.dev0; the version ``te-cp-a2a-p2p`` needs, THD being new to
+hierarchical CP there). Per step, forward + backward, ``T`` query rows of the step, ``T_kv`` K/V rows:
+
+* the running output is kept in the training dtype and corrected once per step after the ring
+  (``thd_out_correction``: r ``out``, r ``out_per_step``, w ``out``: ``3 b T Eq``, the diagonal step's too);
+  the log-sum-exp merged in fp32 (``5 a T Hq``; ``4 a T Hq`` at the diagonal: the clone and the reads);
+* backward accumulates dQ (``3 b T Eq``) and dK/dV (``3 b T_kv Ekv``) in the training dtype, in the received
+  buffer (``thd_grad_correction`` for half rows);
+* THD has no views of half tensors: a step that uses half of K/V (``early``) copies those halves forward and
+  backward (``thd_read_half_tensor``: ``4 b T_kv Ekv``), a step that uses half of Q (``late``) copies the
+  query half forward and the q, out, dout halves backward (``8 b T Eq``);
+* once per ring (rings of more than one position): K and V packed into the first send buffer
+  (``torch.cat``, ``2 b n Ekv``), the output's zeros (``b n Eq``), backward's copy of K/V into its
+  send buffer (``2 b n Ekv``) and the half log-sum-exp (``a n Hq``).
+
+The FusedAttention (cuDNN) backend adds per-step zero fills of the output and the gradients and log-sum-exp
+transposes: not charged (in TE's favour). TE before 2026 kept the running output in fp32 (``a`` bytes: more
+per output element, no half copies on BSHD); this reading is one version of a moving target.
 
 **The peers' Ulysses all-to-alls** (``flexsp``; the all-to-all of ``te-cp-a2a-p2p``; Zeppelin's head-parallel
 rings under ``charges="te"``): the full read + write passes their code makes around each all-to-all,
@@ -28,14 +41,37 @@ from __future__ import annotations
 
 from .engine_costs import Shape, lane_shape
 
-__all__ = ["te_step_bytes", "te_kv_buffer_bytes", "PEER_A2A_PASSES", "peer_a2a_bytes", "te_a2a_bytes"]
+__all__ = ["TE_STEP_KINDS", "te_step_bytes", "te_ring_bytes", "PEER_A2A_PASSES", "peer_a2a_bytes", "te_a2a_bytes"]
 
 
-def te_step_bytes(sh: Shape, q_rows: float, kv_rows: float) -> float:
-    """TE CP ring: forward correction + backward dQ, dK/dV accumulation of one step (not the diagonal)."""
+TE_STEP_KINDS: tuple[str, ...] = ("diag", "early", "late")
+"""A TE ring step's kind: ``diag`` (step 0), ``early`` (all query rows, the source's early K/V half), ``late``
+(the late query half, all of the source's K/V), as the lowering's ``RingCall.kind``."""
+
+
+def te_step_bytes(sh: Shape, q_rows: float, kv_rows: float, kind: str) -> float:
+    """TE CP's ring: one step's corrections, accumulations and half-tensor copies, forward + backward (module
+    docstring), ``q_rows`` query rows and ``kv_rows`` K/V rows of the step. Raises ``ValueError`` for a ``kind``
+    not in :data:`TE_STEP_KINDS`. Example (Llama-7B bf16, ``Eq = 4096``, ``Ekv = 8192``, ``Hq = 32``): an
+    ``early`` step of 1024 query and 512 K/V rows: ``6*2*1024*4096 + 3*2*512*8192 + 5*4*1024*32 +
+    4*2*512*8192 = 109.7 MB``."""
+    if kind not in TE_STEP_KINDS:
+        raise ValueError(f"TE ring step kind is {kind!r}, expected one of {list(TE_STEP_KINDS)}")
     a, b = sh.a, sh.b
-    return float(q_rows * sh.eq * (b + 2 * a) + 5 * a * q_rows * sh.hq
-                 + 3 * b * q_rows * sh.eq + 3 * b * kv_rows * sh.ekv)
+    base = 6 * b * q_rows * sh.eq + 3 * b * kv_rows * sh.ekv  # output correction, dQ and dK/dV accumulation
+    if kind == "diag":
+        return float(base + 4 * a * q_rows * sh.hq)
+    half = 4 * b * kv_rows * sh.ekv if kind == "early" else 8 * b * q_rows * sh.eq
+    return float(base + 5 * a * q_rows * sh.hq + half)
+
+
+def te_ring_bytes(sh: Shape, rows: float) -> float:
+    """TE CP's ring, once per ring and member of ``rows`` ring rows (rings of more than one position): the
+    forward's ``torch.cat`` of K and V into the first send buffer (``2 b Ekv``), its output zeros (``b Eq``),
+    the backward's copy of K/V into its send buffer (``2 b Ekv``) and half log-sum-exp (``a Hq``) per row
+    (what Zeppelin's engine pays for its packed K/V buffer is :func:`~.engine_costs.zeppelin_ring_bytes`).
+    Example (Llama-7B bf16): 1000 rows: ``1000 * (2 * (4096 + 4 * 8192) + 4 * 32) = 73.9 MB``."""
+    return float(rows * (sh.b * (sh.eq + 4 * sh.ekv) + sh.a * sh.hq))
 
 
 PEER_A2A_PASSES: dict[str, dict[str, tuple[int, int]]] = {"te": {"in": (1, 1), "out": (1, 1)},
@@ -62,13 +98,6 @@ def peer_a2a_bytes(sh: Shape, tokens: float, passes: int = 1) -> float:
     training dtype): ``2 passes b (2 Eq + Ekv) tokens``. Example (Llama-7B bf16, ``Eq = 4096``, ``Ekv = 8192``):
     32768 tokens, one pass: ``2 * 2 * 16384 * 32768 = 2.15 GB`` -> 0.73 ms at 2951.7 GB/s."""
     return 2.0 * passes * sh.b * (2 * sh.eq + sh.ekv) * tokens
-
-
-def te_kv_buffer_bytes(sh: Shape, rows: float) -> float:
-    """TE CP's ring packs K and V into its first send buffer (``torch.cat`` in ``AttnFuncWithCPAndKVP2P.forward``)
-    once per ring: ``2 b Ekv rows`` (what Zeppelin's engine pays for its packed K/V buffer,
-    :func:`~.engine_costs.zeppelin_ring_bytes`)."""
-    return 2.0 * sh.b * sh.ekv * rows
 
 
 def te_a2a_bytes(sh: Shape, a2a: int, own: int, block: int) -> dict[str, float]:

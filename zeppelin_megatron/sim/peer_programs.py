@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from ..planner.cost_model import CostModel
 from ..planner.zigzag import next_position
-from .charges import hbm_ms, shape_of, te_kv_buffer_bytes, te_step_bytes
+from .charges import hbm_ms, shape_of, te_ring_bytes, te_step_bytes
 from .layer_ops import Leg, LayerProgram, Op, Traffic
 
 __all__ = ["ProgramBuilder", "CHARGE_LABELS"]
 
-CHARGE_LABELS: tuple[str, ...] = ("output correction", "K/V send buffer", "permute")
-"""How the labels of the device-memory charges in peer programs end (TE CP's corrections, its K/V send buffer,
+CHARGE_LABELS: tuple[str, ...] = ("output correction", "ring buffers", "permute")
+"""How the labels of the device-memory charges in peer programs end (TE CP's per-step charges, its ring buffers,
 the all-to-alls' permutes): ``build_layer_program(..., charges="none")`` drops them."""
 
 class ProgramBuilder:
@@ -86,23 +86,23 @@ class ProgramBuilder:
                 t.chains.append([self.hop(src, ranks[next_position(p, g)], step_bytes)])
             self.transfers[t.key] = t
             keys.append(t.key)
-        # TE CP's corrections and accumulations after every step but the diagonal (sim/charges.py, "te"):
-        # a member holds step_bytes / (3 kv bytes per token) tokens' worth of rows (all heads); at a step
-        # whose source precedes it every row attends to the source's early half, else its late half
-        # attends to all of the source's rows.
+        # TE CP's per-step charges (sim/charges.py, "te"): a member holds step_bytes / (3 kv bytes per token)
+        # tokens' worth of rows (all heads); at a step whose source precedes it every row attends to the
+        # source's early half (early), else its late half attends to all of the source's rows (late).
         sh = shape_of(self.cost)
         rows = step_bytes / (3 * self.cost.kv_bytes_per_token)
         for r in (members if members is not None else ranks):
             p = ranks.index(r)
-            if g > 1:  # TE's torch.cat of K and V into the first send buffer
-                self.compute(r, hbm_ms(self.cost, te_kv_buffer_bytes(sh, rows)), "copy", f"{label} K/V send buffer")
+            if g > 1:  # TE's ring buffers (the K/V send buffers, the output's zeros)
+                self.compute(r, hbm_ms(self.cost, te_ring_bytes(sh, rows)), "copy", f"{label} ring buffers")
             for j in range(g):
                 if j < g - 1:
                     self.post(r, keys[j])
                 self.compute(r, diag_ms if j == 0 else off_ms, "attention", f"{label} step {j}")
-                if j > 0:
-                    q_rows, kv_rows = (rows, rows / 2) if (p - j) % g < p else (rows / 2, rows)
-                    self.compute(r, hbm_ms(self.cost, te_step_bytes(sh, q_rows, kv_rows)), "copy",
+                if g > 1:
+                    kind = "diag" if j == 0 else "early" if (p - j) % g < p else "late"
+                    q_rows, kv_rows = {"diag": (rows, rows), "early": (rows, rows / 2), "late": (rows / 2, rows)}[kind]
+                    self.compute(r, hbm_ms(self.cost, te_step_bytes(sh, q_rows, kv_rows, kind)), "copy",
                                  f"{label} step {j} output correction")
                 if j < g - 1:
                     self.wait(r, keys[j], "ring", f"{label} step {j}")

@@ -63,7 +63,7 @@ from ..planner.lowering import (
 from ..planner.plan import StepPlan
 from ..planner.zigzag import ring_chunk_pair_tokens
 from .charges import (
-    CHARGES, Shape, a2a_token_bytes, hbm_ms, shape_of, te_a2a_bytes, te_kv_buffer_bytes, te_step_bytes, wire_factor,
+    CHARGES, Shape, a2a_token_bytes, hbm_ms, shape_of, te_a2a_bytes, te_ring_bytes, te_step_bytes, wire_factor,
     zeppelin_a2a_bytes, zeppelin_call_bytes, zeppelin_local_bytes, zeppelin_remap_bytes, zeppelin_ring_bytes,
 )
 from .group_programs import group_ops
@@ -117,8 +117,8 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
     carry over), at least the call overhead; its charges are counted at the lane's shape
     (``shape_of(cost, a)``); the ring's own copies (:func:`~.charges.zeppelin_a2a_bytes`) are ``copy`` ops
     before each all-to-all's ``Post`` (pack) and after its ``Wait`` (unpack) (``zeppelin`` charges; under
-    ``te`` TE's all-to-all permutes instead, :func:`~.charges.te_a2a_bytes`, and TE's K/V send buffer at a ring's
-    first call, :func:`~.charges.te_kv_buffer_bytes`)."""
+    ``te`` TE's all-to-all permutes instead, :func:`~.charges.te_a2a_bytes`, and TE's ring buffers at a ring's
+    first call, :func:`~.charges.te_ring_bytes`)."""
     o = cost.call_overhead_ms
     sh = shape_of(cost)
     started: set[int] = set()
@@ -228,13 +228,14 @@ def _call_copy_bytes(sh: Shape, op: RingCall, charges: str, started: set[int]) -
     gathers, its first ``late`` call the backward row gathers, marked by ``-1 - ring``)."""
     if charges == "none":
         return 0.0
-    if charges == "te":  # TE packs K and V into its send buffer once per ring (p2p only), then corrects per step
+    if charges == "te":  # rings of more than one position: TE's ring buffers once, then every step's charges
+        if op.part.size == 1:
+            return 0.0
         total = 0.0
         if op.ring not in started:
             started.add(op.ring)
-            if op.part.size > 1:
-                total += te_kv_buffer_bytes(sh, op.part.tokens(op.position))
-        return total + (te_step_bytes(sh, sum(op.lens_q), sum(op.lens_k)) if op.kind != "diag" else 0.0)
+            total += te_ring_bytes(sh, op.part.tokens(op.position))
+        return total + te_step_bytes(sh, sum(op.lens_q), sum(op.lens_k), op.kind)
     total = 0.0
     if op.ring not in started:
         started.add(op.ring)
