@@ -60,15 +60,17 @@ def _plan(cost: CostModel, lengths: list[int], groups: list[tuple[int, ...]], wi
 def test_ulysses_time_by_hand() -> None:
     """8192 tokens on one node of 8 (NVLink 450 GB/s, 5 us), a = 8: each rank holds 1024 tokens and sends
     7 peers 1024 x 4096 bytes (q, k, v slices of 4 heads + dout slice, bf16) = 29.36 MB: 0.0702 ms; back
-    1024 x 7168 (out in bf16, dq dk dv in fp32) = 51.38 MB: 0.1192 ms; one call over 4 of 32 heads
+    as much (out, and the one call's dq, dk, dv in bf16; 1024 x 7168 = 51.38 MB with fp32 gradients, as a
+    ring of several blocks sends them); one call over 4 of 32 heads
     (0.81 ms) pays the 1.0925 ms call overhead. The plain ring pays it at each of its 8 steps: 8.74 ms."""
     cost = _cost()
     assert a2a_bytes_per_token(cost, 8) == (4096, 7168) and lane_kv_bytes_per_token(cost, 8) == 2048
     h = head_ring_time(cost, tuple(range(8)), [8192], 8)
     assert h.heads_ms == pytest.approx(0.005 + 7 * 1024 * 4096 / 450e6)
-    assert h.tokens_ms == pytest.approx(0.005 + 7 * 1024 * 7168 / 450e6)
+    assert h.tokens_ms == pytest.approx(0.005 + 7 * 1024 * 4096 / 450e6)
+    assert a2a_bytes_per_token(cost, 8, blocks=1) == (4096, 4096)
     assert h.diag == pytest.approx(cost.causal_ms(8192) / 8) and h.diag < cost.call_overhead_ms
-    assert h.total == pytest.approx(1.281923, abs=1e-6)
+    assert h.total == pytest.approx(1.0925 + 2 * (0.005 + 7 * 1024 * 4096 / 450e6)) == pytest.approx(1.232989, abs=1e-6)
     assert h.step_comm_ms == 0 and h.lane_bytes == 0 and h.own == cost.call_overhead_ms
     assert plain_ring_ms(cost, tuple(range(8)), [8192], True) == pytest.approx(8 * 1.0925)
 
@@ -147,12 +149,14 @@ def test_tensor_parallel_heads_per_rank() -> None:
 
 def test_a_member_ahead_of_its_partners_keeps_the_ring_plain() -> None:
     """Ranks 0-3 first run a 60k-token ring; ranks 4-7 are free meanwhile and rank 7 holds 40000 tokens of
-    local work (142 ms), more than its wait (about 82 ms). By its own time (charged, CHOICE_CHARGES) the 40k ring
-    over 0-7 runs best as Ulysses (19.99 vs 22.34 ms), but a plain ring lets ranks 4-7 start early (its first
-    kernel, 2.6 ms) and rank 7's local work after the ring starts that much sooner, where the all-to-all would
-    hold them back. (This pins the rule; the simulator has Ulysses 1% faster here, 7835 vs 7917 ms at d34424f.)"""
+    local work (142 ms), more than its wait. By its own time (charged, CHOICE_CHARGES) the 64k ring over 0-7
+    runs best as Ulysses (47.1 vs 52.7 ms), but a plain ring lets ranks 4-7 start early (its first kernel,
+    7.3 ms) and rank 7's local work after the ring starts that much sooner, where the all-to-all would hold
+    them back. (This pins the rule. Until the one-block Ulysses path kept the kernel's dtype, 2026-11-24, the
+    case was a 40k ring: 19.99 vs 22.34 ms, head start 2.6 ms; now 18.9 vs 22.3, so Ulysses, the head start
+    no longer covering the difference.)"""
     cost = _cost()
-    lengths = [60000, 40000, 40000, 500, 500, 500]
+    lengths = [60000, 64000, 40000, 500, 500, 500]
     a = [Assignment("intra_node", (0, 1, 2, 3)), Assignment("intra_node", tuple(range(8)))] + \
         [Assignment("local", (r,)) for r in (7, 4, 5, 6)]
     assert choose_widths(lengths, a, cost, PlannerOptions())[1] == 8  # the ring's own time

@@ -218,16 +218,17 @@ def test_remap_copy_bytes_by_hand_and_against_the_exact_count() -> None:
 def test_head_ring_copies_are_the_all_to_all_and_step_copies() -> None:
     """A Ulysses ring (one block of 8, Llama-7B on one node): under ``zeppelin`` its own time adds the copies
     around the two all-to-alls (zeppelin_a2a_bytes of the 1024 tokens a rank holds and the 8192 rows of its head
-    buffer) and the diagonal call's copies at the lane's shape; under ``none`` neither."""
+    buffer, rows in one range as plan_step lays them out, one block: the kernel's dtype throughout) and its one
+    call's lse transpose at the lane's shape; under ``none`` neither."""
     from zeppelin_megatron.planner.cost_heads import head_ring_time
-    from zeppelin_megatron.planner.engine_costs import zeppelin_a2a_bytes
+    from zeppelin_megatron.planner.engine_costs import ulysses_call_bytes, zeppelin_a2a_bytes
 
     cost = _cost()
     plain = head_ring_time(cost, tuple(range(8)), [8192], 8)
     charged = head_ring_time(cost, tuple(range(8)), [8192], 8, "zeppelin")
-    a2a = hbm_ms(cost, sum(zeppelin_a2a_bytes(shape_of(cost), 8, 1024, 8192).values()))
+    a2a = hbm_ms(cost, sum(zeppelin_a2a_bytes(shape_of(cost), 8, 1024, 8192, contiguous=True, blocks=1).values()))
     lane = shape_of(cost, 8)
-    diag = hbm_ms(cost, call_bytes(lane, "diag", 8192, 8192, kv_all=True, first_late=False))
+    diag = hbm_ms(cost, ulysses_call_bytes(lane, 8192))
     assert plain.copy_ms == 0.0
     assert charged.copy_ms == pytest.approx(a2a + diag)
     assert charged.own == pytest.approx(plain.own + a2a + diag)

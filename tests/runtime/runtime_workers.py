@@ -213,8 +213,9 @@ def _lowered_events(plan: StepPlan, rank: int, ops: Sequence[object], prog: obje
     head-parallel ring's calls: its lane's heads only); per ``Post`` the rank's round-0 hops, per
     ``Wait`` ``("wait",)`` and its round-1 and round-2 hops (gloo posts later rounds while waiting), as ``(peer,
     send, tag, elements, dtype)``, ``heads = (hq, hkv, d)`` giving each transfer's elements per token;
-    dK/dV accumulators and the backward ``tokens`` exchange (dq, dk, dv) travel in float32 for
-    half-precision inputs, everything else in the inputs' dtype."""
+    dK/dV accumulators and the backward ``tokens`` exchange (dq, dk, dv) of a ring of several blocks travel in
+    float32 for half-precision inputs, everything else (a one-block ring's dq, dk, dv too: one kernel call, nothing
+    accumulated) in the inputs' dtype."""
     hq, hkv, d = heads
     dtype = data[0][0].dtype if data else torch.float64
     acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -224,6 +225,7 @@ def _lowered_events(plan: StepPlan, rank: int, ops: Sequence[object], prog: obje
         return x if cols is None else x[:, cols[0]:cols[1]]
 
     a2a = {p.ring: p.a2a for p in prog.rings}  # type: ignore[attr-defined]
+    blocks = {p.ring: p.size for p in prog.rings}  # type: ignore[attr-defined]
     ev: list[tuple[object, ...]] = []
     for op in ops:
         if isinstance(op, RingCall):
@@ -241,7 +243,7 @@ def _lowered_events(plan: StepPlan, rank: int, ops: Sequence[object], prog: obje
             assert isinstance(op, (Post, Wait))
             tid = op.transfer
             hops = prog.transfers[tid].hops(_unit(tid.kind, backward, a2a[tid.ring], hq, hkv, d))  # type: ignore[attr-defined]
-            wire = acc if tid.kind == "acc" or (tid.kind == "tokens" and backward) else dtype
+            wire = acc if tid.kind == "acc" or (tid.kind == "tokens" and backward and blocks[tid.ring] > 1) else dtype
             if isinstance(op, Wait):
                 ev.append(("wait",))
             for r in ((0,) if isinstance(op, Post) else (1, 2)):

@@ -169,7 +169,7 @@ def test_the_engines_ring_steps_merge_with_the_kernel_on_cuda(
     g = torch.Generator().manual_seed(4)
     hq, hkv, d = 6, 3, 80
     q = torch.randn(8, hq, d, generator=g)
-    blocks = [torch.randn(n, 2 * hkv, d, generator=g) for n in (8, 4, 8, 5)]
+    blocks = [torch.randn(2, n, hkv, d, generator=g) for n in (8, 4, 8, 5)]
     late = torch.tensor([2, 3, 6, 7])
     steps = [(None, 8), (None, 4), (late, 8), (late, 5)]
 
@@ -179,7 +179,7 @@ def test_the_engines_ring_steps_merge_with_the_kernel_on_cuda(
             s.kv = kv
             nq = 8 if ix is None else 4
             batch = VarlenBatch(lens_q=(nq,), lens_k=(nk,), causal=False, device=CPU)
-            forward_step(ReferenceKernel(), 0.3, hkv, StepIndex(batch=batch, q_index=ix, kv_index=None), s)
+            forward_step(ReferenceKernel(), 0.3, StepIndex(batch=batch, q_index=ix, kv_index=None), s)
         finish(s)
         return s
 
@@ -191,9 +191,9 @@ def test_the_engines_ring_steps_merge_with_the_kernel_on_cuda(
     assert fused.out is not None and fused.lse is not None and plain.out is not None and plain.lse is not None
     _assert_same_merge((fused.out, fused.lse), (plain.out, plain.lse))
     for rows, used in ((late, blocks), (torch.tensor([0, 1, 4, 5]), blocks[:2])):
-        kv = torch.cat(used)
-        o, lse = ReferenceKernel().forward(q[rows], kv[:, :hkv], kv[:, hkv:], VarlenBatch(
-            lens_q=(4,), lens_k=(kv.shape[0],), causal=False, device=CPU), 0.3)
+        kv = torch.cat(used, dim=1)
+        o, lse = ReferenceKernel().forward(q[rows], kv[0], kv[1], VarlenBatch(
+            lens_q=(4,), lens_k=(kv.shape[1],), causal=False, device=CPU), 0.3)
         torch.testing.assert_close(fused.out[rows], o, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(fused.lse[rows], lse, rtol=1e-5, atol=1e-5)
 

@@ -133,7 +133,7 @@ def test_late_calls_merge_into_held_rows_and_a_full_call_writes_them_back_first(
 
     g = torch.Generator().manual_seed(2)
     q = torch.randn(6, 2, 4, dtype=torch.float64, generator=g)
-    blocks = [torch.randn(n, 4, 4, dtype=torch.float64, generator=g) for n in (6, 3, 5, 4)]  # packed K/V, Hkv=2
+    blocks = [torch.randn(2, n, 2, 4, dtype=torch.float64, generator=g) for n in (6, 3, 5, 4)]  # packed K/V, Hkv=2
     late = torch.tensor([1, 4, 5])
     kern = ReferenceKernel()
     s = RingState(q=q, kv=blocks[0])
@@ -141,14 +141,14 @@ def test_late_calls_merge_into_held_rows_and_a_full_call_writes_them_back_first(
     for (ix, nk), kv in zip(steps, blocks):
         s.kv = kv
         nq = 6 if ix is None else 3
-        forward_step(kern, 0.5, 2, StepIndex(batch=VarlenBatch(lens_q=(nq,), lens_k=(nk,), causal=False, device=CPU),
+        forward_step(kern, 0.5, StepIndex(batch=VarlenBatch(lens_q=(nq,), lens_k=(nk,), causal=False, device=CPU),
                                               q_index=ix, kv_index=None), s)
         if ix is not None:
             assert s.held is not None and s.held[0] is late
     finish(s)
     assert s.held is None and s.out is not None and s.lse is not None
     for rows, used in ((late, blocks), (torch.tensor([0, 2, 3]), [blocks[0], blocks[3]])):
-        kv = torch.cat(used)
-        o, lse = kern.forward(q[rows], kv[:, :2], kv[:, 2:], VarlenBatch(
-            lens_q=(3,), lens_k=(kv.shape[0],), causal=False, device=CPU), 0.5)
+        kv = torch.cat(used, dim=1)
+        o, lse = kern.forward(q[rows], kv[0], kv[1], VarlenBatch(
+            lens_q=(3,), lens_k=(kv.shape[1],), causal=False, device=CPU), 0.5)
         assert (s.out[rows] - o).abs().max() < 1e-13 and (s.lse[rows] - lse).abs().max() < 1e-13

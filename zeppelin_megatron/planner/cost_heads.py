@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .cost_model import CostModel
-from .engine_costs import hbm_ms, shape_of, zeppelin_a2a_bytes
+from .engine_costs import a2a_token_bytes, hbm_ms, shape_of, zeppelin_a2a_bytes
 from .engine_ring import ring_steps
 from .head_parallel import head_split_error, lane_kv_heads
 from .peer_costs import te_a2a_bytes
@@ -70,18 +70,15 @@ def lane_kv_bytes_per_token(cost: CostModel, a2a: int) -> int:
     return 2 * lane_kv_heads(kv_heads_per_rank(cost), a2a) * cost.model.head_dim * cost.profile.dtype_bytes
 
 
-def a2a_bytes_per_token(cost: CostModel, a2a: int) -> tuple[int, int]:
+def a2a_bytes_per_token(cost: CostModel, a2a: int, blocks: int = 2) -> tuple[int, int]:
     """``(heads, tokens)``: bytes per token one lane sends one peer lane in each all-to-all, forward +
-    backward (module docstring).
+    backward (module docstring): :func:`~.engine_costs.a2a_token_bytes` at the lane's shape (the backward
+    ``tokens`` gradients in the accumulator dtype on a ring of several ``blocks``, in the training dtype on one).
 
     Example: Llama-7B (32 / 32 heads of 128, bf16), ``a2a = 8``: heads ``(4 + 2 * 4 + 4) * 128 * 2 =
-    4096``; tokens ``4 * 128 * 2 + (4 + 2 * 4) * 128 * 4 = 7168``.
+    4096``; tokens ``4 * 128 * 2 + (4 + 2 * 4) * 128 * 4 = 7168`` (one block: ``4096``).
     """
-    d, b = cost.model.head_dim, cost.profile.dtype_bytes
-    acc = max(4, b)
-    q = cost.heads // a2a
-    kv = 2 * lane_kv_heads(kv_heads_per_rank(cost), a2a)
-    return (2 * q + kv) * d * b, q * d * b + (q + kv) * d * acc
+    return a2a_token_bytes(shape_of(cost, a2a), "zeppelin", blocks)
 
 
 def head_widths(cost: CostModel, ranks: Sequence[int]) -> tuple[int, ...]:
@@ -161,13 +158,17 @@ def head_ring_time(cost: CostModel, ranks: Sequence[int], lengths: Sequence[int]
     st = ring_steps(cost, lengths, m, a2a=a2a, charges=charges)
     held = sum(ring_max_tokens(s, g) for s in lengths)
     block = sum(ring_chunk_pair_tokens(s, m) for s in lengths)  # rows of a member's head buffer
-    heads_b, tokens_b = a2a_bytes_per_token(cost, a2a)
+    heads_b, tokens_b = a2a_bytes_per_token(cost, a2a, m)
     heads_ms = cost.nvlink_ms((a2a - 1) * held * heads_b)
     tokens_ms = cost.nvlink_ms((a2a - 1) * held * tokens_b)
     lane_bytes = st.wire_bytes
     comm = _lane_comm_ms(cost, ranks, a2a, lane_bytes) if m > 1 else 0.0
-    copies = {"zeppelin": zeppelin_a2a_bytes, "te": te_a2a_bytes}.get(charges)
-    a2a_copy = hbm_ms(cost, sum(copies(shape_of(cost), a2a, held, block).values())) if copies else 0.0
+    a2a_copy = 0.0  # plan_step's layouts give every ring contiguous rows (api.engine_order)
+    if charges == "zeppelin":
+        a2a_copy = hbm_ms(cost, sum(zeppelin_a2a_bytes(shape_of(cost), a2a, held, block, contiguous=True,
+                                                       blocks=m).values()))
+    elif charges == "te":
+        a2a_copy = hbm_ms(cost, sum(te_a2a_bytes(shape_of(cost), a2a, held, block).values()))
     own = a2a_copy + st.diag + (m - 1) * st.off + st.first_late
     a2a_ms = heads_ms + tokens_ms
     total = a2a_ms + a2a_copy + st.diag + (m - 1) * max(st.off, comm) + st.first_late

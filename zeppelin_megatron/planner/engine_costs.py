@@ -82,8 +82,11 @@ forward + backward of one layer, as the cost model's kernel times are.
   every per-call charge above at the lane's shape (:func:`shape_of` ``(cost, a)``: ``Hq / a`` query heads,
   ``lane_kv_heads`` K/V heads) over the rank's head-buffer rows (its block's tokens); instead of the per-ring
   gathers, the copies around the two all-to-alls (``HeadIndex``: the send buffers' row and head selects, the
-  own slot, the head buffer's permutation, the result and gradient casts, the per-lane ``index_copy_`` /
-  ``index_add_`` home), :func:`zeppelin_a2a_bytes`, charged before each post and after each wait.
+  own slot, the head buffer's permutation, the result and gradient casts, the per-lane writes home),
+  :func:`zeppelin_a2a_bytes`, charged before each post and after each wait. A ring of one block (Ulysses)
+  runs one kernel call on the head buffer and keeps the kernel's dtype throughout (``engine.ulysses_forward``
+  / ``ulysses_backward``: no merge, no accumulator, no casts; dq, dk, dv go home in the training dtype):
+  its call pays only the kernel's log-sum-exp transpose (:func:`ulysses_call_bytes`).
 * the router's relays: none. A relay receives into a buffer and sends that buffer on; a message part is
   a view of the payload (``runtime/router.py``). Its bytes are network traffic, charged as such.
 
@@ -116,7 +119,7 @@ if TYPE_CHECKING:
 
 __all__ = ["hbm_ms", "Shape", "shape_of", "merge_bytes", "call_bytes", "zeppelin_call_bytes", "wire_factor",
            "zeppelin_ring_bytes", "zeppelin_local_bytes", "zeppelin_remap_bytes", "remap_copy_bytes", "remap_gathers",
-           "a2a_token_bytes", "zeppelin_a2a_bytes", "A2A_PARTS", "lane_shape"]
+           "a2a_token_bytes", "ulysses_call_bytes", "zeppelin_a2a_bytes", "A2A_PARTS", "lane_shape"]
 
 
 class Shape:
@@ -377,45 +380,66 @@ def remap_copy_bytes(sh: Shape, linear_tokens: int, attention_tokens: int, *, st
                  + 4 * sh.b * (sh.eq + sh.ekv) * in_place)
 
 
-def a2a_token_bytes(sh: Shape, charges: str = "zeppelin") -> tuple[int, int]:
+def a2a_token_bytes(sh: Shape, charges: str = "zeppelin", blocks: int = 2) -> tuple[int, int]:
     """Bytes per token of one lane's slice in a head-parallel ring's two all-to-alls, forward + backward
     merged (``sh``: the lane's :func:`shape_of`): ``heads`` carries the q, k, v slices forward and the
     output-gradient slice backward, ``b (2 Eq + Ekv)``; ``tokens`` carries the output slice forward
-    (``b Eq``) and dq, dk, dv backward, in the accumulator dtype under ``zeppelin`` charges (the engine sends
-    them so and sums replicated K/V heads in it: ``a (Eq + Ekv)``), in the training dtype otherwise (TE's
-    a2a). Example (Llama-7B bf16, lane of width 4: ``Eq = 1024``, ``Ekv = 2048``): ``(8192, 14336)``."""
-    acc = sh.a if charges == "zeppelin" else sh.b
+    (``b Eq``) and dq, dk, dv backward, in the accumulator dtype under ``zeppelin`` charges on a ring of
+    several ``blocks`` (the engine accumulates them over the ring's steps: ``a (Eq + Ekv)``), in the training
+    dtype on one block (one kernel call's gradients, sent as they are) and under other charges (TE's a2a).
+    Example (Llama-7B bf16, lane of width 4: ``Eq = 1024``, ``Ekv = 2048``): ``(8192, 14336)``; one block
+    ``(8192, 8192)``."""
+    acc = sh.a if charges == "zeppelin" and blocks > 1 else sh.b
     return sh.b * (2 * sh.eq + sh.ekv), sh.b * sh.eq + acc * (sh.eq + sh.ekv)
+
+
+def ulysses_call_bytes(sh: Shape, rows: int) -> float:
+    """The one call of a one-block head-parallel ring (``engine.ulysses_*``) besides its kernel, ``rows``
+    head-buffer rows at the lane's shape: the kernel wrapper's backward ``lse.transpose(0, 1).float()
+    .contiguous()`` (``2 a rows Hq``), as every ring call pays it (:func:`call_bytes`); nothing else (the
+    kernel's out, dq, dk, dv are used as they are). Example (lane of 8 query heads, fp32 ``a = 4``): 1000
+    rows -> 64 000 B."""
+    return float(2 * sh.a * rows * sh.hq)
 
 
 A2A_PARTS: tuple[str, ...] = ("heads pack", "heads unpack", "tokens pack", "tokens unpack")
 """Where :func:`zeppelin_a2a_bytes` splits a head-parallel ring's own copies: before / after each all-to-all."""
 
 
-def zeppelin_a2a_bytes(sh: Shape, a2a: int, own: int, block: int) -> dict[str, float]:
+def zeppelin_a2a_bytes(sh: Shape, a2a: int, own: int, block: int, *, contiguous: bool = False,
+                       blocks: int = 2) -> dict[str, float]:
     """A head-parallel ring member's copies around its two all-to-alls, forward + backward (module docstring),
     by :data:`A2A_PARTS`; they replace :func:`zeppelin_ring_bytes` (the ring's gathers, zeros and results).
 
     ``sh``: the rank's full :func:`shape_of` (``Eq``, ``Ekv``); ``a2a``: the width ``a``; ``own``: ``n``
-    tokens the rank holds of the ring; ``block``: ``N`` rows of its head buffer. Lane ``Eq' = Eq / a``,
+    tokens the rank holds of the ring; ``block``: ``N`` rows of its head buffer; ``contiguous``: the rank's
+    ring rows are one range of its attention buffer (``RingPart.span``, ``plan_step``'s layouts: ``narrow``
+    views and slice copies, ``HeadIndex._own`` / ``_home``); ``blocks``: the ring's blocks (one: Ulysses, the
+    kernel's dtype throughout, ``x = b``; several: an fp32 accumulator, ``x = a``). Lane ``Eq' = Eq / a``,
     ``Ekv' = 2 lane_kv_heads D``; ``P = a Ekv'`` K/V elements a sender packs per token (``Ekv`` when
-    ``a | Hkv``; more when lanes share a K/V head, which the runtime also picks first: ``kv_pick``).
-    Counted from ``runtime/heads.py`` (``HeadIndex``) and ``runtime/engine.py``:
+    ``a | Hkv``: each K/V head in one lane; more when lanes share a K/V head, ``kv_pick``). Counted from
+    ``runtime/heads.py`` (``HeadIndex``) and ``runtime/engine.py``:
 
-    * heads pack: forward ``qkv_to_heads``: ``q.index_select`` and its copy into the send buffer
-      (``4 b n Eq``), ``k``, ``v`` row selects (``2 b n Ekv``), [``kv_pick`` select ``2 b n P``], copies into
-      the send buffer (``2 b n P``), ``_to_heads``' own slot (``2 b n (Eq' + Ekv')``); backward
-      ``dout_to_heads`` (``4 b n Eq + 2 b n Eq'``);
-    * heads unpack: ``heads_qkv`` (``2 b N (Eq' + Ekv')``), ``heads_dout`` (``2 b N Eq'``), the ``dq``
-      accumulator's zeros (``a N Eq'``; q, k, v stay in the head buffer for backward: no gathers);
-    * tokens pack: forward the result's ``.to`` (``N Eq' (a + b)``), ``out_to_tokens`` (``2 b N Eq'``) and
-      its own slot (``2 b n Eq'``); backward ``grads_to_tokens`` (``2 a (N + n)(Eq' + Ekv')``);
-    * tokens unpack: forward ``tokens_out`` (one ``index_copy_`` per lane: ``2 b n Eq``); backward
-      ``tokens_grads``: ``dkv`` zeros (``a n Ekv``), per lane dq ``.to`` + ``index_copy_`` (``n Eq (a +
-      3b)``), dK/dV ``index_add_`` (``3 a n P``), their ``.to`` + ``index_copy_`` (``n Ekv (a + 3b)``).
+    * heads pack: forward ``qkv_to_heads``: the own q rows (``2 b n Eq`` gathered; a view when contiguous)
+      and their copy into the send buffer (``2 b n Eq``), the own ``k``, ``v`` rows (``2 b n Ekv`` gathered;
+      views), [``kv_pick`` select ``2 b n P``], copies into the send buffer (``2 b n P``), ``_to_heads``' own
+      slot (``2 b n (Eq' + Ekv')``); backward ``dout_to_heads`` (own rows ``2 b n Eq`` gathered or a view,
+      copy ``2 b n Eq``, own slot ``2 b n Eq'``);
+    * heads unpack: ``heads_qkv`` (``2 b N (Eq' + Ekv')``), ``heads_dout`` (``2 b N Eq'``), on several
+      blocks the ``dq`` accumulator's zeros (``a N Eq'``; q, k, v stay in the head buffer for backward);
+    * tokens pack: forward, on several blocks the result's ``.to`` (``N Eq' (a + b)``), ``out_to_tokens``
+      (``2 b N Eq'``) and its own slot (``2 b n Eq'``); backward ``grads_to_tokens`` (``2 x (N + n)(Eq' +
+      Ekv')``);
+    * tokens unpack: forward ``tokens_out`` (per lane, ``2 b n Eq`` in all); backward ``tokens_grads``: dq per
+      lane home (``c n Eq``, ``c`` = ``x + b`` cast in a slice copy when contiguous, ``x + 3b`` as ``.to`` +
+      ``index_copy_`` when gathered, ``2b`` when ``x = b``: no cast), dK/dV per lane home when each K/V head
+      is in one lane (``c n Ekv``), else summed in ``f = max(x, 4)`` bytes: zeros ``f n Ekv``, per lane
+      ``.to`` (``n P (x + f)`` when ``x != f``) and ``index_add_`` (``3 f n P``), the halves home
+      (``n Ekv (f + b)`` contiguous, ``(f + 3b)`` gathered).
 
     The router sends and receives the slices in place (no copies). Example (Llama-7B bf16, ``a = 4``,
-    ``n = 2048``, ``N = 8192``): heads pack 302 MB, unpack 168 MB, tokens pack 344 MB, unpack 554 MB.
+    ``n = 2048``, ``N = 8192``, several blocks, gathered rows): heads pack 302 MB, unpack 168 MB, tokens pack
+    344 MB, unpack 285 MB; one block, contiguous rows: 168, 134, 168 and 134 MB.
     """
     a, b, eq, ekv = sh.a, sh.b, sh.eq, sh.ekv
     lane = lane_shape(sh, a2a)
@@ -423,14 +447,24 @@ def zeppelin_a2a_bytes(sh: Shape, a2a: int, own: int, block: int) -> dict[str, f
     n, big = own, block
     packed = a2a * ekvl
     pick = 2 * b * n * packed if packed != ekv else 0
+    gather = 0 if contiguous else 2 * b * n * (2 * eq + ekv)  # the own q, k, v rows and dout rows, gathered
+    x = b if blocks == 1 else a
+
+    def home(f: int) -> int:  # bytes per element written home from dtype f into the training dtype
+        return 2 * b if f == b and not contiguous else f + b if contiguous else f + 3 * b
+
+    if packed == ekv:
+        kv_home = n * ekv * home(x)
+    else:
+        f = max(x, 4)
+        kv_home = f * n * ekv + (n * packed * (x + f) if x != f else 0) + 3 * f * n * packed + n * ekv * home(f)
     return {
-        "heads pack": float(4 * b * n * eq + 2 * b * n * ekv + pick + 2 * b * n * packed + 2 * b * n * (eql + ekvl)
-                            + 4 * b * n * eq + 2 * b * n * eql),
-        "heads unpack": float(2 * b * big * (eql + ekvl) + 2 * b * big * eql + a * big * eql),
-        "tokens pack": float(big * eql * (a + b) + 2 * b * big * eql + 2 * b * n * eql
-                             + 2 * a * (big + n) * (eql + ekvl)),
-        "tokens unpack": float(2 * b * n * eq + a * n * ekv + n * eq * (a + 3 * b) + 3 * a * n * packed
-                               + n * ekv * (a + 3 * b)),
+        "heads pack": float(gather + 2 * b * n * eq + pick + 2 * b * n * packed + 2 * b * n * (eql + ekvl)
+                            + 2 * b * n * eq + 2 * b * n * eql),
+        "heads unpack": float(2 * b * big * (eql + ekvl) + 2 * b * big * eql + (a * big * eql if blocks > 1 else 0)),
+        "tokens pack": float((big * eql * (a + b) if blocks > 1 else 0) + 2 * b * big * eql + 2 * b * n * eql
+                             + 2 * x * (big + n) * (eql + ekvl)),
+        "tokens unpack": float(2 * b * n * eq + n * eq * home(x) + kv_home),
     }
 
 

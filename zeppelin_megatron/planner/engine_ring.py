@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from .engine_costs import (
-    call_bytes, hbm_ms, shape_of, wire_factor, zeppelin_local_bytes, zeppelin_ring_bytes,
+    call_bytes, hbm_ms, shape_of, ulysses_call_bytes, wire_factor, zeppelin_local_bytes, zeppelin_ring_bytes,
 )
 from .peer_costs import te_ring_bytes, te_step_bytes
 from .zigzag import ring_chunk_pair_tokens
@@ -126,7 +126,8 @@ def ring_steps(cost: "CostModel", lengths: Sequence[int], g: int, *, a2a: int = 
         copy = buf + (g - 1) * max(early - max(early_k / a2a, o), late - max(late_k / a2a, o))
         hit = RingSteps(diag=diag + buf, early=early, late=late, first_late=0.0, copy_ms=copy, wire_bytes=wire)
     else:
-        diag_c = hbm_ms(cost, call_bytes(sh, "diag", pair, pair, kv_all=True, first_late=False)
+        diag_c = hbm_ms(cost, ulysses_call_bytes(sh, pair) if a2a > 1 and g == 1 else  # Ulysses: one call
+                        call_bytes(sh, "diag", pair, pair, kv_all=True, first_late=False)
                         + (zeppelin_ring_bytes(sh, pair) if a2a == 1 else 0.0))
         early_c = hbm_ms(cost, call_bytes(sh, "early", pair, chunk, kv_all=False, first_late=False))
         late_c = hbm_ms(cost, call_bytes(sh, "late", chunk, pair, kv_all=True, first_late=False))

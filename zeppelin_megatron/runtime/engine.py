@@ -27,7 +27,9 @@ Head-parallel rings (``a2a > 1``): ``Post``/``Wait`` of the ring's ``heads`` all
 move the rank's q, k, v rows (backward: dout) to its block's lanes and leave the
 rank's head buffer (:mod:`.heads`); the ring's calls and K/V / accumulator transfers
 then run on it with the lane's heads; ``Post``/``Wait`` of ``tokens`` bring the
-output (backward: dq, dk, dv in the accumulation dtype) back to the rank's own rows.
+output (backward: dq, dk, dv in the accumulation dtype) back to the rank's own rows. A ring of one
+block (Ulysses) is one kernel call on the head buffer (:meth:`AttentionEngine.ulysses_forward` /
+``ulysses_backward``): nothing to merge or accumulate, so its out, dq, dk, dv stay in the kernel's dtype.
 Each transfer's size per token depends on its kind and direction
 (:func:`~.heads.transfer_unit`).
 
@@ -47,133 +49,22 @@ tensors are built once per plan and head shape (not per layer).
 
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
-from ..planner.lowering import LocalCall, Post, RankProgram, RingCall, Transfer, TransferId, Wait, lower_rank
+from ..planner.lowering import LocalCall, Post, RingCall, TransferId, Wait
 from ..planner.plan import StepPlan
 from ..planner.routing import Route
 from .comm import CommStream
+from .device_program import DeviceProgram, cached_program, device_program
 from .group import ZeppelinGroup
-from .heads import Exchange, HeadIndex, HeadShape, head_index, heads_problem, transfer_unit
-from .kernels import AttentionKernel, VarlenBatch, acc_dtype
+from .heads import Exchange, HeadShape
+from .kernels import AttentionKernel, acc_dtype
 from .ring import RingGrad, RingState, StepIndex, add_block, backward_step, finish, forward_step
-from .router import InFlight, Router, rank_rounds
+from .router import InFlight, Router
 
 __all__ = ["DeviceProgram", "device_program", "cached_program", "AttentionEngine", "EngineFunction"]
-
-# plan -> {(rank, routed): RankProgram}; programs are pure functions of these.
-_PROGRAMS: "weakref.WeakKeyDictionary[StepPlan, dict[tuple[int, bool], RankProgram]]" = weakref.WeakKeyDictionary()
-
-
-def cached_program(plan: StepPlan, rank: int, routed: bool) -> RankProgram:
-    """:func:`~zeppelin_megatron.planner.lowering.lower_rank`, memoised per plan object."""
-    per_plan = _PROGRAMS.setdefault(plan, {})
-    hit = per_plan.get((rank, routed))
-    if hit is None:
-        hit = per_plan[(rank, routed)] = lower_rank(plan, rank, routing=routed)
-    return hit
-
-
-@dataclass(frozen=True, kw_only=True)
-class Wire:
-    """A transfer as this rank runs it for ``unit`` elements per token (:func:`~.heads.transfer_unit`):
-    its hops per round, every message's ``(src, dst)`` and element count."""
-
-    rounds: tuple[tuple[Any, ...], ...]
-    ends: tuple[tuple[int, int], ...]
-    sizes: tuple[int, ...]
-    unit: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class DeviceProgram:
-    """A program's index tensors on one device: ``rows[ring]`` (the rank's ring rows in its attention
-    buffer), ``steps[(ring, step)]``, ``local[chunk]`` ``(rows, batch)``, ``heads[ring]`` (head-parallel
-    rings, :class:`~.heads.HeadIndex`), and ``wires[(transfer id, backward)]`` (the ``heads`` and
-    ``tokens`` all-to-alls carry other tensors forward and backward, so other sizes). ``spans[ring]`` /
-    ``local_spans[chunk]``: ``(start, end)`` when those rows are ``range(start, end)``
-    (``RingPart.span``, ``LocalChunk.span`` of :mod:`~zeppelin_megatron.planner.lowering_parts`; views and
-    slices), else None (gathers). ``linear_local[chunk]``: ``(rows, span)`` of an in-place chunk
-    (``LocalChunk.linear_rows``) in the rank's linear buffers."""
-
-    program: RankProgram
-    shape: HeadShape
-    rows: dict[int, torch.Tensor]
-    steps: dict[tuple[int, int], StepIndex]
-    local: tuple[tuple[torch.Tensor, VarlenBatch], ...]
-    spans: dict[int, tuple[int, int] | None]
-    local_spans: tuple[tuple[int, int] | None, ...]
-    heads: dict[int, HeadIndex]
-    wires: dict[tuple[TransferId, bool], Wire]
-    linear_local: dict[int, tuple[torch.Tensor, tuple[int, int] | None]]
-
-
-_DEVICE: "weakref.WeakKeyDictionary[StepPlan, dict[tuple[int, bool, HeadShape, torch.device], DeviceProgram]]" = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _wire(t: Transfer, rank: int, unit: int) -> Wire:
-    return Wire(rounds=rank_rounds(t.hops(unit), rank), ends=tuple((m.src, m.dst) for m in t.messages),
-                sizes=tuple(m.tokens * unit for m in t.messages), unit=unit)
-
-
-def device_program(plan: StepPlan, rank: int, routed: bool, shape: HeadShape, device: torch.device) -> DeviceProgram:
-    """Rank ``rank``'s program with its index tensors on ``device`` and its transfers for inputs of
-    ``shape`` (heads, head dim), built once per plan (every layer of a step shares it). Raises
-    ``ValueError`` (:func:`~.heads.heads_problem`) when a head-parallel ring's lanes cannot split the heads."""
-    per_plan = _DEVICE.setdefault(plan, {})
-    key = (rank, routed, shape, device)
-    hit = per_plan.get(key)
-    if hit is not None:
-        return hit
-    why = heads_problem(plan, shape.hq, shape.hkv)
-    if why is not None:
-        raise ValueError(why)
-    program = cached_program(plan, rank, routed)
-    as_t = lambda rows: torch.tensor(rows, dtype=torch.long, device=device)  # noqa: E731
-    rows = {p.ring: as_t(p.rows) for p in program.rings if p.position is not None}
-    spans = {p.ring: p.span for p in program.rings if p.position is not None}
-    steps: dict[tuple[int, int], StepIndex] = {}
-    shared: dict[tuple[int, ...], torch.Tensor] = {}  # one tensor per distinct row list (e.g. the late rows)
-
-    def index(r: tuple[int, ...]) -> torch.Tensor:
-        if r not in shared:
-            shared[r] = as_t(r)
-        return shared[r]
-
-    for op in program.forward:
-        if isinstance(op, RingCall):
-            steps[(op.ring, op.step)] = StepIndex(
-                batch=VarlenBatch(lens_q=op.lens_q, lens_k=op.lens_k, causal=op.causal, device=device),
-                q_index=None if op.q_all else index(op.q_rows), kv_index=None if op.kv_all else index(op.kv_rows))
-    local = tuple((as_t(c.rows), VarlenBatch(lens_q=c.lens, lens_k=c.lens, causal=True, device=device))
-                  for c in program.local_chunks)
-    local_spans = tuple(c.span for c in program.local_chunks)
-    linear_local = {i: (as_t([r for a, b in c.linear_rows for r in range(a, b)]), c.linear_span)
-                    for i, c in enumerate(program.local_chunks) if c.linear_rows is not None}
-    heads = {p.ring: head_index(program, p, shape, device) for p in program.rings
-             if p.a2a > 1 and p.position is not None}
-    a2a = {p.ring: p.a2a for p in program.rings}
-    made: dict[tuple[TransferId, int], Wire] = {}
-    wires: dict[tuple[TransferId, bool], Wire] = {}
-    for backward, ops in ((False, program.forward), (True, program.backward)):
-        for op in ops:
-            if isinstance(op, Post):
-                tid = op.transfer
-                unit = transfer_unit(tid.kind, backward, a2a[tid.ring], shape)
-                if (tid, unit) not in made:
-                    made[(tid, unit)] = _wire(program.transfers[tid], rank, unit)
-                wires[(tid, backward)] = made[(tid, unit)]
-    hit = per_plan[key] = DeviceProgram(program=program, shape=shape, rows=rows, steps=steps, local=local,
-                                        heads=heads, wires=wires, spans=spans, local_spans=local_spans,
-                                        linear_local=linear_local)
-    return hit
-
 
 _WHAT = {"kv": "K/V", "acc": "dK/dV", "heads": "all-to-all to heads", "tokens": "all-to-all to tokens"}
 
@@ -193,17 +84,16 @@ def _put(dst: torch.Tensor, rows: torch.Tensor, span: tuple[int, int] | None, sr
 
 
 def _ring_kv(k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, span: tuple[int, int] | None = None) -> torch.Tensor:
-    """The packed ring K/V buffer [n, 2*Hkv, D] of ``k``, ``v`` [T_a, Hkv, D] at ``rows`` [n]: one
-    ``index_select`` per half straight into its slice (no ``cat``); rows ``range(*span)``: one slice
-    ``copy_`` per half (the same bytes: the buffer is what the ring sends, so it is a copy either way)."""
-    hkv = k.shape[1]
-    kv = k.new_empty((rows.shape[0], 2 * hkv, *k.shape[2:]))
+    """The packed ring K/V buffer [2, n, Hkv, D] (K, then V) of ``k``, ``v`` [T_a, Hkv, D] at ``rows`` [n]: one
+    ``index_select`` per half straight into it (no ``cat``); rows ``range(*span)``: one slice ``copy_`` per
+    half (the same bytes: the buffer is what the ring sends, so it is a copy either way)."""
+    kv = k.new_empty((2, rows.shape[0], *k.shape[1:]))
     if span is None:
-        torch.index_select(k, 0, rows, out=kv[:, :hkv])
-        torch.index_select(v, 0, rows, out=kv[:, hkv:])
+        torch.index_select(k, 0, rows, out=kv[0])
+        torch.index_select(v, 0, rows, out=kv[1])
     else:
-        kv[:, :hkv].copy_(k[span[0]:span[1]])
-        kv[:, hkv:].copy_(v[span[0]:span[1]])
+        kv[0].copy_(k[span[0]:span[1]])
+        kv[1].copy_(v[span[0]:span[1]])
     return kv
 
 
@@ -239,6 +129,9 @@ class AttentionEngine:
         self.routed = bool(routes)
         self.program = cached_program(plan, group.rank, self.routed)
         self._parts = {p.ring: p for p in self.program.rings}
+        # one-block head-parallel rings (Ulysses): one kernel call on the head buffer, nothing to merge or
+        # accumulate, so no accumulator dtype: out, dq, dk, dv stay in the kernel's dtype (ulysses_*)
+        self._ulysses = {p.ring for p in self.program.rings if p.a2a > 1 and p.size == 1 and p.position is not None}
         self._dev: DeviceProgram | None = None
         if hq is not None:
             self._dev = device_program(plan, group.rank, self.routed, HeadShape(hq, hkv, head_dim), device)
@@ -270,6 +163,19 @@ class AttentionEngine:
         o, lse = self.kernel.forward(*(_take(x, rows, span).contiguous() for x in qkv), batch, self.scale)
         _put(out, rows, span, o)
         return o, lse
+
+    def ulysses_forward(self, s: RingState, step: StepIndex) -> tuple[torch.Tensor, torch.Tensor]:
+        """A one-block head-parallel ring's one call on its head buffer (``s.q`` [n_b, hq_l, D], ``s.kv``
+        [2, n_b, hkv_l, D]) -> the kernel's ``(out, lse)``, kept as they are: ``out`` in the model dtype goes
+        home in the ``tokens`` all-to-all; no running result to merge, so no accumulator and no casts."""
+        return self.kernel.forward(s.q, s.kv[0], s.kv[1], step.batch, self.scale)
+
+    def ulysses_backward(self, saved: dict[Any, Any], ring: int, dout_h: torch.Tensor,
+                         step: StepIndex) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The backward of :meth:`ulysses_forward` -> ``(dq_h, dk_h, dv_h)`` in the kernel's dtype (one call: its
+        gradients are final, nothing to accumulate), sent home as they are by the ``tokens`` all-to-all."""
+        (q_h, kv_h), (out_h, lse) = saved[("heads", ring)], saved[("ring", ring)]
+        return self.kernel.backward(dout_h, q_h, kv_h[0], kv_h[1], out_h, lse, step.batch, self.scale)
 
     def local_backward(self, chunk: int, saved: tuple[torch.Tensor, torch.Tensor], dout: torch.Tensor | None,
                        qkv: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None,
@@ -305,17 +211,12 @@ class AttentionEngine:
         return {i: flat for i, (src, _) in enumerate(ends) if src == self.group.rank}
 
     def _received(self, tid: TransferId, backward: bool, got: dict[int, torch.Tensor]) -> torch.Tensor | None:
-        """The one message of a ring transfer this member receives, as [n, 2*Hkv_l, D]; None for relays."""
+        """The one message of a ring transfer this member receives, as [2, n, Hkv_l, D]; None for relays."""
         if not got:
             return None
         (i, flat), = got.items()
         w = self.dev.wires[(tid, backward)]
-        return flat.view(w.sizes[i] // w.unit, w.unit // self.head_dim, self.head_dim)
-
-    def _hkv(self, ring: int) -> int:
-        """K/V heads of ring ``ring``'s packed buffers: ``Hkv``, or the lane's on a head-parallel ring."""
-        hx = self.dev.heads.get(ring)
-        return self.hkv if hx is None else hx.hkv_l
+        return flat.view(2, w.sizes[i] // w.unit, w.unit // (2 * self.head_dim), self.head_dim)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 linear: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, dict[Any, Any]]:
@@ -340,10 +241,12 @@ class AttentionEngine:
             return s
 
         for op in self.program.forward:
-            if isinstance(op, RingCall):
+            if isinstance(op, RingCall) and op.ring in self._ulysses:
+                saved[("ring", op.ring)] = self.ulysses_forward(state.pop(op.ring), dev.steps[(op.ring, op.step)])
+            elif isinstance(op, RingCall):
                 s = ring_state(op.ring)
                 assert s is not None
-                forward_step(self.kernel, self.scale, self._hkv(op.ring), dev.steps[(op.ring, op.step)], s)
+                forward_step(self.kernel, self.scale, dev.steps[(op.ring, op.step)], s)
                 if op.step == self._parts[op.ring].size - 1:
                     finish(s)
                     assert s.out is not None and s.lse is not None
@@ -421,11 +324,15 @@ class AttentionEngine:
                 s = grad_state(ring, _take(q, rows, span), _ring_kv(k, v, rows, span), _take(dout, rows, span))
             return s
 
+        ulysses: dict[int, tuple[torch.Tensor, ...]] = {}  # one-block rings: (dout_h,), then (dq_h, dk_h, dv_h)
         for op in self.program.backward:
-            if isinstance(op, RingCall):
+            if isinstance(op, RingCall) and op.ring in self._ulysses:
+                ulysses[op.ring] = self.ulysses_backward(saved, op.ring, ulysses[op.ring][0],
+                                                         dev.steps[(op.ring, op.step)])
+            elif isinstance(op, RingCall):
                 s = ring_state(op.ring)
                 assert s is not None
-                backward_step(self.kernel, self.scale, self._hkv(op.ring), dev.steps[(op.ring, op.step)], s)
+                backward_step(self.kernel, self.scale, dev.steps[(op.ring, op.step)], s)
             elif isinstance(op, LocalCall):
                 self.local_backward(op.chunk, saved[("local", op.chunk)], dout, (q, k, v), (dq, dk, dv), linear)
             elif isinstance(op, Post):
@@ -434,11 +341,13 @@ class AttentionEngine:
                 if t.kind == "heads" and hx is not None:
                     ex = exchanges[t] = hx.dout_to_heads(dout)
                     flying[t] = self._start(t, True, ex.payloads, self.dtype, ex.into)
+                elif t.kind == "tokens" and t.ring in self._ulysses:
+                    ex = exchanges[t] = hx.grads_to_tokens(*ulysses.pop(t.ring))
+                    flying[t] = self._start(t, True, ex.payloads, self.dtype, ex.into)
                 elif t.kind == "tokens" and hx is not None:
                     s = state[t.ring]
-                    home = s.acc if self._parts[t.ring].size > 1 else add_block(s)  # one block: dK/dV are home
-                    assert home is not None
-                    ex = exchanges[t] = hx.grads_to_tokens(s.dq, home)
+                    assert s.acc is not None  # after the ring's last accumulator hop: its own dK/dV
+                    ex = exchanges[t] = hx.grads_to_tokens(s.dq, s.acc[0], s.acc[1])
                     flying[t] = self._start(t, True, ex.payloads, acc_t, ex.into)
                 else:
                     s = ring_state(t.ring)
@@ -454,6 +363,9 @@ class AttentionEngine:
                 t = op.transfer
                 got = flying.pop(t).wait()
                 hx = dev.heads.get(t.ring)
+                if t.kind == "heads" and t.ring in self._ulysses:
+                    ulysses[t.ring] = (hx.heads_dout(exchanges.pop(t)),)
+                    continue
                 if t.kind == "heads" and hx is not None:
                     q_h, kv_h = saved[("heads", t.ring)]
                     grad_state(t.ring, q_h, kv_h, hx.heads_dout(exchanges.pop(t)))
@@ -470,10 +382,10 @@ class AttentionEngine:
                     continue
                 s.acc = recv
                 if t.step == self._parts[t.ring].size - 1 and hx is None:  # own dK/dV, home after g hops
-                    rows, span, hkv = dev.rows[t.ring], dev.spans[t.ring], self.hkv
+                    rows, span = dev.rows[t.ring], dev.spans[t.ring]
                     _put(dq, rows, span, s.dq)
-                    _put(dk, rows, span, recv[:, :hkv])
-                    _put(dv, rows, span, recv[:, hkv:])
+                    _put(dk, rows, span, recv[0])
+                    _put(dv, rows, span, recv[1])
         return dq, dk, dv
 
 

@@ -107,11 +107,13 @@ class Exchange:
 class HeadIndex:
     """A member's head-parallel ring on one device (module docstring), built once per plan.
 
-    ``rows`` [n_own]: own attention-buffer rows; ``counts[x]`` / ``offsets[x]``: lane ``x``'s tokens
-    and first lane-order row; ``order`` [n_b]: head-buffer row of each lane-order row, ``perm`` its
-    inverse; ``kv_cols[x]``: lane ``x``'s dK then dV columns (``2 hkv_l``) of a [*, 2 Hkv, D]
-    buffer; ``kv_pick`` [a hkv_l]: the K/V head of every lane's slot (None when ``a | Hkv``: the
-    identity); message maps ``(message, lane)`` of the ``heads`` (send: receiver lane, receive:
+    ``rows`` [n_own]: own attention-buffer rows, ``span`` ``(start, end)`` when they are ``range(start, end)``
+    (``RingPart.span``: ``narrow`` views and slice copies instead of gathers and ``index_copy_``; None: gathers);
+    ``counts[x]`` / ``offsets[x]``: lane ``x``'s tokens and first lane-order row; ``order`` [n_b]: head-buffer
+    row of each lane-order row, ``perm`` its inverse; ``kv_cols[x]``: lane ``x``'s dK then dV columns
+    (``2 hkv_l``) of a [*, 2 Hkv, D] buffer, ``kv_ranges[x]`` the same heads as a range; ``kv_pick`` [a hkv_l]:
+    the K/V head of every lane's slot (None when ``a | Hkv``: the identity, each K/V head in one lane); message
+    maps ``(message, lane)`` of the ``heads`` (send: receiver lane, receive:
     sender lane) and ``tokens`` transfers.
     """
 
@@ -122,11 +124,13 @@ class HeadIndex:
     hkv_l: int
     shape: HeadShape
     rows: torch.Tensor
+    span: tuple[int, int] | None
     counts: tuple[int, ...]
     offsets: tuple[int, ...]
     order: torch.Tensor
     perm: torch.Tensor
     kv_cols: tuple[torch.Tensor, ...]
+    kv_ranges: tuple[tuple[int, int], ...]
     kv_pick: torch.Tensor | None
     heads_send: tuple[tuple[int, int], ...]
     heads_recv: tuple[tuple[int, int], ...]
@@ -141,6 +145,18 @@ class HeadIndex:
     def _lane_slice(self, buf: torch.Tensor, x: int) -> torch.Tensor:
         return buf[self.offsets[x]:self.offsets[x] + self.counts[x]]
 
+    def _own(self, t: torch.Tensor) -> torch.Tensor:
+        """``t``'s own rows [n_own, ...]: a ``narrow`` view on a span, else an ``index_select`` gather."""
+        return t.index_select(0, self.rows) if self.span is None else t.narrow(0, self.span[0], self.own)
+
+    def _home(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Write ``src`` [n_own, ...] (any float dtype) into ``dst``'s own rows (``dst``: a column slice of an
+        attention-layout tensor): one slice ``copy_`` casting on the way on a span, else ``.to`` + ``index_copy_``."""
+        if self.span is None:
+            dst.index_copy_(0, self.rows, src.to(dst.dtype))
+        else:
+            dst.narrow(0, self.span[0], self.own).copy_(src)
+
     # -- forward ----------------------------------------------------------------------------------
 
     def qkv_to_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Exchange:
@@ -148,9 +164,9 @@ class HeadIndex:
         (receive buffer ``R`` [n_b, hq_l + 2 hkv_l, D], lane order, own slot filled)."""
         a, n, hq_l, hkv_l, d = self.a2a, self.own, self.hq_l, self.hkv_l, self.shape.d
         send = q.new_empty((a, n, hq_l + 2 * hkv_l, d))
-        send[:, :, :hq_l].copy_(q.index_select(0, self.rows).view(n, a, hq_l, d).transpose(0, 1))
+        send[:, :, :hq_l].copy_(self._own(q).view(n, a, hq_l, d).transpose(0, 1))
         for c, x in ((hq_l, k), (hq_l + hkv_l, v)):
-            xs = x.index_select(0, self.rows)
+            xs = self._own(x)
             if self.kv_pick is not None:
                 xs = xs.index_select(1, self.kv_pick)
             send[:, :, c:c + hkv_l].copy_(xs.view(n, a, hkv_l, d).transpose(0, 1))
@@ -158,8 +174,12 @@ class HeadIndex:
 
     def heads_qkv(self, ex: Exchange) -> tuple[torch.Tensor, torch.Tensor]:
         """The head buffers after the forward ``heads`` exchange: ``q_h`` [n_b, hq_l, D] and the packed
-        ``kv_h`` [n_b, 2 hkv_l, D] (K heads first), head-buffer (block seq-major) order."""
-        return ex.recv[:, :self.hq_l].index_select(0, self.perm), ex.recv[:, self.hq_l:].index_select(0, self.perm)
+        ``kv_h`` [2, n_b, hkv_l, D] (K, then V, as the ring's buffers), head-buffer (block seq-major) order."""
+        hq_l, hkv_l = self.hq_l, self.hkv_l
+        kv_h = ex.recv.new_empty((2, ex.recv.shape[0], hkv_l, self.shape.d))
+        torch.index_select(ex.recv[:, hq_l:hq_l + hkv_l], 0, self.perm, out=kv_h[0])
+        torch.index_select(ex.recv[:, hq_l + hkv_l:], 0, self.perm, out=kv_h[1])
+        return ex.recv[:, :hq_l].index_select(0, self.perm), kv_h
 
     def out_to_tokens(self, out_h: torch.Tensor) -> Exchange:
         """Forward ``tokens``: ``out_h`` [n_b, hq_l, D] -> the exchange (``T`` [a, n_own, hq_l, D])."""
@@ -169,7 +189,7 @@ class HeadIndex:
         """Write the received output rows into ``out`` [T_a, Hq, D] (own rows, every lane's heads)."""
         for y in range(self.a2a):
             q0 = y * self.hq_l
-            out[:, q0:q0 + self.hq_l].index_copy_(0, self.rows, ex.recv[y])
+            self._home(out[:, q0:q0 + self.hq_l], ex.recv[y])
 
     # -- backward ---------------------------------------------------------------------------------
 
@@ -177,34 +197,44 @@ class HeadIndex:
         """Backward ``heads``: ``dout`` [T_a, Hq, D] -> the exchange (``R`` [n_b, hq_l, D])."""
         a, n, hq_l, d = self.a2a, self.own, self.hq_l, self.shape.d
         send = dout.new_empty((a, n, hq_l, d))
-        send.copy_(dout.index_select(0, self.rows).view(n, a, hq_l, d).transpose(0, 1))
+        send.copy_(self._own(dout).view(n, a, hq_l, d).transpose(0, 1))
         return self._to_heads(send)
 
     def heads_dout(self, ex: Exchange) -> torch.Tensor:
         """``dout_h`` [n_b, hq_l, D] in head-buffer order."""
         return ex.recv.index_select(0, self.perm)
 
-    def grads_to_tokens(self, dq_h: torch.Tensor, dkv_h: torch.Tensor) -> Exchange:
-        """Backward ``tokens``: ``dq_h`` [n_b, hq_l, D] and ``dkv_h`` [n_b, 2 hkv_l, D] (accumulator
-        dtype) -> the exchange (``T`` [a, n_own, hq_l + 2 hkv_l, D], accumulator dtype)."""
-        send = dq_h.new_empty((dq_h.shape[0], self.hq_l + 2 * self.hkv_l, self.shape.d))
-        torch.index_select(dq_h, 0, self.order, out=send[:, :self.hq_l])
-        torch.index_select(dkv_h, 0, self.order, out=send[:, self.hq_l:])
+    def grads_to_tokens(self, dq_h: torch.Tensor, dk_h: torch.Tensor, dv_h: torch.Tensor) -> Exchange:
+        """Backward ``tokens``: ``dq_h`` [n_b, hq_l, D], ``dk_h``, ``dv_h`` [n_b, hkv_l, D] (one dtype: the
+        accumulator's after a ring of several blocks, the kernel's own after one block) -> the exchange
+        (``T`` [a, n_own, hq_l + 2 hkv_l, D], that dtype)."""
+        hq_l, hkv_l = self.hq_l, self.hkv_l
+        send = dq_h.new_empty((dq_h.shape[0], hq_l + 2 * hkv_l, self.shape.d))
+        for c0, c1, x in ((0, hq_l, dq_h), (hq_l, hq_l + hkv_l, dk_h), (hq_l + hkv_l, hq_l + 2 * hkv_l, dv_h)):
+            torch.index_select(x, 0, self.order, out=send[:, c0:c1])
         return self._to_tokens(send)
 
     def tokens_grads(self, ex: Exchange, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
-        """Write the received gradients into ``dq`` [T_a, Hq, D], ``dk``, ``dv`` [T_a, Hkv, D] (own rows):
-        every lane's dq heads cast once; dK/dV summed over the lanes in the accumulator dtype (lanes
-        that share a K/V head add up), then cast once."""
-        hq_l, hkv = self.hq_l, self.shape.hkv
+        """Write the received gradients into ``dq`` [T_a, Hq, D], ``dk``, ``dv`` [T_a, Hkv, D] (own rows): every
+        lane's dq heads cast once on the way home; dK/dV likewise when every K/V head is in one lane
+        (``kv_pick`` None), else summed over the lanes that share a head in float32 at least (bf16 inputs:
+        float32; float64: float64), then cast once."""
+        hq_l, hkv_l, hkv = self.hq_l, self.hkv_l, self.shape.hkv
         recv = ex.recv
-        dkv = recv.new_zeros((self.own, 2 * hkv, self.shape.d))
         for y in range(self.a2a):
             q0 = y * hq_l
-            dq[:, q0:q0 + hq_l].index_copy_(0, self.rows, recv[y, :, :hq_l].to(dq.dtype))
-            dkv.index_add_(1, self.kv_cols[y], recv[y, :, hq_l:])
-        dk.index_copy_(0, self.rows, dkv[:, :hkv].to(dk.dtype))
-        dv.index_copy_(0, self.rows, dkv[:, hkv:].to(dv.dtype))
+            self._home(dq[:, q0:q0 + hq_l], recv[y, :, :hq_l])
+        if self.kv_pick is None:
+            for y, (k0, k1) in enumerate(self.kv_ranges):
+                self._home(dk[:, k0:k1], recv[y, :, hq_l:hq_l + hkv_l])
+                self._home(dv[:, k0:k1], recv[y, :, hq_l + hkv_l:])
+            return
+        dkv = torch.zeros((self.own, 2 * hkv, self.shape.d), dtype=torch.promote_types(recv.dtype, torch.float32),
+                          device=recv.device)
+        for y in range(self.a2a):
+            dkv.index_add_(1, self.kv_cols[y], recv[y, :, hq_l:].to(dkv.dtype))
+        self._home(dk, dkv[:, :hkv])
+        self._home(dv, dkv[:, hkv:])
 
     # -- buffers ----------------------------------------------------------------------------------
 
@@ -254,8 +284,9 @@ def head_index(program: RankProgram, part: RingPart, shape: HeadShape, device: t
 
     (hs, hr), (ts, tr) = maps("heads"), maps("tokens")
     return HeadIndex(
-        ring=part.ring, a2a=a, lane=lane, hq_l=hq_l, hkv_l=hkv_l, shape=shape, rows=as_t(part.rows),
+        ring=part.ring, a2a=a, lane=lane, hq_l=hq_l, hkv_l=hkv_l, shape=shape, rows=as_t(part.rows), span=part.span,
         counts=counts, offsets=offsets, order=as_t(order), perm=as_t(perm),
         kv_cols=tuple(as_t([*range(k0, k1), *range(hkv + k0, hkv + k1)]) for _, (k0, k1) in heads),
+        kv_ranges=tuple(kr for _, kr in heads),
         kv_pick=None if pick == list(range(hkv)) else as_t(pick),
         heads_send=hs, heads_recv=hr, tokens_send=ts, tokens_recv=tr)

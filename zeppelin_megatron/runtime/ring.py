@@ -6,8 +6,8 @@ this module turns one call into tensor work on a member's ring state.
 
 Buffers. A member keeps the ring's tokens *seq-major* (``[s0 early, s0 late,
 s1 early, ...]``): ``q`` [n_i, Hq, D] and one packed ``kv`` buffer
-[n, 2*Hkv, D] (K heads first), so one message per hop carries both. At each
-step the held ``kv`` is the source position's buffer.
+[2, n, Hkv, D] (K, then V: each half is contiguous, so the kernel reads ``kv[0]`` and ``kv[1]`` in place,
+no copy; one message per hop carries both). At each step the held ``kv`` is the source position's buffer.
 
 Forward (:func:`forward_step`): ``diag`` (step 0) starts the running
 ``(out, lse)``; every later call is merged in place with :func:`merge_lse_`, into
@@ -111,7 +111,12 @@ def _rows(t: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
     return t if index is None else t.index_select(0, index)
 
 
-def forward_step(kernel: AttentionKernel, scale: float, hkv: int, idx: StepIndex, s: RingState) -> None:
+def _kv_rows(kv: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    """The packed ``kv`` [2, n, Hkv, D] at ``index`` rows (all: the buffer itself)."""
+    return kv if index is None else kv.index_select(1, index)
+
+
+def forward_step(kernel: AttentionKernel, scale: float, idx: StepIndex, s: RingState) -> None:
     """Run one ring step's call on ``s`` (see the module docstring).
 
     A call over some rows (``late``) merges into the held copy of those rows (:attr:`RingState.held`:
@@ -121,7 +126,7 @@ def forward_step(kernel: AttentionKernel, scale: float, hkv: int, idx: StepIndex
         raise ValueError("a ring's first call must cover all of the rank's ring rows (the diagonal)")
     if s.held is not None and s.held[0] is not idx.q_index:
         finish(s)  # a call over other rows: the held rows go back first
-    kv = _rows(s.kv, idx.kv_index)
+    kv = _kv_rows(s.kv, idx.kv_index)
     if idx.q_index is None:
         q = s.q
     else:
@@ -130,7 +135,7 @@ def forward_step(kernel: AttentionKernel, scale: float, hkv: int, idx: StepIndex
             ix = idx.q_index
             s.held = (ix, s.q.index_select(0, ix), s.out.index_select(0, ix), s.lse.index_select(0, ix))
         q = s.held[1]
-    o, l = kernel.forward(q, kv[:, :hkv], kv[:, hkv:], idx.batch, scale)
+    o, l = kernel.forward(q, kv[0], kv[1], idx.batch, scale)
     if s.out is None:
         s.out, s.lse = o.to(acc_dtype(s.q.dtype)), l
         return
@@ -169,11 +174,11 @@ class RingGrad:
         return hit
 
 
-def backward_step(kernel: AttentionKernel, scale: float, hkv: int, idx: StepIndex, s: RingGrad) -> None:
+def backward_step(kernel: AttentionKernel, scale: float, idx: StepIndex, s: RingGrad) -> None:
     """One ring step's backward call: dQ into its query rows, the dK/dV block kept for :func:`add_block`."""
     dout, q, out, lse = s.select(idx.q_index)
-    kv = _rows(s.kv, idx.kv_index)
-    dq_b, dk_b, dv_b = kernel.backward(dout, q, kv[:, :hkv], kv[:, hkv:], out, lse, idx.batch, scale)
+    kv = _kv_rows(s.kv, idx.kv_index)
+    dq_b, dk_b, dv_b = kernel.backward(dout, q, kv[0], kv[1], out, lse, idx.batch, scale)
     if idx.q_index is None:
         s.dq += dq_b
     else:
@@ -182,25 +187,24 @@ def backward_step(kernel: AttentionKernel, scale: float, hkv: int, idx: StepInde
 
 
 def add_block(s: RingGrad) -> torch.Tensor:
-    """Add the pending dK/dV block into the held accumulator -> the accumulator [n, 2*Hkv, D].
+    """Add the pending dK/dV block into the held accumulator -> the accumulator [2, n, Hkv, D].
 
     At the first step (no accumulator yet) a block over all rows becomes the accumulator (one cast copy
     per half); otherwise the accumulator starts as zeros. A block over all rows is added per half in
-    place (``acc[:, :Hkv] += dk``, type-promoting: no ``cat``, no cast copy); one over some rows is cast
+    place (``acc[0] += dk``, type-promoting: no ``cat``, no cast copy); one over some rows is cast
     to the accumulation dtype and ``index_add_`` -ed into each half.
     """
-    hkv = s.kv.shape[1] // 2
     block, s.block = s.block, None
     if s.acc is None:
         s.acc = torch.empty(s.kv.shape, dtype=s.dq.dtype, device=s.kv.device)
         if block is not None and block[0] is None:
-            s.acc[:, :hkv].copy_(block[1])
-            s.acc[:, hkv:].copy_(block[2])
+            s.acc[0].copy_(block[1])
+            s.acc[1].copy_(block[2])
             return s.acc
         s.acc.zero_()
     if block is not None:
         rows, dk, dv = block
-        for half, d in ((s.acc[:, :hkv], dk), (s.acc[:, hkv:], dv)):
+        for half, d in ((s.acc[0], dk), (s.acc[1], dv)):
             if rows is None:
                 half += d
             else:

@@ -64,7 +64,8 @@ from ..planner.plan import StepPlan
 from ..planner.zigzag import ring_chunk_pair_tokens
 from .charges import (
     CHARGES, Shape, a2a_token_bytes, hbm_ms, shape_of, te_a2a_bytes, te_ring_bytes, te_step_bytes, wire_factor,
-    zeppelin_a2a_bytes, zeppelin_call_bytes, zeppelin_local_bytes, zeppelin_remap_bytes, zeppelin_ring_bytes,
+    ulysses_call_bytes, zeppelin_a2a_bytes, zeppelin_call_bytes, zeppelin_local_bytes, zeppelin_remap_bytes,
+    zeppelin_ring_bytes,
 )
 from .group_programs import group_ops
 from .layer_ops import Leg, LayerProgram, Op, Traffic, hop, pairs_transfer
@@ -146,7 +147,8 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
             own = part.fine_tokens(part.position * a + (part.lane or 0))
             if charges == "zeppelin":
                 started.add(part.ring)  # no per-ring gathers: the all-to-alls' copies instead
-                a2a_copies[part.ring] = zeppelin_a2a_bytes(sh, a, own, part.tokens(part.position))
+                a2a_copies[part.ring] = zeppelin_a2a_bytes(sh, a, own, part.tokens(part.position),
+                                                           contiguous=part.span is not None, blocks=g)
             elif charges == "te":  # TE's all-to-all: one pass each side (PEER_A2A_PASSES)
                 a2a_copies[part.ring] = te_a2a_bytes(sh, a, own, part.tokens(part.position))
     for op in rank.forward:
@@ -236,6 +238,8 @@ def _call_copy_bytes(sh: Shape, op: RingCall, charges: str, started: set[int]) -
             started.add(op.ring)
             total += te_ring_bytes(sh, op.part.tokens(op.position))
         return total + te_step_bytes(sh, sum(op.lens_q), sum(op.lens_k), op.kind)
+    if op.part.a2a > 1 and op.part.size == 1:  # one block (Ulysses): one call, the kernel's dtype throughout
+        return ulysses_call_bytes(sh, sum(op.lens_q))
     total = 0.0
     if op.ring not in started:
         started.add(op.ring)
@@ -328,7 +332,7 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
             ring = plan.rings[tid.ring]
             key = ("ring", ring.ranks, tid.step) if ring.a2a == 1 else ("ring", ring.ranks, ring.a2a, tid.kind)
             if tid.kind in ("heads", "tokens"):  # a head-parallel ring's all-to-alls: one NVLink flow per message
-                per_token = a2a_token_bytes(shape_of(cost, ring.a2a), charges)[tid.kind == "tokens"]
+                per_token = a2a_token_bytes(shape_of(cost, ring.a2a), charges, ring.blocks)[tid.kind == "tokens"]
                 keys[tid] = add(Traffic(key, "group", [[hop(cost, m.src, m.dst, m.tokens * per_token)]
                                                       for m in t.messages if m.tokens]))
             elif tid.kind == "kv":  # a lane's K/V: 2 lane_kv_heads D elements per token, chunks of the blocks
