@@ -163,7 +163,10 @@ def head_ring_time(cost: CostModel, ranks: Sequence[int], lengths: Sequence[int]
     tokens_ms = cost.nvlink_ms((a2a - 1) * held * tokens_b)
     lane_bytes = st.wire_bytes
     comm = _lane_comm_ms(cost, ranks, a2a, lane_bytes) if m > 1 else 0.0
-    a2a_copy = 0.0  # plan_step's layouts give every ring contiguous rows (api.engine_order)
+    # plan_step's layouts give every ring contiguous rows (api.engine_order), so the all-to-alls' copies are priced
+    # so; a plain ring's gathers are still priced on the gathered path (engine_ring.ring_steps: about 0.3 ms more
+    # per ring of 8192 rows a rank on Llama-7B, a small bias toward head-parallel widths in choose_widths)
+    a2a_copy = 0.0
     if charges == "zeppelin":
         a2a_copy = hbm_ms(cost, sum(zeppelin_a2a_bytes(shape_of(cost), a2a, held, block, contiguous=True,
                                                        blocks=m).values()))
