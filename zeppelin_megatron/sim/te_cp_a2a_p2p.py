@@ -9,13 +9,15 @@ merged, as the cost model times them):
 
 1. all-to-all in over each ``a``-group: every rank sends ``held x (2 q + kv) / a``
    bytes to each other member (forward q, k, v; backward output gradient), as
-   ``ulysses`` groups do;
+   ``ulysses`` groups do, with TE's permute copies before and after it
+   (:data:`~.charges.PEER_A2A_PASSES` ``te``: one pass on each side, ``copy`` ops);
 2. ring attention over ``p`` positions with ``1/a`` of the heads: step 0 the diagonal,
    steps ``1 .. p-1`` the off-diagonal blocks of a ``p``-way zigzag split
    (``ring_compute_profile(s, p) / a`` summed over the group's sequences, one call per
    step, at least the per-call overhead), each step sending ``3 ring_step_bytes(s, p) / a``
-   to the next position; ``p = 1`` is one call (TE's plain ``a2a``);
-3. all-to-all out (the same bytes back: output forward; dq, dk, dv backward).
+   to the next position, with TE's ring charges (:func:`~.charges.te_ring_bytes` once,
+   :func:`~.charges.te_step_bytes` per step); ``p = 1`` is one call (TE's plain ``a2a``);
+3. all-to-all out (the same bytes back: output forward; dq, dk, dv backward), permutes as in 1.
 
 Linear modules run on each rank's tokens before and after (halves).
 
