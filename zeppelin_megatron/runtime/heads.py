@@ -23,9 +23,10 @@ router sends and receives in place, :class:`~.router.InFlight` ``into``):
 
 What each carries (``w``): forward ``heads`` q, k, v (``hq_l + 2 hkv_l``, model dtype), forward
 ``tokens`` out (``hq_l``, model dtype), backward ``heads`` dout (``hq_l``, model dtype), backward
-``tokens`` dq, dk, dv (``hq_l + 2 hkv_l``, accumulator dtype: K/V heads that several lanes share,
-``Hkv < a``, are summed in it, then every gradient is cast once). :func:`transfer_unit` gives the
-elements per token of every transfer kind.
+``tokens`` dq, dk, dv (``hq_l + 2 hkv_l``; the accumulator dtype on a ring of several blocks, the model
+dtype on one block, whose one kernel call's gradients are final; K/V heads that several lanes share,
+``Hkv < a``, are summed in float32 at least, then every gradient is cast once on its way home).
+:func:`transfer_unit` gives the elements per token of every transfer kind.
 
 Worked example: ``Hq = 8``, ``Hkv = 2``, ``a = 4`` (K/V heads replicated): lane 1 takes query heads
 ``[2, 4)`` and K/V head 0 (``hkv_l = 1``); forward ``heads`` rows carry ``(2 + 2) D`` elements,
