@@ -21,6 +21,52 @@ def test_packing_of_the_docstring_example() -> None:
     assert grouped_assignments([40000, 30000, 2000, 6], cl, 8)[0] == Assignment("inter_node", tuple(range(8)))
 
 
+def _packing_by_scan(lengths: Sequence[int], cluster: object, cp: int) -> list[Assignment] | None:
+    """The packing rule of grouped_assignments written as plain scans (every group, every rank), as it first
+    was: the reference its heaps must equal."""
+    world, cap = cluster.world_size, cluster.tokens_per_gpu  # type: ignore[attr-defined]
+    bins, load, where = world // cp, [0] * (world // cp), [-1] * len(lengths)
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    for i in order:
+        fits = [b for b in range(bins) if load[b] + lengths[i] <= cp * cap]
+        if not fits:
+            return None
+        where[i] = min(fits, key=lambda b: (load[b], b))
+        load[where[i]] += lengths[i]
+    held, out = [0] * world, [None] * len(lengths)
+    for i, s in enumerate(lengths):
+        if cp > 1 and s >= 2 * cp:
+            ranks = tuple(range(where[i] * cp, (where[i] + 1) * cp))
+            node = cluster.node_of  # type: ignore[attr-defined]
+            out[i] = Assignment("intra_node" if node(ranks[0]) == node(ranks[-1]) else "inter_node", ranks)
+            for r in ranks:
+                held[r] += -(-s // cp)
+    for i in order:
+        if out[i] is None:
+            r = min(range(where[i] * cp, (where[i] + 1) * cp), key=lambda r: (held[r], r))
+            out[i], held[r] = Assignment("local", (r,)), held[r] + lengths[i]
+    return None if max(held) > cap else out  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("spec", ["2x4", "4x8", "16x8"])
+def test_heaps_pack_as_the_scans_do(spec: str) -> None:
+    """grouped_assignments keeps the emptiest group and each group's least-loaded rank in heaps (ties to the
+    lowest index, as the scans break them); same packings, refusals included, on random batches."""
+    import random
+
+    rng = random.Random(7)
+    cluster = load_cluster(spec, tokens_per_gpu=8192)
+    outcomes = set()
+    for _ in range(40):
+        lengths = [rng.choice([rng.randint(1, 40), rng.randint(100, 3000), rng.randint(5000, 30000)])
+                   for _ in range(rng.randint(1, 120))]
+        for cp in [c for c in (1, 2, 4, 8, 16, 32, 64, 128) if cluster.world_size % c == 0]:
+            got = grouped_assignments(lengths, cluster, cp)
+            assert got == _packing_by_scan(lengths, cluster, cp), (lengths, cp)
+            outcomes.add(got is None)
+    assert outcomes == {True, False}  # packings and refusals both compared
+
+
 def test_sizes_and_refusals() -> None:
     assert group_sizes([122250], load_cluster("16x4", tokens_per_gpu=131072)) == [4, 8, 16, 32, 64]
     assert group_sizes([100000], load_cluster("2x4", tokens_per_gpu=20000)) == [8]  # 4 GPUs hold 80000 only

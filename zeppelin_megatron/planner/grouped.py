@@ -52,6 +52,7 @@ Pure and deterministic.
 
 from __future__ import annotations
 
+import heapq
 from typing import Callable, Sequence
 
 from .choose_heads import choose_width
@@ -96,33 +97,33 @@ def grouped_assignments(lengths: Sequence[int], cluster: Cluster, cp: int) -> li
     if cp < 1 or world % cp:
         raise ValueError(f"cp = {cp} must be a positive divisor of the world size {world}")
     bins = world // cp
-    load = [0] * bins
     where = [-1] * len(lengths)
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups = [(0, b) for b in range(bins)]  # (tokens, group): the emptiest group first, ties to the lowest index
     for i in order:
-        best = -1
-        for b in range(bins):
-            if load[b] + lengths[i] <= cp * cap and (best < 0 or load[b] < load[best]):
-                best = b
-        if best < 0:
+        load, b = heapq.heappop(groups)
+        if load + lengths[i] > cp * cap:  # the emptiest group has no room: none has
             return None
-        where[i] = best
-        load[best] += lengths[i]
-    held = [0] * world
+        where[i] = b
+        heapq.heappush(groups, (load + lengths[i], b))
     out: list[Assignment | None] = [None] * len(lengths)
     split = [Assignment("intra_node" if cluster.node_of(b * cp) == cluster.node_of(b * cp + cp - 1)
                         else "inter_node", tuple(range(b * cp, (b + 1) * cp))) for b in range(bins)]
+    shared = [0] * bins  # every rank of a group holds ceil(s / cp) tokens of each of its split sequences
     for i, s in enumerate(lengths):
         if cp > 1 and s >= 2 * cp:
             out[i] = split[where[i]]
-            for r in split[where[i]].ranks:
-                held[r] += -(-s // cp)
+            shared[where[i]] += -(-s // cp)
+    held = [shared[r // cp] for r in range(world)]
+    ranks = [[(held[r], r) for r in range(b * cp, (b + 1) * cp)] for b in range(bins)]  # per group, a heap
+    for h in ranks:
+        heapq.heapify(h)
     for i in order:
-        if out[i] is None:
-            base = where[i] * cp
-            r = min(range(base, base + cp), key=lambda r: (held[r], r))
+        if out[i] is None:  # whole, on its group's rank holding the fewest tokens (ties: the lowest rank)
+            t, r = heapq.heappop(ranks[where[i]])
             out[i] = Assignment("local", (r,))
-            held[r] += lengths[i]
+            held[r] = t + lengths[i]
+            heapq.heappush(ranks[where[i]], (held[r], r))
     if max(held) > cap:
         return None
     return [a for a in out if a is not None]
