@@ -234,13 +234,13 @@ def zeppelin_ring_bytes(sh: Shape, n: int, *, contiguous: bool = False) -> float
 
     ``contiguous``: the rank's ring rows are one range of its attention buffer (``RingPart.span``;
     ``plan_step``'s layouts): ``q`` and ``dout`` are ``narrow`` views (no gather), the result and the final
-    ``dq``/``dk``/``dv`` are cast straight into their slice (``_put``: one ``copy_``, ``n F (a + b)``, no
+    ``dq``/``dk``/``dv`` are cast straight into their slice (``rows.put``: one ``copy_``, ``n F (a + b)``, no
     ``.to`` copy first); the packed K/V buffer (``_ring_kv``, ``2 b n Ekv`` each way) and the ``dq`` zeros stay.
     Example (Llama-7B bf16, ``n = 1``): 294 912 B gathered, 180 224 B contiguous."""
     a, b, eq, ekv = sh.a, sh.b, sh.eq, sh.ekv
     if contiguous:
         # engine._ring_kv (slice copies into the send buffer); forward res.copy_(s.out) into out's slice;
-        # backward dq zeros, _put of dq, dk, dv (cast in the copy)
+        # backward dq zeros, rows.put of dq, dk, dv (cast in the copy)
         fwd = 2 * b * n * ekv + n * eq * (a + b)
         bwd = 2 * b * n * ekv + a * n * eq + n * (eq + ekv) * (a + b)
         return float(fwd + bwd)
@@ -259,8 +259,8 @@ def zeppelin_local_bytes(sh: Shape, tokens: int, *, contiguous: bool = False) ->
     (``2 b T Eq + 2 b T (Eq + Ekv)``). Example (Llama-7B bf16, 1 token): 180 224 B gathered, 65 536 B
     contiguous."""
     b, eq, ekv = sh.b, sh.eq, sh.ekv
-    fwd = 2 * b * tokens * eq  # engine._put(out, ...): index_copy_ or a slice copy_
-    bwd = 2 * b * tokens * (eq + ekv)  # engine._put of dq, dk, dv
+    fwd = 2 * b * tokens * eq  # rows.put(out, ...): index_copy_ or a slice copy_
+    bwd = 2 * b * tokens * (eq + ekv)  # rows.put of dq, dk, dv
     if not contiguous:  # index_select of q, k, v forward and dout, q, k, v backward
         fwd += 2 * b * tokens * (eq + ekv)
         bwd += 2 * b * tokens * (2 * eq + ekv)

@@ -63,24 +63,11 @@ from .heads import Exchange, HeadShape
 from .kernels import AttentionKernel, acc_dtype
 from .ring import RingGrad, RingState, StepIndex, add_block, backward_step, finish, forward_step
 from .router import InFlight, Router
+from .rows import put, take
 
 __all__ = ["DeviceProgram", "device_program", "cached_program", "AttentionEngine", "EngineFunction"]
 
 _WHAT = {"kv": "K/V", "acc": "dK/dV", "heads": "all-to-all to heads", "tokens": "all-to-all to tokens"}
-
-
-def _take(t: torch.Tensor, rows: torch.Tensor, span: tuple[int, int] | None) -> torch.Tensor:
-    """``t``'s rows: a ``narrow`` view when they are ``range(*span)``, else an ``index_select`` gather."""
-    return t.index_select(0, rows) if span is None else t.narrow(0, span[0], span[1] - span[0])
-
-
-def _put(dst: torch.Tensor, rows: torch.Tensor, span: tuple[int, int] | None, src: torch.Tensor) -> None:
-    """Write ``src`` (any float dtype) into ``dst``'s rows: one slice ``copy_`` casting on the way when they
-    are ``range(*span)``, else ``.to(dst.dtype)`` (a copy when the dtypes differ) and ``index_copy_``."""
-    if span is None:
-        dst.index_copy_(0, rows, src.to(dst.dtype))
-    else:
-        dst[span[0]:span[1]].copy_(src)
 
 
 def _ring_kv(k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, span: tuple[int, int] | None = None) -> torch.Tensor:
@@ -160,8 +147,8 @@ class AttentionEngine:
         if linear is not None and chunk in dev.linear_local:  # in place, on the linear rows
             (rows, span), qkv, out = dev.linear_local[chunk], linear[:3], linear[3]
         assert qkv is not None and out is not None
-        o, lse = self.kernel.forward(*(_take(x, rows, span).contiguous() for x in qkv), batch, self.scale)
-        _put(out, rows, span, o)
+        o, lse = self.kernel.forward(*(take(x, rows, span).contiguous() for x in qkv), batch, self.scale)
+        put(out, rows, span, o)
         return o, lse
 
     def ulysses_forward(self, s: RingState, step: StepIndex) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,13 +174,13 @@ class AttentionEngine:
         the caller's linear q/k/v need not be kept until backward."""
         dev = self.dev
         (rows, batch), span = dev.local[chunk], dev.local_spans[chunk]
-        q, k, v = (_take(x, rows, span).contiguous() for x in qkv)
+        q, k, v = (take(x, rows, span).contiguous() for x in qkv)
         if linear is not None and chunk in dev.linear_local:  # in place: dout and grads on the linear rows
             (rows, span), dout, grads = dev.linear_local[chunk], linear[0], linear[1:]
         assert dout is not None and grads is not None
-        parts = self.kernel.backward(_take(dout, rows, span).contiguous(), q, k, v, *saved, batch, self.scale)
+        parts = self.kernel.backward(take(dout, rows, span).contiguous(), q, k, v, *saved, batch, self.scale)
         for acc, part in zip(grads, parts):
-            _put(acc, rows, span, part)
+            put(acc, rows, span, part)
 
     def _start(self, tid: TransferId, backward: bool, payloads: dict[int, torch.Tensor], dtype: torch.dtype,
                into: dict[int, torch.Tensor] | None = None) -> InFlight:
@@ -237,7 +224,7 @@ class AttentionEngine:
             s = state.get(ring)
             if s is None and ring in dev.rows and ring not in dev.heads:
                 rows, span = dev.rows[ring], dev.spans[ring]
-                s = state[ring] = RingState(q=_take(q, rows, span), kv=_ring_kv(k, v, rows, span))
+                s = state[ring] = RingState(q=take(q, rows, span), kv=_ring_kv(k, v, rows, span))
             return s
 
         for op in self.program.forward:
@@ -321,7 +308,7 @@ class AttentionEngine:
             s = state.get(ring)
             if s is None and ring in dev.rows and ring not in dev.heads:
                 rows, span = dev.rows[ring], dev.spans[ring]
-                s = grad_state(ring, _take(q, rows, span), _ring_kv(k, v, rows, span), _take(dout, rows, span))
+                s = grad_state(ring, take(q, rows, span), _ring_kv(k, v, rows, span), take(dout, rows, span))
             return s
 
         ulysses: dict[int, tuple[torch.Tensor, ...]] = {}  # one-block rings: (dout_h,), then (dq_h, dk_h, dv_h)
@@ -383,9 +370,9 @@ class AttentionEngine:
                 s.acc = recv
                 if t.step == self._parts[t.ring].size - 1 and hx is None:  # own dK/dV, home after g hops
                     rows, span = dev.rows[t.ring], dev.spans[t.ring]
-                    _put(dq, rows, span, s.dq)
-                    _put(dk, rows, span, recv[0])
-                    _put(dv, rows, span, recv[1])
+                    put(dq, rows, span, s.dq)
+                    put(dk, rows, span, recv[0])
+                    put(dv, rows, span, recv[1])
         return dq, dk, dv
 
 

@@ -44,6 +44,7 @@ import torch
 from ..planner.head_parallel import head_split_error, lane_heads, lane_kv_heads
 from ..planner.lowering import RankProgram, RingPart, TransferId
 from ..planner.plan import StepPlan
+from .rows import put, take
 
 __all__ = ["HeadShape", "transfer_unit", "heads_problem", "Exchange", "HeadIndex", "head_index"]
 
@@ -147,16 +148,13 @@ class HeadIndex:
         return buf[self.offsets[x]:self.offsets[x] + self.counts[x]]
 
     def _own(self, t: torch.Tensor) -> torch.Tensor:
-        """``t``'s own rows [n_own, ...]: a ``narrow`` view on a span, else an ``index_select`` gather."""
-        return t.index_select(0, self.rows) if self.span is None else t.narrow(0, self.span[0], self.own)
+        """``t``'s own rows [n_own, ...] (:func:`~.rows.take`: a view on a span, else a gather)."""
+        return take(t, self.rows, self.span)
 
     def _home(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """Write ``src`` [n_own, ...] (any float dtype) into ``dst``'s own rows (``dst``: a column slice of an
-        attention-layout tensor): one slice ``copy_`` casting on the way on a span, else ``.to`` + ``index_copy_``."""
-        if self.span is None:
-            dst.index_copy_(0, self.rows, src.to(dst.dtype))
-        else:
-            dst.narrow(0, self.span[0], self.own).copy_(src)
+        """Write ``src`` [n_own, ...] into ``dst``'s own rows (``dst``: a column slice of an attention-layout
+        tensor; :func:`~.rows.put`: a slice copy casting on the way on a span, else ``.to`` + ``index_copy_``)."""
+        put(dst, self.rows, self.span, src)
 
     # -- forward ----------------------------------------------------------------------------------
 
