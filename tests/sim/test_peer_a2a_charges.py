@@ -11,7 +11,7 @@ from zeppelin_megatron.planner import CostModel, load_cluster, load_model
 from zeppelin_megatron.planner.zigzag import zigzag_tokens
 from zeppelin_megatron.sim import plan_with
 from zeppelin_megatron.sim.charges import (
-    PEER_A2A_PASSES, hbm_ms, peer_a2a_bytes, shape_of, te_ring_bytes, te_step_bytes,
+    PEER_A2A_PASSES, hbm_ms, peer_a2a_bytes, peer_a2a_permutes, shape_of, te_ring_bytes, te_step_bytes,
 )
 from zeppelin_megatron.sim.program import build_layer_program
 from zeppelin_megatron.sim.simulator import simulate
@@ -30,6 +30,10 @@ def test_pass_bytes_worked_example_and_the_readings() -> None:
     assert peer_a2a_bytes(sh, 10, 0) == 0 and peer_a2a_bytes(sh, 10, 2) == 2 * peer_a2a_bytes(sh, 10)
     assert PEER_A2A_PASSES == {"te": {"in": (1, 1), "out": (1, 1)}, "ulysses": {"in": (1, 0), "out": (0, 1)}}
     assert te_ring_bytes(sh, 1000) == 1000 * (2 * (4096 + 4 * 8192) + 4 * 32)
+    # per (direction, side): in sends own and receives got, out the reverse; FlexSP copies on one side each
+    one, two = peer_a2a_bytes(sh, 10), peer_a2a_bytes(sh, 30)
+    assert peer_a2a_permutes(sh, "te", 10, 30) == {("in", 0): one, ("in", 1): two, ("out", 0): two, ("out", 1): one}
+    assert peer_a2a_permutes(sh, "ulysses", 10, 30) == {("in", 0): one, ("in", 1): 0, ("out", 0): 0, ("out", 1): one}
 
 
 def test_te_step_bytes_by_kind() -> None:

@@ -451,7 +451,7 @@ def zeppelin_a2a_bytes(sh: Shape, a2a: int, own: int, block: int, *, contiguous:
     x = b if blocks == 1 else a
 
     def home(f: int) -> int:  # bytes per element written home from dtype f into the training dtype
-        return 2 * b if f == b and not contiguous else f + b if contiguous else f + 3 * b
+        return f + b if contiguous or f == b else f + 3 * b  # a slice copy casting, or .to + index_copy_
 
     if packed == ekv:
         kv_home = n * ekv * home(x)

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 from .engine_costs import Shape, lane_shape
 
-__all__ = ["TE_STEP_KINDS", "te_step_bytes", "te_ring_bytes", "PEER_A2A_PASSES", "peer_a2a_bytes", "te_a2a_bytes"]
+__all__ = ["TE_STEP_KINDS", "te_step_bytes", "te_ring_bytes", "PEER_A2A_PASSES", "peer_a2a_bytes",
+           "peer_a2a_permutes", "te_a2a_bytes"]
 
 
 TE_STEP_KINDS: tuple[str, ...] = ("diag", "early", "late")
@@ -98,6 +99,17 @@ def peer_a2a_bytes(sh: Shape, tokens: float, passes: int = 1) -> float:
     training dtype): ``2 passes b (2 Eq + Ekv) tokens``. Example (Llama-7B bf16, ``Eq = 4096``, ``Ekv = 8192``):
     32768 tokens, one pass: ``2 * 2 * 16384 * 32768 = 2.15 GB`` -> 0.73 ms at 2951.7 GB/s."""
     return 2.0 * passes * sh.b * (2 * sh.eq + sh.ekv) * tokens
+
+
+def peer_a2a_permutes(sh: Shape, kind: str, own: float, got: float) -> dict[tuple[str, int], float]:
+    """A Ulysses group member's permute bytes around its two all-to-alls by ``(direction, side)`` (side 0: the
+    sender's copy before the post, 1: the receiver's after the wait), :data:`PEER_A2A_PASSES` ``kind`` passes:
+    ``in`` sends the member's ``own`` tokens (all heads) and receives ``got`` tokens' worth, ``out`` the reverse.
+    Example (``kind = "ulysses"``): ``{("in", 0): peer_a2a_bytes(sh, own), ("in", 1): 0, ("out", 0): 0,
+    ("out", 1): peer_a2a_bytes(sh, own)}``."""
+    passes = PEER_A2A_PASSES[kind]
+    return {(d, side): peer_a2a_bytes(sh, n, passes[d][side])
+            for d, sides in (("in", (own, got)), ("out", (got, own))) for side, n in enumerate(sides)}
 
 
 def te_a2a_bytes(sh: Shape, a2a: int, own: int, block: int) -> dict[str, float]:

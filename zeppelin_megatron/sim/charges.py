@@ -15,13 +15,13 @@ from ..planner.engine_costs import (
     zeppelin_ring_bytes,
 )
 from ..planner.peer_costs import (
-    PEER_A2A_PASSES, TE_STEP_KINDS, peer_a2a_bytes, te_a2a_bytes, te_ring_bytes, te_step_bytes,
+    PEER_A2A_PASSES, TE_STEP_KINDS, peer_a2a_bytes, peer_a2a_permutes, te_a2a_bytes, te_ring_bytes, te_step_bytes,
 )
 
 __all__ = ["hbm_ms", "Shape", "shape_of", "merge_bytes", "call_bytes", "zeppelin_call_bytes", "wire_factor",
            "zeppelin_ring_bytes", "zeppelin_local_bytes", "zeppelin_remap_bytes", "remap_gathers", "te_step_bytes",
            "CHARGES", "charges_for", "a2a_token_bytes", "ulysses_call_bytes", "zeppelin_a2a_bytes", "A2A_PARTS",
-           "PEER_A2A_PASSES", "peer_a2a_bytes", "te_a2a_bytes", "te_ring_bytes", "TE_STEP_KINDS"]
+           "PEER_A2A_PASSES", "peer_a2a_bytes", "peer_a2a_permutes", "te_a2a_bytes", "te_ring_bytes", "TE_STEP_KINDS"]
 
 CHARGES: tuple[str, ...] = ("zeppelin", "te", "none")
 """Charge models: ``zeppelin`` (this project's engine, counted from its code), ``te`` (TE CP's ring) and

@@ -26,7 +26,7 @@ from typing import Callable
 from ..planner.cost_model import CostModel
 from ..planner.plan import Ring, StepPlan
 from ..planner.zigzag import zigzag_tokens
-from .charges import PEER_A2A_PASSES, hbm_ms, peer_a2a_bytes, shape_of
+from .charges import hbm_ms, peer_a2a_permutes, shape_of
 from .layer_ops import Op, Traffic, pairs_transfer
 
 __all__ = ["group_ops", "tokens_by_rank"]
@@ -59,19 +59,18 @@ def group_ops(plan: StepPlan, ring: Ring, cost: CostModel, attention_comm: str, 
         tout = add(pairs_transfer(("ulysses", ring.ranks, "out"), "group", cost,
                                   {(b, a): v for (a, b), v in a2a.items()}))
         comp = max(sum(cost.causal_ms(s) for s in lengths) / g, o)
-        sh, passes = shape_of(cost), PEER_A2A_PASSES["ulysses"]
+        sh = shape_of(cost)
         got = sum(held[r] for r in ring.ranks) / g  # tokens' worth each member receives (all heads)
         for r in ring.ranks:
-            (in_send, in_recv), (out_send, out_recv) = (
-                [hbm_ms(cost, peer_a2a_bytes(sh, n, k)) if charges != "none" else 0.0 for n, k in zip(sides, ks)]
-                for sides, ks in (((held[r], got), passes["in"]), ((got, held[r]), passes["out"])))
-            seq = [Op("compute", in_send, "copy", label=f"{label} all-to-all in: sender's permute"),
+            ms = {k: hbm_ms(cost, x) if charges != "none" else 0.0
+                  for k, x in peer_a2a_permutes(sh, "ulysses", held[r], got).items()}
+            seq = [Op("compute", ms[("in", 0)], "copy", label=f"{label} all-to-all in: sender's permute"),
                    Op("post", key=tin), Op("wait", key=tin, kind="group", label=f"{label} all-to-all in"),
-                   Op("compute", in_recv, "copy", label=f"{label} all-to-all in: receiver's permute"),
+                   Op("compute", ms[("in", 1)], "copy", label=f"{label} all-to-all in: receiver's permute"),
                    Op("compute", comp, "attention", label=f"{label} ulysses"),
-                   Op("compute", out_send, "copy", label=f"{label} all-to-all out: sender's permute"),
+                   Op("compute", ms[("out", 0)], "copy", label=f"{label} all-to-all out: sender's permute"),
                    Op("post", key=tout), Op("wait", key=tout, kind="group", label=f"{label} all-to-all out"),
-                   Op("compute", out_recv, "copy", label=f"{label} all-to-all out: receiver's permute")]
+                   Op("compute", ms[("out", 1)], "copy", label=f"{label} all-to-all out: receiver's permute")]
             ops[r] += [op for op in seq if op.what != "compute" or op.ms > 0]
         return
     diag: dict[int, float] = defaultdict(float)

@@ -51,7 +51,7 @@ from ..planner.cluster import Cluster
 from ..planner.cost_model import CostModel
 from ..planner.plan import PlanError
 from ..planner.zigzag import zigzag_tokens
-from .charges import PEER_A2A_PASSES, hbm_ms, peer_a2a_bytes, shape_of
+from .charges import hbm_ms, peer_a2a_permutes, shape_of
 from .peer_plan import PeerPlan, as_peer_plan
 from .peer_programs import ProgramBuilder
 from .planbuild import build_plan
@@ -167,14 +167,13 @@ def a2a_p2p_program(plan: PeerPlan, cost: CostModel) -> LayerProgram:
         tin = b.pairs(("a2a_p2p", ring.ranks, "in"), a2a)
         tout = b.pairs(("a2a_p2p", ring.ranks, "out"), {(y, x): v for (x, y), v in a2a.items()})
         got = {r: sum(held[x] for x in sg) / a for sg in subgroups for r in sg}  # tokens' worth received
-        permute = {(r, d, side): hbm_ms(cost, peer_a2a_bytes(sh, n, PEER_A2A_PASSES["te"][d][side]))
-                   for r in ring.ranks for d, sides in (("in", (held[r], got[r])), ("out", (got[r], held[r])))
-                   for side, n in enumerate(sides)}
+        permute = {r: {k: hbm_ms(cost, x) for k, x in peer_a2a_permutes(sh, "te", held[r], got[r]).items()}
+                   for r in ring.ranks}
         for r in ring.ranks:
-            b.compute(r, permute[(r, "in", 0)], "copy", f"{label} all-to-all in: sender's permute")
+            b.compute(r, permute[r][("in", 0)], "copy", f"{label} all-to-all in: sender's permute")
             b.post(r, tin)
             b.wait(r, tin, "group", f"{label} all-to-all in")
-            b.compute(r, permute[(r, "in", 1)], "copy", f"{label} all-to-all in: receiver's permute")
+            b.compute(r, permute[r][("in", 1)], "copy", f"{label} all-to-all in: receiver's permute")
         if p == 1:
             comp = sum(cost.causal_ms(s) for s in lengths) / a
             for r in ring.ranks:
@@ -187,10 +186,10 @@ def a2a_p2p_program(plan: PeerPlan, cost: CostModel) -> LayerProgram:
                 ranks = tuple(sg[i] for sg in subgroups)
                 b.ring(ranks, nbytes, diag, off, key=("a2a_p2p", ring.ranks, "ring", i), label=f"{label} ring {i}")
         for r in ring.ranks:
-            b.compute(r, permute[(r, "out", 0)], "copy", f"{label} all-to-all out: sender's permute")
+            b.compute(r, permute[r][("out", 0)], "copy", f"{label} all-to-all out: sender's permute")
             b.post(r, tout)
             b.wait(r, tout, "group", f"{label} all-to-all out")
-            b.compute(r, permute[(r, "out", 1)], "copy", f"{label} all-to-all out: receiver's permute")
+            b.compute(r, permute[r][("out", 1)], "copy", f"{label} all-to-all out: receiver's permute")
     local: dict[int, list[int]] = defaultdict(list)
     for s in plan.sequences:
         if s.placement == "local":
