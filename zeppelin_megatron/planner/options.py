@@ -76,8 +76,9 @@ class PlannerOptions:
     """Also try TE-CP-a2a+p2p-style candidates (:mod:`.grouped`: every split sequence on a whole CP group of
     nodes, head-parallel) and keep one where it beats the partitioner's plan on both the predicted step and
     the rings' end with convoys (candidates whose :func:`~.grouped.step_floor` cannot win are not finished).
-    Off by default: it raises planning time (1M long-tailed tokens on 128 GPUs: 115-123 ms CPU median per
-    step against 38-44 ms, measured; over the 50 ms budget, because the winning candidate must be finished)
+    Off by default: it raises planning time (1M long-tailed tokens on 128 GPUs: about 0.1 s CPU per step, 88-136
+    ms per seed measured on 2026-11-24, against 38-40 ms median; over the 50 ms budget, because the winning
+    candidate must be finished)
     and is simulated faster on prolong data at 64-128 GPUs only (docs/BENCHMARKS.md)."""
 
     def __post_init__(self) -> None:
