@@ -99,17 +99,19 @@ REMAP_BOUND = 0.25
 
 
 def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOptions) -> StepPlan:
-    plan = _finish(lengths, partition(lengths, cost_model, options), cost_model, options)
+    # Candidates are compared unvalidated and in planner order (_candidate); only the winner is validated
+    # and written in engine order (_final): a losing candidate's checks and reordering would be wasted work.
+    plan = _candidate(lengths, partition(lengths, cost_model, options), cost_model, options)
     plan = _unrouted_partition(lengths, cost_model, options, plan)
     # packed and CP-group candidates balance tokens with attention (packed.py, grouped.py): finished without a remap
     no_remap = replace(options, remap=False)
     if options.packed:
         plan = best_packed(lengths, cost_model, options, plan,
-                           lambda a: _finish(lengths, a, cost_model, no_remap).evolve(origin="packed"))
+                           lambda a: _candidate(lengths, a, cost_model, no_remap).evolve(origin="packed"))
     if options.grouped:  # opt-in
         plan = best_plan(lengths, cost_model, options, plan,
-                         lambda a: _finish(lengths, a, cost_model, no_remap).evolve(origin="grouped"))
-    return plan
+                         lambda a: _candidate(lengths, a, cost_model, no_remap).evolve(origin="grouped"))
+    return _final(plan)
 
 
 def _unrouted_partition(lengths: list[int], cost_model: CostModel, options: PlannerOptions,
@@ -130,7 +132,7 @@ def _unrouted_partition(lengths: list[int], cost_model: CostModel, options: Plan
     if not options.routing or pred is None or pred.remap_ms <= REMAP_BOUND * pred.step_ms:
         return plan
     plain = partition(lengths, cost_model, replace(options, routing=False))
-    alt = _finish(lengths, plain, cost_model, options)
+    alt = _candidate(lengths, plain, cost_model, options)
     if alt.predicted is not None and alt.predicted.step_ms < pred.step_ms - 1e-6:
         return alt
     return plan
@@ -138,7 +140,23 @@ def _unrouted_partition(lengths: list[int], cost_model: CostModel, options: Plan
 
 def _finish(lengths: list[int], assignments: Sequence[Assignment], cost_model: CostModel,
             options: PlannerOptions) -> StepPlan:
-    """The plan of ``assignments``: block widths, layouts, linear layout and routing, local slots, engine order."""
+    """The plan of ``assignments``: block widths, layouts, linear layout and routing, local slots, validated and
+    in engine order (:func:`_final` of :func:`_candidate`)."""
+    return _final(_candidate(lengths, assignments, cost_model, options))
+
+
+def _final(plan: StepPlan) -> StepPlan:
+    """A chosen candidate (:func:`_candidate`) as ``plan_step`` returns it: every check of a validated
+    construction (:meth:`~.plan.StepPlan.validated`: both layouts cover every token once, the attention layout
+    holds each sequence as placed, block widths allowed), then :func:`engine_order`."""
+    return engine_order(plan.validated())
+
+
+def _candidate(lengths: list[int], assignments: Sequence[Assignment], cost_model: CostModel,
+               options: PlannerOptions) -> StepPlan:
+    """The plan of ``assignments`` (block widths, layouts, linear layout and routing, local slots) with its
+    prediction, built without the layout checks and in planner order: a candidate to compare; :func:`_final`
+    validates and orders the one kept."""
     cluster = cost_model.cluster
     remap = options.remap
     world = cluster.world_size
@@ -157,12 +175,10 @@ def _finish(lengths: list[int], assignments: Sequence[Assignment], cost_model: C
     widths = choose_widths(lengths, assignments, cost_model, options, att)  # head-parallel rings (choose_heads.py)
     sequences = tuple(SequencePlan(s, a.placement, a.ranks, w)  # type: ignore[arg-type]
                       for s, a, w in zip(lengths, assignments, widths))
-    # Validated once (both layouts); the other candidates' linear layouts are the attention layout
-    # (checked as such) and quota_layout's, which keeps each rank within its largest attention count.
     lin = att if remap is False else linear_layout(att, cluster)
     base = StepPlan(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, sequences=sequences,
-                    attention_layout=att, linear_layout=lin)
-    return engine_order(choose_plan(base, cost_model, options))  # linear layout and routing (layout_choice.py)
+                    attention_layout=att, linear_layout=lin, validate=False)  # checked in _final, if kept
+    return choose_plan(base, cost_model, options)  # linear layout and routing (layout_choice.py)
 
 
 def engine_order(plan: StepPlan) -> StepPlan:

@@ -68,7 +68,8 @@ def candidate_kinds(remap: object) -> tuple[str, ...]:
 def choose_plan(base: StepPlan, cost: "CostModel", options: "PlannerOptions") -> StepPlan:
     """The predicted-fastest candidate (module docstring) built on ``base``.
 
-    ``base``: the validated plan of the step, its ``linear_layout`` the token-balanced layout (the
+    ``base``: the plan of the step (not yet validated: ``plan_step`` checks the one it keeps), its ``linear_layout``
+    the token-balanced layout (the
     attention layout when ``options.remap`` is ``False``), no routes, no slots, no prediction.
     Returns it with routing, remap proxies, local slots, ``linear`` and ``predicted`` set.
     """

@@ -190,6 +190,14 @@ class StepPlan:
                 new.__dict__[name] = self.__dict__[name]
         return new
 
+    def validated(self) -> "StepPlan":
+        """This plan, after the checks a construction with ``validate=True`` runs (:func:`~.plan_check.validate_plan`,
+        :func:`~.head_parallel.check_head_parallel`); raises :class:`PlanError` naming the first problem. For plans
+        built with ``validate=False`` (``plan_step``'s candidates: only the one kept is checked)."""
+        validate_plan(self)
+        check_head_parallel(self)
+        return self
+
     def evolve(self, **changes: Any) -> "StepPlan":
         """``dataclasses.replace`` without re-validating the layouts (only for changes that keep the plan
         valid), keeping the derived remap when neither layout changes (it is the costly one to rebuild).
