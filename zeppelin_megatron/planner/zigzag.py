@@ -24,6 +24,8 @@ Pure integer arithmetic: no torch, no numpy.
 
 from __future__ import annotations
 
+from itertools import accumulate, chain, repeat
+
 from functools import lru_cache
 
 __all__ = [
@@ -100,18 +102,19 @@ def position_ranges(seq: int, length: int, ring_size: int, position: int) -> lis
 
 def ring_ranges(seq: int, length: int, ring_size: int) -> list[list[tuple[int, int, int]]]:
     """:func:`position_ranges` of every position at once (``out[p]``), one ``divmod`` for the sequence instead
-    of one per chunk: chunk ``c`` starts at ``c * base + min(c, extra)``, so the ``2g + 1`` chunk starts are
-    listed once and position ``p`` takes chunks ``p`` and ``2g - 1 - p``. Example: length 8 on a ring of 2:
+    of one per chunk: the ``2g + 1`` chunk starts ``e`` are listed once (``extra`` chunks of ``base + 1``,
+    then ``base``), position ``p`` takes chunks ``p`` and ``2g - 1 - p``, and only the middle position
+    ``g - 1`` holds two adjacent chunks (``g - 1`` and ``g``: one range; every chunk has ``base >= 1``
+    tokens, so no other pair touches). Example: length 8 on a ring of 2: ``e = [0, 2, 4, 6, 8]``,
     ``[[(seq, 0, 2), (seq, 6, 8)], [(seq, 2, 6)]]``. Raises as :func:`chunk_bounds` does."""
     g = ring_size
     if g < 1 or length < 2 * g:
         chunk_bounds(length, g)  # raises the explanatory error
     base, extra = divmod(length, 2 * g)
-    starts = [c * base + min(c, extra) for c in range(2 * g + 1)]
-    out = []
-    for p in range(g):
-        s0, e0, s1, e1 = starts[p], starts[p + 1], starts[2 * g - 1 - p], starts[2 * g - p]
-        out.append([(seq, s0, e1)] if e0 == s1 else [(seq, s0, e0), (seq, s1, e1)])
+    e = list(accumulate(chain((0,), repeat(base + 1, extra), repeat(base, 2 * g - extra))))
+    # position p < g - 1: early chunk (e[p], e[p+1]), late chunk (e[2g-1-p], e[2g-p])
+    out = [[(seq, a, b), (seq, c, d)] for a, b, c, d in zip(e[:g - 1], e[1:g], e[2 * g - 1:g:-1], e[2 * g:g + 1:-1])]
+    out.append([(seq, e[g - 1], e[g + 1])])
     return out
 
 
