@@ -162,7 +162,11 @@ class CostModel:
         """Kernel time of one whole causal sequence of ``s`` tokens (no call overhead)."""
         if s <= 0:
             return 0.0
-        return self._flops(s, s, True, self.heads, self.model.head_dim) / self._rate_causal(s)
+        key = ("causal", s)
+        hit = self._cache.get(key)
+        if hit is None:  # memoised: the partitioner and the layout choice ask for every sequence many times
+            hit = self._cache[key] = self._flops(s, s, True, self.heads, self.model.head_dim) / self._rate_causal(s)
+        return hit  # type: ignore[no-any-return]
 
     def block_ms(self, q_len: int, k_len: int) -> float:
         """Kernel time of one non-causal ``q_len x k_len`` block."""

@@ -73,6 +73,7 @@ class PartitionContext:
         self.limit = self.target * (1.0 + options.slack)
         self.node_soft_cap = int(self.gpn * self.cap * (1.0 - NODE_HEADROOM))
         self._inter_ok: dict[tuple[int, int], bool] = {}
+        self._intra_ok: dict[tuple[int, int], bool] = {}
         self._rings: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, float]] = {}
         self._node_cost: dict[int, float] = {}
         self.node_remap_memo: dict[tuple[tuple[int, ...], tuple[int, ...], bool], float] = {}
@@ -84,10 +85,15 @@ class PartitionContext:
         return self.w[i] <= self.limit
 
     def intra_ok(self, s: int, g: int) -> bool:
-        """Splitting ``s`` over ``g`` GPUs of a node hides its transfer and beats keeping it whole."""
-        cost = self.cost
-        return (s >= 2 * g and cost.comm_ratio(s, g, inter_node=False) >= self.options.min_ratio
-                and cost.ring_ms(s, g, inter_node=False) < cost.local_ms(s))
+        """Splitting ``s`` over ``g`` GPUs of a node hides its transfer and beats keeping it whole (memoised:
+        level 2 asks for every sequence of every node)."""
+        hit = self._intra_ok.get((s, g))
+        if hit is None:
+            cost = self.cost
+            hit = (s >= 2 * g and cost.comm_ratio(s, g, inter_node=False) >= self.options.min_ratio
+                   and cost.ring_ms(s, g, inter_node=False) < cost.local_ms(s))
+            self._intra_ok[(s, g)] = hit
+        return hit
 
     def inter_ok(self, s: int, ranks: int) -> bool:
         """The same for a ring of ``ranks`` GPUs across nodes (memoised: level 1 asks often)."""
