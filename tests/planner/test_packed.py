@@ -11,8 +11,9 @@ import pytest
 from zeppelin_megatron.planner import CostModel, PlanError, PlannerOptions, load_cluster, load_model, plan_step
 from zeppelin_megatron.planner import api, packed
 from zeppelin_megatron.planner.grouped import pack_sizes
+from zeppelin_megatron.planner.cost_heads import head_ring_time, head_widths
 from zeppelin_megatron.planner.packed import (
-    best_packed, packed_assignments, packed_floor, packed_groups, quick_floor, split_pays,
+    best_packed, packed_assignments, packed_floor, packed_groups, quick_floor, sharded_ms, split_pays,
 )
 from zeppelin_megatron.planner.predict import predict
 from zeppelin_megatron.planner.workloads import long_tailed_batch
@@ -22,15 +23,17 @@ def _cost(spec: str, model: str | None = None, **kw: int) -> CostModel:
     return CostModel(model=load_model(model), cluster=load_cluster(spec, **kw))
 
 
-def _reference_groups(lengths: list[int], cost: CostModel, cp: int) -> list[tuple[int, ...]]:
+def _reference_groups(lengths: list[int], cost: CostModel, cp: int, head_parallel: bool = False,
+                      ) -> list[tuple[int, ...]]:
     """The packing written as plain scans (every group, every rank, each time): what the heaps must match."""
     world, cap = cost.cluster.world_size, cost.cluster.tokens_per_gpu
     shard = [split_pays(cost, s, cp) or s > cap for s in lengths]
     share = max(1, sum(lengths) // world)
     lin = cost.linear_ms(share) / share
     gpn = cost.cluster.gpus_per_node
-    work = [(cp * cost.ring_ms(s, cp, inter_node=cp > gpn) if sh else cost.local_ms(s)) + s * lin
-            for s, sh in zip(lengths, shard)]
+    ring = (lambda s: sharded_ms(cost, s, cp)) if head_parallel else \
+        (lambda s: cost.ring_ms(s, cp, inter_node=cp > gpn))
+    work = [(cp * ring(s) if sh else cost.local_ms(s)) + s * lin for s, sh in zip(lengths, shard)]
     order = sorted(range(len(lengths)), key=lambda i: (-work[i], -lengths[i], i))
     g_work, g_tok, where = [0.0] * (world // cp), [0] * (world // cp), [-1] * len(lengths)
     for i in order:
@@ -66,18 +69,19 @@ def test_worked_example() -> None:
     assert a is not None and [x.placement for x in a] == ["intra_node", "local", "local", "local"]
 
 
+@pytest.mark.parametrize("head_parallel", [False, True])
 @pytest.mark.parametrize("spec,tokens", [("2x8", 1 << 19), ("4x8", 1 << 20), ("2x3", 1 << 17)])
-def test_heaps_match_plain_scans_and_place_every_token(spec: str, tokens: int) -> None:
+def test_heaps_match_plain_scans_and_place_every_token(spec: str, tokens: int, head_parallel: bool) -> None:
     for seed in range(4):
         cost = _cost(spec)
         lengths = long_tailed_batch(tokens, seed)
         cap = cost.cluster.tokens_per_gpu
         for cp in pack_sizes(lengths, cost.cluster):
             try:
-                got = packed_groups(lengths, cost, cp)
+                got = packed_groups(lengths, cost, cp, head_parallel=head_parallel)
             except PlanError:
                 continue
-            assert got == _reference_groups(lengths, cost, cp), (spec, seed, cp)
+            assert got == _reference_groups(lengths, cost, cp, head_parallel), (spec, seed, cp)
             held = [0] * cost.cluster.world_size
             for s, g in zip(lengths, got):
                 assert len(g) in (1, cp) and list(g) == list(range(g[0], g[0] + len(g)))
@@ -85,6 +89,42 @@ def test_heaps_match_plain_scans_and_place_every_token(spec: str, tokens: int) -
                 for r in g:
                     held[r] += -(-s // len(g))
             assert max(held) <= cap
+
+
+def test_sharded_work_is_the_cheaper_of_the_plain_and_the_head_parallel_ring() -> None:
+    cost = _cost("2x8")
+    gpn = cost.cluster.gpus_per_node
+    cheaper = 0
+    for cp in (2, 4, 8, 16):
+        for s in (2 * cp, 3000, 27_000, 100_000):
+            plain = cost.ring_ms(s, cp, inter_node=cp > gpn)
+            heads = [head_ring_time(cost, tuple(range(b, b + cp)), [s], a).total
+                     for b in range(0, cost.cluster.world_size, cp) for a in head_widths(cost, tuple(range(b, b + cp)))]
+            assert sharded_ms(cost, s, cp) == pytest.approx(min([plain] + heads), rel=1e-12), (cp, s)
+            cheaper += sharded_ms(cost, s, cp) < plain - 1e-9
+    assert cheaper, "a head-parallel ring beats the plain one for some of these documents"
+    # WLB-LLM's packing (the default) weighs by the plain ring: where the two models weigh a sharded document
+    # differently, the packings can differ, and plan_step's packed candidates include both
+    lengths = long_tailed_batch(1 << 19, 0)
+    diff = sum(packed_groups(lengths, cost, cp) != packed_groups(lengths, cost, cp, head_parallel=True)
+               for cp in (2, 4, 8, 16))
+    assert diff, "on this batch the head-parallel work model packs differently at some cp"
+
+
+def test_plan_step_packs_with_both_work_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each cp's packing by the head-parallel work model is a candidate too: the plan predicts (under the
+    comparison's charges) no slower than with the plain work model alone, and faster on some batch."""
+    plain_only = packed.packed_assignments
+    better = 0
+    for seed in range(4):
+        lengths = long_tailed_batch(1 << 19, seed)
+        both = predict(plan_step(lengths, _cost("2x8")), _cost("2x8"), charges="zeppelin").step_ms
+        with monkeypatch.context() as m:
+            m.setattr(packed, "packed_assignments", lambda ls, c, cp, head_parallel=False: plain_only(ls, c, cp))
+            one = predict(plan_step(lengths, _cost("2x8")), _cost("2x8"), charges="zeppelin").step_ms
+        assert both <= one + 1e-6, seed
+        better += both < one - 1e-6
+    assert better, "some of these batches take a packing only the head-parallel work model makes"
 
 
 def test_errors_name_the_value_and_the_limit() -> None:

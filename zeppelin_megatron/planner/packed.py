@@ -10,9 +10,15 @@ group with the least work that has token room (work: kept whole ``local_ms(s) + 
 document is sharded over its whole group when :func:`split_pays` (its ring hides its transfer and beats
 one GPU) or when it does not fit one GPU, else it stays whole on the group rank with the least work
 that has room. The simulator's ``wlb-llm`` baseline is this placement on TE CP's ring
-(:func:`~zeppelin_megatron.sim.baselines.wlb_llm_groups` calls :func:`packed_groups`).
+(:func:`~zeppelin_megatron.sim.baselines.wlb_llm_groups` calls :func:`packed_groups`). With
+``head_parallel=True`` a sharded document weighs what Zeppelin's engine can run it in (:func:`sharded_ms`:
+the cheaper of the plain ring and a head-parallel one), which is less than the plain ring's ``cp`` calls and
+K/V hops: a group holding one then takes more of the whole documents (the plain model leaves them to the
+groups without a ring, whose ranks end up the busiest: Llama-3B github-64k on 128 GPUs, ``cp = 8``, the
+ringless node's ranks 11-14k tokens against 7-9k elsewhere).
 
-:func:`best_packed` makes one candidate per CP size of :func:`~.grouped.pack_sizes` (identical placements once),
+:func:`best_packed` makes candidates per CP size of :func:`~.grouped.pack_sizes`, by both work models when
+head-parallel rings are on (identical placements once),
 bounds each one's predicted step from below (:func:`quick_floor` before packing, :func:`packed_floor`
 after, no layout built), finishes those whose floor is below the step to beat, lowest floor first, as
 ``plan_step`` finishes a placement but with the linear layout *equal* to the attention layout (Zeppelin's
@@ -48,6 +54,7 @@ import heapq
 import math
 from typing import Callable, Sequence
 
+from .cost_heads import head_ring_time, head_widths
 from .cost_model import CostModel
 from .engine_ring import local_copy_ms_per_token
 from .grouped import pack_sizes, rank_floors, ring_floor
@@ -57,7 +64,7 @@ from .plan import PlanError, StepPlan
 from .predict import predict
 from .zigzag import zigzag_tokens
 
-__all__ = ["split_pays", "packed_groups", "packed_assignments", "packed_floor", "quick_floor",
+__all__ = ["split_pays", "sharded_ms", "packed_groups", "packed_assignments", "packed_floor", "quick_floor",
            "best_packed"]
 
 
@@ -71,6 +78,23 @@ def _ring_ms(cost: CostModel, s: int, g: int) -> float:
     return cost.ring_ms(s, g, inter_node=g > cost.cluster.gpus_per_node)
 
 
+def sharded_ms(cost: CostModel, s: int, cp: int) -> float:
+    """Per-rank time of sequence ``s`` sharded alone over a group of ``cp`` ranks as Zeppelin's engine can run
+    it: the plain ring's :meth:`~.cost_model.CostModel.ring_ms`, or less where a head-parallel ring's total
+    (:func:`~.cost_heads.head_ring_time` at a width of :func:`~.cost_heads.head_widths`: an all-to-all inside
+    each node, one call per block) is lower, over the group shapes of :func:`_group_shapes` (the least: the
+    packing weighs sequences before it places them). Example: a 27 000-token document on one node of 8 H100s (Llama-3B): the plain ring pays 8 calls
+    and 7 K/V hops, the width-8 head-parallel ring one call and two all-to-alls; the packing weighs it by
+    the cheaper."""
+    key = ("sharded", s, cp)
+    hit = cost._cache.get(key)
+    if hit is None:
+        hit = min([_ring_ms(cost, s, cp)] + [head_ring_time(cost, ranks, [s], a).total
+                                             for ranks in _group_shapes(cost, cp) for a in head_widths(cost, ranks)])
+        cost._cache[key] = hit
+    return hit  # type: ignore[no-any-return]
+
+
 def split_pays(cost: CostModel, s: int, g: int) -> bool:
     """A ``g``-way ring of ``s`` tokens hides its transfer (``comm_ratio >= 1``) and beats one GPU
     (``ring_ms < local_ms``); ``False`` for ``g < 2`` or ``s < 2 g`` (zigzag needs two chunks per rank)."""
@@ -79,9 +103,14 @@ def split_pays(cost: CostModel, s: int, g: int) -> bool:
             and cost.ring_ms(s, g, inter_node=inter) < cost.local_ms(s))
 
 
-def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int) -> list[tuple[int, ...]]:
+def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *,
+                  head_parallel: bool = False) -> list[tuple[int, ...]]:
     """Ranks of each sequence under the packing with CP size ``cp`` (module docstring): ``(r,)`` for a
     whole one, the group's ``cp`` ranks in order for a sharded one.
+
+    ``head_parallel``: a sharded sequence's work is its ring's time as Zeppelin's engine can run it, the
+    lesser of the plain ring's and the head-parallel one's (:func:`sharded_ms`); ``False`` (default, and
+    WLB-LLM's packing, which runs TE CP's plain ring): the plain ring's.
 
     Raises :class:`PlanError` (naming the sequence, its tokens and the limit) when ``cp`` does not divide
     the world, a sequence too long for one GPU cannot be sharded (``cp = 1`` or ``s < 2 cp``), or a
@@ -102,7 +131,7 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int) -> list[tupl
     work = []
     for s, sh in zip(lengths, shard):
         if sh:
-            w = cp * _ring_ms(cost, s, cp)
+            w = cp * (sharded_ms(cost, s, cp) if head_parallel else _ring_ms(cost, s, cp))
         else:
             w = local.get(s, -1.0)
             if w < 0:
@@ -156,14 +185,15 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int) -> list[tupl
     return groups
 
 
-def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int) -> list[Assignment] | None:
+def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int, *,
+                       head_parallel: bool = False) -> list[Assignment] | None:
     """:func:`packed_groups` as the partitioner's :class:`Assignment` list (``local``, ``intra_node`` or
     ``inter_node`` by the group's nodes), or ``None`` when the packing fails (:class:`PlanError`) or leaves
     a rank over ``tokens_per_gpu`` (the packing checks a sharded sequence's room per group: its zigzag
     chunks can still round a nearly full rank over, e.g. two 5-token sequences on 2 GPUs of 5 tokens put
     3 + 3 on the first; such a packing is no candidate)."""
     try:
-        groups = packed_groups(lengths, cost, cp)
+        groups = packed_groups(lengths, cost, cp, head_parallel=head_parallel)
     except PlanError:
         return None
     cl = cost.cluster
@@ -268,14 +298,21 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
     for cp in pack_sizes(lengths, cost.cluster):
         if quick_floor(longest, cost, cp, options) >= best_ms:
             continue  # cannot win: not even packed
-        assignments = packed_assignments(lengths, cost, cp)
-        if assignments is None or any(a.placement not in allowed for a in assignments):
-            continue
-        key = tuple(assignments)
-        if key in seen:  # a larger cp that shards nothing more: the same placement
-            continue
-        seen.add(key)
-        floors.append((packed_floor(lengths, assignments, cost, options), cp, assignments))
+        # both work models (plain rings, as WLB-LLM weighs them; Zeppelin's head-parallel rings): the packing
+        # shards the same sequences, only the groups they share differ; identical placements once
+        shards = True
+        for head_parallel in (False, True) if options.head_parallel else (False,):
+            if head_parallel and not shards:
+                break  # nothing sharded: the work models agree
+            assignments = packed_assignments(lengths, cost, cp, head_parallel=head_parallel)
+            if assignments is None or any(a.placement not in allowed for a in assignments):
+                continue
+            shards = any(a.placement != "local" for a in assignments)
+            key = tuple(assignments)
+            if key in seen:  # a larger cp that shards nothing more, or nothing sharded: the same placement
+                continue
+            seen.add(key)
+            floors.append((packed_floor(lengths, assignments, cost, options), cp, assignments))
     for floor, _cp, assignments in sorted(floors, key=lambda x: (x[0], x[1])):  # the likeliest winner first
         if floor >= best_ms:
             break  # a candidate's prediction (rounded to 1e-6 ms) is above best_ms - 1e-6: no win; floors ascend
