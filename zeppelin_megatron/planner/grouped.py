@@ -190,8 +190,9 @@ def step_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost: 
     finishes a placement: any block widths, routes, linear layout and remap windows), cheap: no layout.
 
     Proof against :func:`~.predict.predict` (``L`` layers; ``attn_r``, ``linear_r``, ``copy_r`` per layer).
-    For a rank ``r`` on a remap path the step is at least ``L * (max attn + max (linear + copy) + remap)``
-    over those ranks, so at least ``L * (attn_r + linear_r)``; off the paths it is at least
+    For a rank ``r`` on a remap path the step is at least ``L * (attn_r + linear_r + copy_r + remap)`` (the
+    rank paired with itself, :func:`~.remap_cost.remap_couples`), so at least ``L * (attn_r + linear_r)``;
+    off the paths it is at least
     ``rank_ms_r = L * (attn_r + linear_r + copy_r)``. So ``step >= L * max_r (attn_r + linear_r)``.
 
     * ``attn_r = tot_r + max(0, loc_r - (tot_r - own_r)) >= tot_r``, ``tot_r`` the sum over ``r``'s rings

@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from .cost_model import CostModel
     from .plan import StepPlan
 
-__all__ = ["remap_pairs", "port_rows", "remap_layer_ms", "remap_ranks", "remap_proxies_for"]
+__all__ = ["remap_pairs", "port_rows", "remap_layer_ms", "remap_ranks", "remap_links", "remap_couples",
+           "coupled_ms", "remap_proxies_for"]
 
 
 _PAIRS: dict[tuple[int, int], tuple[object, object, list[tuple[int, int, int]]]] = {}
@@ -184,6 +185,58 @@ def _layer_ms(pairs: Sequence[tuple[int, int, int]], cost: "CostModel", proxies:
         nvl, nic = port_rows(moving, cl.gpus_per_node, cl.gpu_nic, proxies)
         total += max(cost.nvlink_ms(nvl * per_row) if nvl else 0.0, cost.nic_ms(nic * per_row) if nic else 0.0)
     return total
+
+
+def remap_links(plan: "StepPlan", proxies: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``(src, dst)``, int arrays ``[pairs, k]``: per moved pair ``a -> b`` (:func:`remap_pairs` order), the ranks
+    on its source side and on its destination side, ``a`` / ``b`` and the relays on its paths (the rail GPUs
+    of a direct cross-node row, ``P_a`` and ``P_b`` of each proxy part of a routed one), padded with ``a`` /
+    ``b``. Relays sit on both sides (a relay posts its part after its own work, whichever direction).
+    Empty (shape ``[0, 1]``) without moved rows.
+
+    Example: 2 nodes x 2 GPUs, rows ``0 -> 3``, direct: ``src = [[0, 2, 1]]``, ``dst = [[3, 2, 1]]`` (in: 0's rail
+    at node 1 is 2; out: 3's rail at node 0 is 1); rows ``0 -> 1`` only: ``[[0, 0, 0]]``, ``[[1, 1, 1]]``.
+    """
+    pairs = remap_pairs(plan)
+    if not pairs:
+        return np.zeros((0, 1), dtype=np.int64), np.zeros((0, 1), dtype=np.int64)
+    g = plan.gpus_per_node
+    a, b, n = (np.asarray(col, dtype=np.int64) for col in zip(*pairs))
+    na, nb = a // g, b // g
+    cross = na != nb
+    relays = []
+    if not len(proxies):
+        relays = [nb * g + a % g, na * g + b % g]  # in: a's rail at b's node; out: b's rail at a's node
+    else:
+        for j, x in enumerate(proxies):  # the parts with rows: the first min(n, k)
+            part = cross & (n > j)
+            relays += [np.where(part, na * g + x, -1), np.where(part, nb * g + x, -1)]
+    src = np.stack([a] + [np.where(cross & (r >= 0), r, a) for r in relays], axis=1)
+    dst = np.stack([b] + [np.where(cross & (r >= 0), r, b) for r in relays], axis=1)
+    return src, dst
+
+
+def remap_couples(plan: "StepPlan", proxies: Sequence[int]) -> set[tuple[int, int]]:
+    """``(s, r)``: rank ``r``'s attention waits for rank ``s``'s linear modules at the remap in, or ``s``'s
+    linear modules wait for ``r``'s attention at the remap out, because a row moves between them or through
+    a relay on its path: for every moved pair, every source-side rank with every destination-side rank of
+    :func:`remap_links`. :func:`~.predict.predict` takes the layer time over these pairs
+    (:func:`coupled_ms`, without building the set).
+
+    Example: 2 nodes x 2 GPUs, rows ``0 -> 3`` only, direct: ``{0, 2, 1} x {3, 2, 1}``, nine pairs; rows
+    ``0 -> 1`` only: ``{(0, 1)}``.
+    """
+    src, dst = remap_links(plan, proxies)
+    return {(int(x), int(y)) for s_row, d_row in zip(src, dst) for x in s_row for y in d_row}
+
+
+def coupled_ms(plan: "StepPlan", proxies: Sequence[int], before: Sequence[float], attn: Sequence[float]) -> float:
+    """``max over (s, r) in remap_couples of before[s] + attn[r]`` (0 without moved rows): per moved pair, its
+    source side's largest ``before`` plus its destination side's largest ``attn`` (:func:`remap_links`)."""
+    src, dst = remap_links(plan, proxies)
+    if not len(src):
+        return 0.0
+    return float((np.asarray(before)[src].max(axis=1) + np.asarray(attn)[dst].max(axis=1)).max())
 
 
 def remap_proxies_for(plan: "StepPlan", cost: "CostModel") -> tuple[int, ...]:
