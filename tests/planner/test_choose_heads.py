@@ -3,6 +3,7 @@ prediction, ring timeline and local slots of plans that hold them."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -284,3 +285,25 @@ def test_widths_are_chosen_on_charged_ring_times(monkeypatch: pytest.MonkeyPatch
     groups = [x.ranks for x in a]
     ms = [simulate(_plan(cost, lengths, groups, w), cost, keep_events=False).step_ms for w in (charged, bare)]
     assert ms[0] < ms[1], ms
+
+
+@pytest.mark.parametrize("spec", ["2x8", "4x8", "3x4", "16x8"])
+def test_lane_comm_is_the_slowest_lane_hop(spec: str) -> None:
+    """The memoised hop shape (a hop inside a node; the largest NIC sharing of one across) gives exactly the
+    slowest of lane_hops' times, for contiguous and scattered rings, every width and several byte counts."""
+    from zeppelin_megatron.planner.cost_heads import _lane_comm_ms
+
+    cost = _cost(spec)
+    world = cost.cluster.world_size
+    rng = random.Random(7)
+    checked = 0
+    for _ in range(120):
+        g = rng.choice([x for x in (2, 4, 6, 8, 12, 16, 32) if x <= world])
+        start = rng.randrange(0, world - g + 1)
+        ranks = tuple(range(start, start + g)) if rng.random() < 0.6 else tuple(sorted(rng.sample(range(world), g)))
+        for a in (x for x in range(2, g + 1) if g % x == 0):
+            for nbytes in (1.0, 123_456.0, 7e7):
+                slowest = max(ms for _, _, ms in lane_hops(cost, ranks, a, nbytes))
+                assert _lane_comm_ms(cost, ranks, a, nbytes) == slowest
+                checked += 1
+    assert checked > 100

@@ -214,4 +214,36 @@ def lane_hops(cost: CostModel, ranks: Sequence[int], a2a: int, nbytes: float) ->
 
 
 def _lane_comm_ms(cost: CostModel, ranks: Sequence[int], a2a: int, nbytes: float) -> float:
-    return max(ms for _, _, ms in lane_hops(cost, ranks, a2a, nbytes))
+    """The slowest of :func:`lane_hops`' times, from the ring's hop shape alone: whether a hop stays in a node,
+    and the largest NIC sharing of one that leaves it (memoised per ``(ranks, a2a)``; both link times grow with
+    the bytes, so the slowest hop is one of those two whatever ``nbytes``; the same values as the maximum over
+    every hop)."""
+    key = ("lane_shape", tuple(ranks), a2a)
+    shape = cost._cache.get(key)
+    if shape is None:
+        hops = lane_hops(cost, ranks, a2a, 1.0)
+        cl = cost.cluster
+        intra = any(cl.node_of(ranks[p]) == cl.node_of(ranks[q]) for p, q, _ in hops)
+        cost._cache[key] = shape = (intra, _max_share(cost, ranks, a2a))
+    intra, share = shape  # type: ignore[misc]
+    return max(cost.nvlink_ms(nbytes) if intra else 0.0, cost.nic_ms(nbytes * share) if share else 0.0)
+
+
+def _max_share(cost: CostModel, ranks: Sequence[int], a2a: int) -> int:
+    """The largest ``max(share[p], share[q])`` over :func:`lane_hops`' cross-node hops (0 without one)."""
+    cl = cost.cluster
+    g = len(ranks)
+    m = g // a2a
+    nics = [cl.nic_of(r) for r in ranks]
+    share = [0] * g
+    for b in range(m):
+        block = nics[b * a2a:(b + 1) * a2a]
+        for l, n in enumerate(block):
+            share[b * a2a + l] = block.count(n)
+    out = 0
+    for p, src in enumerate(ranks):
+        b, l = divmod(p, a2a)
+        q = next_position(b, m) * a2a + l
+        if cl.node_of(src) != cl.node_of(ranks[q]):
+            out = max(out, share[p], share[q])
+    return out
