@@ -89,6 +89,10 @@ def head_widths(cost: CostModel, ranks: Sequence[int]) -> tuple[int, ...]:
     Example: 32 / 8 heads, ranks ``(0, 1, 2, 3)`` of one node: ``(2, 4)``; ranks ``(6, 7, 8, 9)`` on
     nodes of 8: ``(2,)`` (a block of 4 would span two nodes); 12 / 4 heads, 8 ranks: ``(2, 4)``.
     """
+    key = ("head_widths", tuple(ranks))
+    hit = cost._cache.get(key)
+    if hit is not None:  # memoised: every ring time asks, and plans repeat rings
+        return hit  # type: ignore[no-any-return]
     cl = cost.cluster
     g = len(ranks)
     hq, hkv = cost.heads, kv_heads_per_rank(cost)
@@ -99,7 +103,8 @@ def head_widths(cost: CostModel, ranks: Sequence[int]) -> tuple[int, ...]:
             continue
         if all(len(set(nodes[b * a:(b + 1) * a])) == 1 for b in range(g // a)):
             out.append(a)
-    return tuple(out)
+    cost._cache[key] = widths = tuple(out)
+    return widths
 
 
 @dataclass(frozen=True, slots=True)

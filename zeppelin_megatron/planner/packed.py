@@ -264,17 +264,22 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
     return cost.model.layers * bound
 
 
-def _group_shapes(cost: CostModel, cp: int) -> list[tuple[int, ...]]:
+def _group_shapes(cost: CostModel, cp: int) -> tuple[tuple[int, ...], ...]:
     """One group of ``cp`` consecutive ranks per distinct node pattern (``3`` GPUs per node, ``cp = 2``:
     ``(0, 1)`` inside a node and ``(2, 3)`` across two), so a bound taken over these holds for every group
     (a ring's floor depends on its ranks only through their nodes: hops, head-parallel blocks)."""
+    key = ("group_shapes", cp)
+    hit = cost._cache.get(key)
+    if hit is not None:  # memoised: every sharded document and floor asks
+        return hit  # type: ignore[no-any-return]
     cl = cost.cluster
     shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
     for b in range(cl.world_size // cp):
         ranks = tuple(range(b * cp, (b + 1) * cp))
         first = cl.node_of(ranks[0])
         shapes.setdefault(tuple(cl.node_of(r) - first for r in ranks), ranks)
-    return list(shapes.values())
+    cost._cache[key] = out = tuple(shapes.values())
+    return out
 
 
 QUICK = 8

@@ -119,9 +119,14 @@ def ring_ranges(seq: int, length: int, ring_size: int) -> list[list[tuple[int, i
 
 
 def zigzag_tokens(length: int, ring_size: int, position: int) -> int:
-    """Number of tokens held by ring ``position``."""
-    (a0, a1), (b0, b1) = zigzag_ranges(length, ring_size, position)
-    return (a1 - a0) + (b1 - b0)
+    """Number of tokens held by ring ``position``: chunks ``p`` and ``2g - 1 - p`` of ``base`` tokens, one more
+    each below ``extra`` (``base, extra = divmod(length, 2g)``). Example: ``s = 41``, ``g = 2``: chunks 11,
+    10, 10, 10; position 0 holds 11 + 10 = 21, position 1 holds 20. Raises as :func:`zigzag_ranges` does."""
+    g = ring_size
+    if not 0 <= position < g or length < 2 * g:
+        zigzag_ranges(length, ring_size, position)  # raises the explanatory error
+    base, extra = divmod(length, 2 * g)
+    return 2 * base + (position < extra) + (2 * g - 1 - position < extra)
 
 
 def ring_max_tokens(length: int, ring_size: int) -> int:
