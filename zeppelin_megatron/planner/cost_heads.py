@@ -198,14 +198,8 @@ def lane_hops(cost: CostModel, ranks: Sequence[int], a2a: int, nbytes: float) ->
     shared by the lanes of its block on that NIC (and the destination's, by the next block's lanes on
     it): ``nic_ms(nbytes * sharing)``."""
     cl = cost.cluster
-    g = len(ranks)
-    m = g // a2a
-    nics = [cl.nic_of(r) for r in ranks]
-    share = [0] * g  # lanes of position p's block on p's NIC
-    for b in range(m):
-        block = nics[b * a2a:(b + 1) * a2a]
-        for l, n in enumerate(block):
-            share[b * a2a + l] = block.count(n)
+    m = len(ranks) // a2a
+    share = _lane_shares(cost, ranks, a2a)
     out = []
     for p, src in enumerate(ranks):
         b, l = divmod(p, a2a)
@@ -234,17 +228,24 @@ def _lane_comm_ms(cost: CostModel, ranks: Sequence[int], a2a: int, nbytes: float
     return max(cost.nvlink_ms(nbytes) if intra else 0.0, cost.nic_ms(nbytes * share) if share else 0.0)
 
 
-def _max_share(cost: CostModel, ranks: Sequence[int], a2a: int) -> int:
-    """The largest ``max(share[p], share[q])`` over :func:`lane_hops`' cross-node hops (0 without one)."""
+def _lane_shares(cost: CostModel, ranks: Sequence[int], a2a: int) -> list[int]:
+    """Per ring position ``p``, how many lanes of its block share ``p``'s NIC. Example: 8 ranks of one node
+    with a NIC per GPU, ``a = 4``: ``[1] * 8``; two GPUs per NIC: ``[2] * 8``."""
     cl = cost.cluster
-    g = len(ranks)
-    m = g // a2a
     nics = [cl.nic_of(r) for r in ranks]
-    share = [0] * g
-    for b in range(m):
+    share = [0] * len(ranks)
+    for b in range(len(ranks) // a2a):
         block = nics[b * a2a:(b + 1) * a2a]
         for l, n in enumerate(block):
             share[b * a2a + l] = block.count(n)
+    return share
+
+
+def _max_share(cost: CostModel, ranks: Sequence[int], a2a: int) -> int:
+    """The largest ``max(share[p], share[q])`` over :func:`lane_hops`' cross-node hops (0 without one)."""
+    cl = cost.cluster
+    m = len(ranks) // a2a
+    share = _lane_shares(cost, ranks, a2a)
     out = 0
     for p, src in enumerate(ranks):
         b, l = divmod(p, a2a)
