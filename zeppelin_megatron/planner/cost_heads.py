@@ -220,10 +220,7 @@ def _lane_comm_ms(cost: CostModel, ranks: Sequence[int], a2a: int, nbytes: float
     key = ("lane_shape", tuple(ranks), a2a)
     shape = cost._cache.get(key)
     if shape is None:
-        hops = lane_hops(cost, ranks, a2a, 1.0)
-        cl = cost.cluster
-        intra = any(cl.node_of(ranks[p]) == cl.node_of(ranks[q]) for p, q, _ in hops)
-        cost._cache[key] = shape = (intra, _max_share(cost, ranks, a2a))
+        cost._cache[key] = shape = _lane_shape(cost, ranks, a2a)
     intra, share = shape  # type: ignore[misc]
     return max(cost.nvlink_ms(nbytes) if intra else 0.0, cost.nic_ms(nbytes * share) if share else 0.0)
 
@@ -241,15 +238,18 @@ def _lane_shares(cost: CostModel, ranks: Sequence[int], a2a: int) -> list[int]:
     return share
 
 
-def _max_share(cost: CostModel, ranks: Sequence[int], a2a: int) -> int:
-    """The largest ``max(share[p], share[q])`` over :func:`lane_hops`' cross-node hops (0 without one)."""
+def _lane_shape(cost: CostModel, ranks: Sequence[int], a2a: int) -> tuple[bool, int]:
+    """Over :func:`lane_hops`' hops: whether one stays inside a node, and the largest ``max(share[p], share[q])``
+    of one that leaves it (0 without one): all a hop's time depends on besides the bytes."""
     cl = cost.cluster
     m = len(ranks) // a2a
     share = _lane_shares(cost, ranks, a2a)
-    out = 0
+    intra, out = False, 0
     for p, src in enumerate(ranks):
         b, l = divmod(p, a2a)
         q = next_position(b, m) * a2a + l
-        if cl.node_of(src) != cl.node_of(ranks[q]):
+        if cl.node_of(src) == cl.node_of(ranks[q]):
+            intra = True
+        else:
             out = max(out, share[p], share[q])
-    return out
+    return intra, out

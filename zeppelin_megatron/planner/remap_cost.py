@@ -130,25 +130,11 @@ def remap_ranks(plan: "StepPlan", proxies: Sequence[int]) -> set[int]:
     sends, receives or relays (``sim/program.py``).
 
     Example: 2 nodes x 2 GPUs, rows ``0 -> 3`` only: direct ``{0, 2, 3}`` in (rail GPU 2) and ``{3, 1, 0}``
-    out (rail GPU 1): ``{0, 1, 2, 3}``; nothing moved: ``set()``.
+    out (rail GPU 1): ``{0, 1, 2, 3}``; nothing moved: ``set()``. Every rank of :func:`remap_links`, the one
+    derivation of the paths.
     """
-    g = plan.gpus_per_node
-    k = len(proxies)
-    out: set[int] = set()
-    for a, b, n in remap_pairs(plan):
-        out.add(a)
-        out.add(b)
-        na, nb = a // g, b // g
-        if na == nb:
-            continue
-        if not k:
-            out.add(nb * g + a % g)  # in: a's rail at b's node
-            out.add(na * g + b % g)  # out: b's rail at a's node
-            continue
-        for x in proxies[:n]:  # the parts with rows: the first min(n, k)
-            out.add(na * g + x)
-            out.add(nb * g + x)
-    return out
+    src, dst = remap_links(plan, proxies)
+    return {int(r) for r in np.unique(np.concatenate([src.ravel(), dst.ravel()]))}
 
 
 def remap_layer_ms(plan: "StepPlan", cost: "CostModel", proxies: Sequence[int],

@@ -24,9 +24,8 @@ Pure integer arithmetic: no torch, no numpy.
 
 from __future__ import annotations
 
-from itertools import accumulate, chain, repeat
-
 from functools import lru_cache
+from itertools import accumulate, chain, repeat
 
 __all__ = [
     "chunk_bounds",
