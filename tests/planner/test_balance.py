@@ -138,7 +138,8 @@ def test_worked_example_of_docs() -> None:
     """docs/planner.md's example: 24000 tokens lent as a ring over node 0 plus one GPU of node 1."""
     cluster = load_cluster("2x4", tokens_per_gpu=40_000)
     cost = CostModel(model=load_model(None), cluster=cluster)
-    plan = plan_step([60000, 24000, 3000, 2000, 1500, 900, 700, 400, 300, 200], cost)
+    lengths = [60000, 24000, 3000, 2000, 1500, 900, 700, 400, 300, 200]
+    plan = plan_step(lengths, cost, PlannerOptions(packed=False))  # the partitioner's plan
     assert [(s.placement, s.ranks) for s in plan.sequences[:3]] == [
         ("inter_node", tuple(range(8))), ("inter_node", (0, 1, 2, 3, 4)), ("local", (5,))]
     assert all(s.placement == "local" for s in plan.sequences[2:])
@@ -146,6 +147,13 @@ def test_worked_example_of_docs() -> None:
     assert {(x.rank, x.ring, x.step) for x in plan.local_slots} == {(5, 1, -1), (6, 1, -1), (7, 1, -1)}
     att = attention_time(plan.predicted)
     assert att == pytest.approx([1695.52] * 5 + [1359.48] * 3, abs=0.01)
+    assert plan.predicted.step_ms == pytest.approx(2357.41, abs=0.01)
+    # by default the packed candidate wins (docs): both long sequences over all 8 ranks at a = 4, one short each
+    packed = plan_step(lengths, cost)
+    assert packed.origin == "packed" and packed.linear == "attention"
+    assert [(s.ranks, s.a2a) for s in packed.sequences[:2]] == [(tuple(range(8)), 4)] * 2
+    assert [s.ranks for s in packed.sequences[2:]] == [(r,) for r in range(8)]
+    assert packed.predicted.step_ms == pytest.approx(2323.73, abs=0.01)
 
 
 def test_all_three_placements_occur() -> None:

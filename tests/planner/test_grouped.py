@@ -75,6 +75,10 @@ def test_sizes_and_refusals() -> None:
         grouped_assignments([10], load_cluster("2x4"), 3)
 
 
+NO_PACKED = PlannerOptions(packed=False)
+"""The partitioner's plan alone (packed candidates off): the grouped candidates are compared with it."""
+
+
 def _setup(model: str, tp: int, dist: str, nodes: int, step: int):  # type: ignore[no-untyped-def]
     from zeppelin_megatron.commands.simulate import setup
     from zeppelin_megatron.sim.lengths import sample_steps
@@ -90,7 +94,7 @@ def _finish(lengths: list[int], cost, monkeypatch: pytest.MonkeyPatch):  # type:
     def finish(assignments: Sequence[Assignment]) -> StepPlan:
         with monkeypatch.context() as m:
             m.setattr(api, "partition", lambda *_: list(assignments))
-            return plan_step(lengths, cost)
+            return plan_step(lengths, cost, NO_PACKED)
     return finish
 
 
@@ -105,8 +109,8 @@ def test_candidate_taken_only_where_both_estimates_win_and_it_simulates_faster(
     from zeppelin_megatron.sim.simulator import simulate
 
     cost, lengths = _setup(*case)
-    plan = plan_step(lengths, cost)
-    best = best_plan(lengths, cost, PlannerOptions(), plan, _finish(lengths, cost, monkeypatch))
+    plan = plan_step(lengths, cost, NO_PACKED)
+    best = best_plan(lengths, cost, NO_PACKED, plan, _finish(lengths, cost, monkeypatch))
     assert (best is not plan) == grouped
     if grouped:
         assert best.predicted.step_ms < plan.predicted.step_ms  # type: ignore[union-attr]
@@ -115,25 +119,30 @@ def test_candidate_taken_only_where_both_estimates_win_and_it_simulates_faster(
         ms = [simulate(p, cost, keep_events=False).step_ms for p in (best, plan)]
         assert ms[0] < 0.85 * ms[1], ms
     # ablations keep the partitioner's plan
-    off = PlannerOptions(head_parallel=False)
+    off = PlannerOptions(head_parallel=False, packed=False)
     assert best_plan(lengths, cost, off, plan, _finish(lengths, cost, monkeypatch)) is plan
 
 
 def test_plan_step_tries_the_candidates_only_when_asked() -> None:
     """``PlannerOptions(grouped=True)``: plan_step returns the cp = 16 candidate on 13B prolong-128k
-    (128 GPUs, batch 0), the partitioner's plan otherwise; a bad value is named."""
+    (128 GPUs, batch 0), the partitioner's plan otherwise (packed candidates off); a bad value is named. By
+    default a packed candidate wins this batch (every document from the head-parallel threshold on sharded over
+    its group, packed.head_parallel_threshold): below the partitioner's prediction, above the grouped one's."""
     from zeppelin_megatron.planner.plan import PlanError
 
     cost, lengths = _setup("llama_13b", 2, "prolong-128k", 16, 0)
-    plain = plan_step(lengths, cost)
-    grouped = plan_step(lengths, cost, PlannerOptions(grouped=True))
+    plain = plan_step(lengths, cost, NO_PACKED)
+    grouped = plan_step(lengths, cost, PlannerOptions(grouped=True, packed=False))
+    default = plan_step(lengths, cost)
+    assert default.origin == "packed"
+    assert grouped.predicted.step_ms < default.predicted.step_ms < plain.predicted.step_ms  # type: ignore[union-attr]
     assert {len(r.ranks) for r in grouped.rings} == {16} and {r.a2a for r in grouped.rings} == {4}
     assert grouped.predicted.step_ms < plain.predicted.step_ms  # type: ignore[union-attr]
     # finished without a remap (every long document split over its group balances the tokens too)
     assert grouped.origin == "grouped" and grouped.linear == "attention"
     assert grouped.linear_layout == grouped.attention_layout and plain.origin is None
-    assert plan_step(lengths, cost, PlannerOptions(grouped=True, head_parallel=False)).to_json() == \
-        plan_step(lengths, cost, PlannerOptions(head_parallel=False)).to_json()
+    assert plan_step(lengths, cost, PlannerOptions(grouped=True, head_parallel=False, packed=False)).to_json() == \
+        plan_step(lengths, cost, PlannerOptions(head_parallel=False, packed=False)).to_json()
     with pytest.raises(PlanError, match="grouped is 1, expected True or False"):
         PlannerOptions(grouped=1)  # type: ignore[arg-type]
 

@@ -135,6 +135,32 @@ def test_bad_local_slots_are_refused_with_the_value(slot: LocalSlot, msg: str) -
         replace(_plan_with_rings(), local_slots=(slot,))
 
 
+def test_evolve_checks_what_it_changes_and_only_that(monkeypatch: pytest.MonkeyPatch) -> None:
+    """StepPlan.evolve refuses a bad slot, origin, remap proxies or linear kind as a construction does, and
+    re-runs only the checks that read a changed field (a prediction or origin change leaves the slots' checks
+    out), carrying the rings."""
+    import zeppelin_megatron.planner.plan as plan_mod
+    plan = _plan_with_rings()
+    for slot, msg in [(LocalSlot(0, 5, 0, (2,)), r"ring index 5 is outside"), (LocalSlot(3, 0, 0, (4,)), "member")]:
+        with pytest.raises(PlanError, match=msg):
+            plan.evolve(local_slots=(slot,))
+    with pytest.raises(PlanError, match="origin is 'mine'"):
+        plan.evolve(origin="mine")
+    with pytest.raises(PlanError, match="remap_proxies must be distinct local indices"):
+        plan.evolve(remap_proxies=(0, 0))
+    with pytest.raises(PlanError, match="linear is 'balanced'"):
+        plan.evolve(linear="balanced")
+    slotted = plan.evolve(local_slots=(LocalSlot(0, 0, 0, (2,)),))
+    calls: list[str] = []
+    monkeypatch.setattr(plan_mod, "check_local_slots", lambda p: calls.append("slots"))
+    monkeypatch.setattr(plan_mod, "check_routing", lambda p: calls.append("routing"))
+    moved = slotted.evolve(origin="packed")
+    assert calls == [] and moved.local_slots == slotted.local_slots and moved.__dict__["rings"] is slotted.rings
+    slotted.evolve(local_slots=())
+    slotted.evolve(routing=())
+    assert calls == ["slots", "routing"]
+
+
 def test_a_sequence_in_two_slots_or_two_slots_at_one_step_are_refused() -> None:
     plan = _plan_with_rings()
     with pytest.raises(PlanError, match=r"sequence 2 is already in local_slots\[0\]"):
@@ -215,3 +241,67 @@ def test_overflow_into_a_ring_that_does_not_fill_only_when_it_hides_more_than_it
 
         assert with_gap(0.6 * ms) == (LocalSlot(r, 0, 1, (2,)),)  # overflows 0.4 ms per ms, hides 0.6
         assert with_gap(0.4 * ms) == (() if r == 0 else (LocalSlot(2, 1, 0, (2,)),))
+
+
+def _reference_timeline(plan: StepPlan, cost: CostModel) -> tuple[dict[tuple[int, int, int], float], list[float]]:
+    """ring_timeline's definition, step by step and hop by hop (no vectorised steps, no steady-state
+    repeat): every hop starts when all the ranks it touches are free and ends ``ms`` later; a rank is done
+    when all its hops ended; a member's step ends at the later of that and its kernel."""
+    import zeppelin_megatron.planner.local_schedule as ls
+    o = cost.call_overhead_ms
+    free = [0.0] * plan.world_size
+    gaps: dict[tuple[int, int, int], float] = {}
+    for k, ring in enumerate(plan.rings):
+        if ring.a2a > 1:
+            ls._head_timeline(plan, cost, k, free, gaps)
+            continue
+        g = len(ring.ranks)
+        diag = sum(cost.ring_compute_profile(plan.sequences[i].length, g)[0] for i in ring.seqs)
+        off = sum(cost.ring_compute_profile(plan.sequences[i].length, g)[1] for i in ring.seqs)
+        nbytes = 3 * sum(cost.ring_step_bytes(plan.sequences[i].length, g) for i in ring.seqs)
+        hops = ls._hops(plan, ring.ranks, nbytes, cost)
+        post = {r: free[r] for touched, _ in hops for r in touched}
+        for j in range(g - 1):
+            c = max(diag if j == 0 else off, o)
+            done = dict.fromkeys(post, 0.0)
+            for touched, ms in hops:
+                end = max(post[r] for r in touched) + ms
+                for r in touched:
+                    done[r] = max(done[r], end)
+            for r in post:
+                if r in ring.ranks:
+                    ready = post[r] + c
+                    gaps[(r, k, j)] = max(0.0, done[r] - ready)
+                    post[r] = max(done[r], ready)
+                else:
+                    post[r] = max(post[r], done[r])
+        for r, t in post.items():
+            free[r] = t + (max(off, o) if r in ring.ranks else 0.0)
+    return gaps, free
+
+
+@pytest.mark.parametrize("shape", ["2x4", "4x8", "16x8"])
+def test_timeline_matches_its_step_by_step_definition(shape: str) -> None:
+    # plain rings (routed hops through relays, convoys of rings sharing ranks) and head-parallel ones, on
+    # plan_step's plans and on their all-plain variants routed as choose_heads._fill_aware routes them
+    from zeppelin_megatron.planner.plan import SequencePlan
+    from zeppelin_megatron.planner.plan_json import derive_routing
+    cl = load_cluster(shape)
+    cost = CostModel(model=load_model(None), cluster=cl)
+    rng = random.Random(7)
+    checked = 0
+    for seed in range(4):
+        lengths = long_tailed_batch(cl.world_size * 8192, seed) if seed % 2 else \
+            [rng.randint(100, 3 * 8192) for _ in range(cl.world_size * 2)]
+        plan = plan_step(lengths, cost)
+        plain = StepPlan(nodes=cl.nodes, gpus_per_node=cl.gpus_per_node,
+                         sequences=tuple(SequencePlan(s.length, s.placement, s.ranks) for s in plan.sequences),
+                         attention_layout=plan.attention_layout, linear_layout=plan.attention_layout, validate=False)
+        for p in (plan, plain.evolve(routing=derive_routing(plain, cost, enabled=True)), plain):
+            gaps, free = ring_timeline(p, cost)
+            want_gaps, want_free = _reference_timeline(p, cost)
+            assert gaps.keys() == want_gaps.keys()
+            assert all(abs(gaps[key] - want_gaps[key]) <= 1e-6 for key in gaps)
+            assert free == pytest.approx(want_free, abs=1e-6)
+            checked += len(p.rings)
+    assert checked > 10

@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from zeppelin_megatron.planner import CostModel, PlanError, PlannerOptions, load_cluster, load_model, plan_step
+from zeppelin_megatron.planner import (
+    CostModel, PlanError, PlannerOptions, StepPlan, load_cluster, load_model, plan_step,
+)
 from zeppelin_megatron.planner import api, packed
 from zeppelin_megatron.planner.grouped import pack_sizes
 from zeppelin_megatron.planner.cost_heads import head_ring_time, head_widths
 from zeppelin_megatron.planner.packed import (
-    best_packed, packed_assignments, packed_floor, packed_groups, quick_floor, sharded_ms, split_pays,
+    best_packed, head_parallel_threshold, packed_assignments, packed_floor, packed_groups, quick_floor,
+    sharded_ms, split_pays,
 )
 from zeppelin_megatron.planner.predict import predict
 from zeppelin_megatron.planner.workloads import long_tailed_batch
@@ -24,10 +27,11 @@ def _cost(spec: str, model: str | None = None, **kw: int) -> CostModel:
 
 
 def _reference_groups(lengths: list[int], cost: CostModel, cp: int, head_parallel: bool = False,
-                      ) -> list[tuple[int, ...]]:
+                      shard_from: int | None = None) -> list[tuple[int, ...]]:
     """The packing written as plain scans (every group, every rank, each time): what the heaps must match."""
     world, cap = cost.cluster.world_size, cost.cluster.tokens_per_gpu
-    shard = [split_pays(cost, s, cp) or s > cap for s in lengths]
+    shard = [s >= shard_from or s > cap for s in lengths] if shard_from is not None else \
+        [split_pays(cost, s, cp) or s > cap for s in lengths]
     share = max(1, sum(lengths) // world)
     lin = cost.linear_ms(share) / share
     gpn = cost.cluster.gpus_per_node
@@ -77,11 +81,12 @@ def test_heaps_match_plain_scans_and_place_every_token(spec: str, tokens: int, h
         lengths = long_tailed_batch(tokens, seed)
         cap = cost.cluster.tokens_per_gpu
         for cp in pack_sizes(lengths, cost.cluster):
+            shard_from = head_parallel_threshold(lengths, cost, cp) if head_parallel else None
             try:
-                got = packed_groups(lengths, cost, cp, head_parallel=head_parallel)
+                got = packed_groups(lengths, cost, cp, head_parallel=head_parallel, shard_from=shard_from)
             except PlanError:
                 continue
-            assert got == _reference_groups(lengths, cost, cp, head_parallel), (spec, seed, cp)
+            assert got == _reference_groups(lengths, cost, cp, head_parallel, shard_from), (spec, seed, cp)
             held = [0] * cost.cluster.world_size
             for s, g in zip(lengths, got):
                 assert len(g) in (1, cp) and list(g) == list(range(g[0], g[0] + len(g)))
@@ -111,16 +116,82 @@ def test_sharded_work_is_the_cheaper_of_the_plain_and_the_head_parallel_ring() -
     assert diff, "on this batch the head-parallel work model packs differently at some cp"
 
 
+@pytest.mark.parametrize("model", [None, "configs/models/llama_3b.yaml"])
+def test_head_parallel_threshold_is_where_sharding_starts_to_pay(model: str | None) -> None:
+    """On a grid of lengths the test (a head-parallel ring beats one GPU, whose time exceeds a call's overhead)
+    flips once, from false to true, for every cp; the bisection finds the first length of the batch that passes,
+    as a scan does."""
+    cost = _cost("16x8", None if model is None else str(Path(__file__).parents[2] / model))
+    o = cost.call_overhead_ms
+    for cp in (2, 4, 8, 16, 32, 64, 128):
+        grid = list(range(2 * cp, 70_000, 97))
+        pays = [cost.local_ms(s) > o and sharded_ms(cost, s, cp) < cost.local_ms(s) for s in grid]
+        flips = sum(a != b for a, b in zip(pays, pays[1:]))
+        assert flips == 1 and pays[-1] and not pays[0], (cp, flips)
+        # a plain ring that pays pays head-parallel too: the threshold packing loses no split_pays shard
+        assert all(p for s, p in zip(grid, pays) if split_pays(cost, s, cp)), cp
+        lengths = long_tailed_batch(1 << 20, cp)
+        scan = next((s for s in sorted(set(lengths)) if s >= 2 * cp and cost.local_ms(s) > o
+                     and sharded_ms(cost, s, cp) < cost.local_ms(s)), None)
+        assert head_parallel_threshold(lengths, cost, cp) == scan, cp
+    assert head_parallel_threshold([100, 200], cost, 1) is None
+    assert head_parallel_threshold([100, 200], cost, 8) is None  # too short to pay
+
+
+def _exhaustive_packed(lengths: list[int], cost: CostModel, plan: StepPlan) -> StepPlan:
+    """best_packed without its shortcuts (no skipped cp, the threshold packing at every cp, no floors): every
+    packing finished, the lowest charged prediction kept (ties: the plan, then the lower floor, the smaller cp)."""
+    options = PlannerOptions()
+    finish = lambda a: api._candidate(lengths, a, cost, replace(options, remap=False)).evolve(origin="packed")  # noqa: E731
+    cands, seen = [], set()
+    for cp in pack_sizes(lengths, cost.cluster):
+        for hp, shard_from in ((False, None), (True, None), (True, head_parallel_threshold(lengths, cost, cp))):
+            a = packed_assignments(lengths, cost, cp, head_parallel=hp, shard_from=shard_from)
+            if a is None or tuple(a) in seen:
+                continue
+            seen.add(tuple(a))
+            cands.append((packed_floor(lengths, a, cost, options), cp, a))
+    best, best_ms = plan, predict(plan, cost, charges="zeppelin").step_ms
+    for _floor, _cp, a in sorted(cands, key=lambda x: (x[0], x[1])):
+        cand = finish(a)
+        ms = predict(cand, cost, charges="zeppelin").step_ms
+        if ms < best_ms - 1e-6:
+            best, best_ms = cand, ms
+    return best
+
+
+@pytest.mark.parametrize("spec,dist", [("2x8", "long-tailed"), ("4x8", "github-64k"), ("4x8", "prolong-64k")])
+def test_shortcuts_keep_the_exhaustive_choice(spec: str, dist: str) -> None:
+    """best_packed's skipped CP sizes and its stop once the threshold packings' floor rises choose what finishing
+    every packing would (the plan compared: the partitioner's, finished as plan_step does)."""
+    from zeppelin_megatron.sim.lengths import sample_steps
+    cost = _cost(spec)
+    tokens = cost.cluster.world_size * 8192
+    batches = [long_tailed_batch(tokens, seed) for seed in range(2)] if dist == "long-tailed" else \
+        sample_steps(dist, 2, tokens, 0)
+    options = PlannerOptions()
+    origins = set()
+    for lengths in batches:
+        plan = api._candidate(lengths, api.partition(lengths, cost, options), cost, options)
+        got = best_packed(lengths, cost, options, plan, lambda a, ls=lengths: api._candidate(
+            ls, a, cost, replace(options, remap=False)).evolve(origin="packed"))
+        want = _exhaustive_packed(lengths, cost, plan)
+        assert got.to_json() == want.to_json(), (spec, dist)
+        origins.add(got.origin)
+    assert "packed" in origins
+
+
 def test_plan_step_packs_with_both_work_models(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each cp's packing by the head-parallel work model is a candidate too: the plan predicts (under the
-    comparison's charges) no slower than with the plain work model alone, and faster on some batch."""
+    """Each cp's packings by the head-parallel work model (same shards; and sharding from the head-parallel
+    threshold) are candidates too: the plan predicts (under the comparison's charges) no slower than with the
+    plain work model alone, and faster on some batch."""
     plain_only = packed.packed_assignments
     better = 0
     for seed in range(4):
         lengths = long_tailed_batch(1 << 19, seed)
         both = predict(plan_step(lengths, _cost("2x8")), _cost("2x8"), charges="zeppelin").step_ms
         with monkeypatch.context() as m:
-            m.setattr(packed, "packed_assignments", lambda ls, c, cp, head_parallel=False: plain_only(ls, c, cp))
+            m.setattr(packed, "packed_assignments", lambda ls, c, cp, **kw: plain_only(ls, c, cp))
             one = predict(plan_step(lengths, _cost("2x8")), _cost("2x8"), charges="zeppelin").step_ms
         assert both <= one + 1e-6, seed
         better += both < one - 1e-6
@@ -155,16 +226,18 @@ def test_floors_bound_the_finished_prediction(spec: str, tokens: int, model: str
             lengths = long_tailed_batch(tokens, seed)
             longest = sorted(lengths, reverse=True)[:packed.QUICK]
             for cp in pack_sizes(lengths, cost.cluster):
-                a = packed_assignments(lengths, cost, cp)
-                if a is None:
-                    continue
-                plan = api._finish(lengths, a, cost, replace(options, remap=False))
-                assert plan.linear_layout == plan.attention_layout and plan.linear == "attention"
-                for charges in ("zeppelin", "none"):  # best_packed compares under the engine's charges
-                    floor = packed_floor(lengths, a, cost, options, charges)
-                    assert quick_floor(longest, cost, cp, options, charges) <= floor + 1e-6
-                    got = predict(plan, cost, charges=charges).step_ms
-                    assert floor <= got + 1e-6, (spec, seed, cp, charges)
+                # every packing best_packed makes: plain or head-parallel work, and sharding from the threshold
+                for shard_from in {None, head_parallel_threshold(lengths, cost, cp)}:
+                    a = packed_assignments(lengths, cost, cp, head_parallel=head_parallel, shard_from=shard_from)
+                    if a is None:
+                        continue
+                    plan = api._finish(lengths, a, cost, replace(options, remap=False))
+                    assert plan.linear_layout == plan.attention_layout and plan.linear == "attention"
+                    for charges in ("zeppelin", "none"):  # best_packed compares under the engine's charges
+                        floor = packed_floor(lengths, a, cost, options, charges)
+                        assert quick_floor(longest, cost, cp, options, charges, shard_from) <= floor + 1e-6
+                        got = predict(plan, cost, charges=charges).step_ms
+                        assert floor <= got + 1e-6, (spec, seed, cp, charges, shard_from)
 
 
 def test_a_ring_floor_only_grows_with_its_sequences() -> None:

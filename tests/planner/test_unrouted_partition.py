@@ -28,14 +28,18 @@ def _slow_nic_cost() -> CostModel:
 def test_remap_bound_plans_the_unrouted_partition_too(monkeypatch: pytest.MonkeyPatch) -> None:
     cost = _slow_nic_cost()
     lengths = sample_steps("prolong-64k", 1, 1 << 20, 0)[0]
-    routed_only = api._finish(lengths, partition(lengths, cost, PlannerOptions()), cost, PlannerOptions())
+    opts = PlannerOptions(packed=False)  # the partitioner's plans alone (a packed candidate wins this batch)
+    routed_only = api._finish(lengths, partition(lengths, cost, opts), cost, opts)
     assert routed_only.predicted is not None
     assert routed_only.predicted.remap_ms > REMAP_BOUND * routed_only.predicted.step_ms  # the remap dominates
-    plan = plan_step(lengths, cost)
-    unrouted = api._finish(lengths, partition(lengths, cost, PlannerOptions(routing=False)), cost, PlannerOptions())
+    plan = plan_step(lengths, cost, opts)
+    unrouted = api._finish(lengths, partition(lengths, cost, replace(opts, routing=False)), cost, opts)
     assert plan.predicted is not None and unrouted.predicted is not None
     assert plan.predicted.step_ms == unrouted.predicted.step_ms < 0.9 * routed_only.predicted.step_ms
     assert plan.to_json() == unrouted.to_json()
+    packed = plan_step(lengths, cost)  # by default: a packed candidate, lower still (no remap at all)
+    assert packed.origin == "packed" and packed.predicted is not None
+    assert packed.predicted.step_ms < plan.predicted.step_ms and packed.predicted.remap_ms == 0.0
 
 
 def test_no_second_partition_where_the_remap_does_not_dominate(monkeypatch: pytest.MonkeyPatch) -> None:

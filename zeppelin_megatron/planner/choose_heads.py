@@ -66,12 +66,17 @@ def plain_ring_ms(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int
                   charges: str = "none") -> float:
     """Per-member time of the plain ring (``a = 1``), cross-node hops routed as the plan routes them;
     ``charges``: :func:`~.predict.ring_time`'s (the width choice passes :data:`CHOICE_CHARGES`)."""
+    key = ("plain_ring", tuple(ranks), tuple(lengths), routing, charges)
+    hit = cost._cache.get(key)
+    if hit is not None:  # memoised: the width choice asks for every ring of every candidate
+        return hit  # type: ignore[no-any-return]
     cl = cost.cluster
     routes: dict[tuple[int, int], Route] = {}
     if routing and len({cl.node_of(r) for r in ranks}) > 1:
         step_bytes = sum(cost.ring_step_bytes(s, len(ranks)) for s in lengths)
         routes = {(rt.src, rt.dst): rt for rt in plan_routing([(ranks, step_bytes)], cl, cost, enabled=True)}
-    return ring_time(cost, ranks, lengths, routes, charges)[0]
+    cost._cache[key] = out = ring_time(cost, ranks, lengths, routes, charges)[0]
+    return out
 
 
 def choose_width(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int], routing: bool) -> int:

@@ -86,6 +86,9 @@ class CostModel:
         _rate_block: LogInterp = field(init=False)
         _lin_ms_per_token: LogInterp = field(init=False)
         _cache: dict[tuple, Any] = field(init=False)
+        _links: tuple[tuple[float, float], tuple[float, float]] = field(init=False)  # NVLink, NIC: see nvlink_ms
+        _causal: dict[int, float] = field(init=False)  # causal_ms by length
+        _linear: dict[int, float] = field(init=False)  # linear_ms by tokens
 
     def __post_init__(self) -> None:
         for name, kind, hint in (("model", ModelShape, "load_model('configs/models/llama_7b.yaml')"),
@@ -132,6 +135,11 @@ class CostModel:
         object.__setattr__(self, "_lin_ms_per_token", LogInterp(
             [r.tokens for r in p.linear], [r.fwd_bwd_ms / r.tokens * scale for r in p.linear]))
         object.__setattr__(self, "_cache", {})
+        c = self.cluster
+        object.__setattr__(self, "_links", (((p.nvlink_GBps or c.nvlink_GBps) * 1e6, c.nvlink_latency_us * 1e-3),
+                                            ((p.nic_GBps or c.nic_GBps) * 1e6, c.nic_latency_us * 1e-3)))
+        object.__setattr__(self, "_causal", {})
+        object.__setattr__(self, "_linear", {})
 
     # -- flops -------------------------------------------------------------
     @staticmethod
@@ -160,13 +168,11 @@ class CostModel:
     # -- attention ---------------------------------------------------------
     def causal_ms(self, s: int) -> float:
         """Kernel time of one whole causal sequence of ``s`` tokens (no call overhead)."""
-        if s <= 0:
-            return 0.0
-        key = ("causal", s)
-        hit = self._cache.get(key)
+        hit = self._causal.get(s)
         if hit is None:  # memoised: the partitioner and the layout choice ask for every sequence many times
-            hit = self._cache[key] = self._flops(s, s, True, self.heads, self.model.head_dim) / self._rate_causal(s)
-        return hit  # type: ignore[no-any-return]
+            hit = 0.0 if s <= 0 else self._flops(s, s, True, self.heads, self.model.head_dim) / self._rate_causal(s)
+            self._causal[s] = hit
+        return hit
 
     def block_ms(self, q_len: int, k_len: int) -> float:
         """Kernel time of one non-causal ``q_len x k_len`` block."""
@@ -175,8 +181,9 @@ class CostModel:
         return self._flops(q_len, k_len, False, self.heads, self.model.head_dim) / self._rate_block(q_len * k_len)
 
     def local_ms(self, s: int) -> float:
-        """Per-layer time of sequence ``s`` kept whole on one GPU (in a batched call)."""
-        return self.causal_ms(s)
+        """Per-layer time of sequence ``s`` kept whole on one GPU (in a batched call): :meth:`causal_ms`."""
+        hit = self._causal.get(s)
+        return self.causal_ms(s) if hit is None else hit
 
     def ring_step_compute_ms(self, s: int, ring: int, position: int, step: int) -> float:
         """Kernel time of ring ``position``'s block at ``step`` for one sequence.
@@ -221,13 +228,19 @@ class CostModel:
         return nbytes / (GBps * 1e6) + latency_us * 1e-3
 
     def nvlink_ms(self, nbytes: float) -> float:
-        c = self.cluster
-        return self.link_ms(nbytes, self.profile.nvlink_GBps or c.nvlink_GBps, c.nvlink_latency_us)
+        """:meth:`link_ms` over NVLink (the profile's bandwidth, else the cluster's; the cluster's latency)."""
+        if nbytes <= 0:
+            return 0.0
+        per_ms, lat_ms = self._links[0]  # GBps * 1e6 and latency_us * 1e-3: link_ms's terms, computed once
+        return nbytes / per_ms + lat_ms
 
     def nic_ms(self, nbytes: float, nics: int = 1) -> float:
         """Bytes over ``nics`` NICs in parallel (bytes split evenly)."""
-        c = self.cluster
-        return self.link_ms(nbytes / nics, self.profile.nic_GBps or c.nic_GBps, c.nic_latency_us)
+        nbytes = nbytes / nics
+        if nbytes <= 0:
+            return 0.0
+        per_ms, lat_ms = self._links[1]
+        return nbytes / per_ms + lat_ms
 
     def routed_ms(self, nbytes: float, proxies: int) -> float:
         """An inter-node transfer spread over ``proxies`` rail-aligned NICs.
@@ -271,9 +284,10 @@ class CostModel:
     # -- linear --------------------------------------------------------------
     def linear_ms(self, tokens: int) -> float:
         """Per-layer QKV + output projection + MLP time for ``tokens`` tokens on one rank."""
-        if tokens <= 0:
-            return 0.0
-        return tokens * self._lin_ms_per_token(tokens)
+        hit = self._linear.get(tokens)
+        if hit is None:  # memoised: every prediction asks for every rank's tokens
+            hit = self._linear[tokens] = 0.0 if tokens <= 0 else tokens * self._lin_ms_per_token(tokens)
+        return hit
 
     # -- ring blocks by orientation (simulator) -------------------------------------------------
     def block_fitted_ms(self, q_len: int, k_len: int) -> float:

@@ -139,39 +139,85 @@ def ring_timeline(plan: StepPlan, cost: "CostModel", arrive: dict[tuple[int, int
             s = plan.sequences[i].length
             d, f = cost.ring_compute_profile(s, g)
             diag, off, step_bytes = diag + d, off + f, step_bytes + cost.ring_step_bytes(s, g)
-        hops = _hops(plan, ring.ranks, 3 * step_bytes, cost)
-        everyone = sorted(set(ring.ranks).union(*(h[0] for h in hops)))
-        at = {r: i for i, r in enumerate(everyone)}  # rank -> index into the per-ring lists below
-        hop_at = [tuple(at[r] for r in touched) for touched, _ in hops]
-        hop_ms = [ms for _, ms in hops]
-        members = [(i, r) for i, r in enumerate(everyone) if r in ring.ranks]
-        others = [i for i, r in enumerate(everyone) if r not in ring.ranks]
-        post = [free[r] for r in everyone]
-        for j in range(g - 1):
-            c = max(diag if j == 0 else off, o)
-            done = [0.0] * len(everyone)
-            for touched, ms in zip(hop_at, hop_ms):  # (the hot loop of planning: kept plain)
-                end = post[touched[0]]
-                for i in touched:
-                    if post[i] > end:
-                        end = post[i]
-                end += ms
-                for i in touched:
-                    if end > done[i]:
-                        done[i] = end
-            for i, r in members:
-                ready = post[i] + c
-                gaps[(r, k, j)] = done[i] - ready if done[i] > ready else 0.0
-                post[i] = done[i] if done[i] > ready else ready
-            for i in others:
-                if done[i] > post[i]:
-                    post[i] = done[i]
-        last = max(off, o)  # rings have g >= 2
-        for i, r in members:
-            free[r] = post[i] + last
-        for i in others:
-            free[everyone[i]] = post[i]
+        _plain_steps(ring.ranks, k, _hops(plan, ring.ranks, 3 * step_bytes, cost), diag, off, o, free, gaps)
     return gaps, free
+
+
+def _plain_steps(ranks: tuple[int, ...], k: int, hops: list[tuple[tuple[int, ...], float]], diag: float,
+                 off: float, o: float, free: list[float], gaps: dict[tuple[int, int, int], float]) -> None:
+    """:func:`ring_timeline`'s steps of plain ring ``k`` over ``ranks`` (updates ``free`` and ``gaps``).
+    ``hops[p]`` (:func:`_hops`): position ``p``'s hop to ``p + 1``, the ranks it touches (source,
+    destination, then any relays) and its ms. At each step a hop starts when every rank it touches is
+    free (``post``) and ends ``ms`` later; a rank is done with the step when every hop touching it has
+    ended, and a member's step ends at the later of that and its kernel (``max(diag or off, o)``), its
+    gap the difference. Relays outside the ring only wait for their hops.
+
+    Indices: positions ``0 .. g-1`` are the members in ring order, relays outside the ring follow, so hop
+    ``p`` always joins positions ``p`` and ``(p + 1) % g`` and only the relayed hops need a loop.
+    Example: ``g = 2``, both free at 0, hops of 3 ms, ``diag`` 1 (``o`` below it): step 0 ends at 3 for
+    both, gaps ``2``; then the last kernel, ``free = 3 + max(off, o)``."""
+    g = len(ranks)
+    at = {r: p for p, r in enumerate(ranks)}
+    extra: list[int] = []  # relays outside the ring, by index - g
+    relayed: list[tuple[int, tuple[int, ...]]] = []  # (hop, its relays' indices)
+    for p, (touched, _) in enumerate(hops):
+        if len(touched) > 2:
+            idx = []
+            for r in touched[2:]:
+                if r not in at:
+                    at[r] = g + len(extra)
+                    extra.append(r)
+                idx.append(at[r])
+            relayed.append((p, tuple(idx)))
+    hop_ms = [ms for _, ms in hops]
+    post = [free[r] for r in ranks] + [free[r] for r in extra]
+    prev: list[float] = []
+    for j in range(g - 1):
+        c = max(diag if j == 0 else off, o)
+        if j >= 2:  # steps 1 .. g-2 are one map (kernel ``off``): once it shifted every rank alike, it repeats
+            shift = [x - y for x, y in zip(post, prev)]
+            if max(shift) - min(shift) <= _STEADY_MS:
+                _repeat_steps(ranks, k, j, g - 1, gaps, post, shift[0])
+                break
+        prev = post
+        start = [a if a > b else b for a, b in zip(post, post[1:g] + post[:1])]  # zip stops at g
+        for h, via in relayed:
+            for i in via:
+                if post[i] > start[h]:
+                    start[h] = post[i]
+        ends = [x + ms for x, ms in zip(start, hop_ms)]
+        done = [a if a > b else b for a, b in zip(ends, ends[-1:] + ends[:-1])] + [0.0] * len(extra)
+        for h, via in relayed:
+            for i in via:
+                if ends[h] > done[i]:
+                    done[i] = ends[h]
+        ready = [x + c for x in post[:g]]
+        gaps.update(zip([(r, k, j) for r in ranks], [d - x if d > x else 0.0 for d, x in zip(done, ready)]))
+        post = [d if d > x else x for d, x in zip(done, ready)] + [
+            d if d > x else x for d, x in zip(done[g:], post[g:])]
+    last = max(off, o)  # rings have g >= 2
+    for r, x in zip(ranks, post):
+        free[r] = x + last
+    for r, x in zip(extra, post[g:]):
+        free[r] = x
+
+
+_STEADY_MS = 1e-9
+"""How alike (ms) every rank's shift over one ring step must be for :func:`_plain_steps` to take the
+ring as steady (its later steps then repeat the last one, shifted)."""
+
+
+def _repeat_steps(ranks: tuple[int, ...], k: int, j: int, end: int, gaps: dict[tuple[int, int, int], float],
+                  post: list[float], shift: float) -> None:
+    """Steps ``j .. end-1`` of a steady plain ring (:func:`_plain_steps`; ``post``: every index's time
+    after step ``j - 1``, updated in place): the step map is max-plus, so a map that moved every index
+    by ``shift`` moves it by ``shift`` again, with the same gaps as step ``j - 1``. Example: a ring whose
+    members each wait 0.4 ms at step 3 and end it 1.1 ms after step 2 waits 0.4 ms at every later step."""
+    same = [gaps[(r, k, j - 1)] for r in ranks]
+    for step in range(j, end):
+        gaps.update(zip([(r, k, step) for r in ranks], same))
+    n = end - j
+    post[:] = [x + n * shift for x in post]
 
 
 def _head_timeline(plan: StepPlan, cost: "CostModel", k: int, free: list[float],

@@ -17,8 +17,16 @@ K/V hops: a group holding one then takes more of the whole documents (the plain 
 groups without a ring, whose ranks end up the busiest: Llama-3B github-64k on 128 GPUs, ``cp = 8``, the
 ringless node's ranks 11-14k tokens against 7-9k elsewhere).
 
+With head-parallel rings a third packing per CP size shards *every* document from
+:func:`head_parallel_threshold` on: the shortest length from which a head-parallel ring over ``cp`` ranks
+beats one GPU, usually far below where a plain ring hides its transfer (Llama-7B, 16 x 8 H100s: about 4.7k
+tokens at ``cp = 16``), so long documents share few wide groups instead of loading single GPUs (13B
+prolong-128k on 128 GPUs: the ``cp = 16`` packing at 16k and up, simulated 1.32x -> 1.05x the best peer on
+the ratio guard).
+
 :func:`best_packed` makes candidates per CP size of :func:`~.grouped.pack_sizes`, by both work models when
-head-parallel rings are on (identical placements once),
+head-parallel rings are on (identical placements once) and the threshold packing (tried for growing ``cp``
+until its floor rises),
 bounds each one's predicted step from below (:func:`quick_floor` before packing, :func:`packed_floor`
 after, no layout built), finishes those whose floor is below the step to beat, lowest floor first, as
 ``plan_step`` finishes a placement but with the linear layout *equal* to the attention layout (Zeppelin's
@@ -64,8 +72,8 @@ from .plan import PlanError, StepPlan
 from .predict import predict
 from .zigzag import zigzag_tokens
 
-__all__ = ["split_pays", "sharded_ms", "packed_groups", "packed_assignments", "packed_floor", "quick_floor",
-           "best_packed"]
+__all__ = ["split_pays", "sharded_ms", "head_parallel_threshold", "packed_groups", "packed_assignments",
+           "packed_floor", "quick_floor", "best_packed"]
 
 
 CHARGES = "zeppelin"
@@ -95,22 +103,55 @@ def sharded_ms(cost: CostModel, s: int, cp: int) -> float:
     return hit  # type: ignore[no-any-return]
 
 
+def head_parallel_threshold(lengths: Sequence[int], cost: CostModel, cp: int) -> int | None:
+    """The shortest of ``lengths`` from which sharding over ``cp`` ranks pays with a head-parallel ring:
+    ``s >= 2 cp``, one GPU takes more than a call's overhead (``local_ms(s) > call_overhead_ms``) and
+    :func:`sharded_ms` is below ``local_ms(s)``; ``None`` when no length pays. Found by bisection over the
+    distinct lengths (``O(log n)`` ring times): the test holds from one length on, for every (model, cp) of
+    ``tests/planner/test_packed.py``'s grid (Llama-3B / 7B, ``cp`` 2-128, lengths up to 70k: one flip each,
+    at 3.2k-15.7k tokens). Example: Llama-7B on 16 x 8 H100s, ``cp = 16``: about 4.7k tokens."""
+    if cp < 2:
+        return None
+    o = cost.call_overhead_ms
+
+    def pays(s: int) -> bool:
+        return s >= 2 * cp and cost.local_ms(s) > o and sharded_ms(cost, s, cp) < cost.local_ms(s)
+
+    xs = sorted(set(lengths))
+    lo, hi = 0, len(xs)  # the first index that pays
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pays(xs[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return xs[lo] if lo < len(xs) else None
+
+
 def split_pays(cost: CostModel, s: int, g: int) -> bool:
     """A ``g``-way ring of ``s`` tokens hides its transfer (``comm_ratio >= 1``) and beats one GPU
     (``ring_ms < local_ms``); ``False`` for ``g < 2`` or ``s < 2 g`` (zigzag needs two chunks per rank)."""
-    inter = g > cost.cluster.gpus_per_node
-    return (g > 1 and s >= 2 * g and cost.comm_ratio(s, g, inter_node=inter) >= 1.0
-            and cost.ring_ms(s, g, inter_node=inter) < cost.local_ms(s))
+    key = ("split_pays", s, g)
+    hit = cost._cache.get(key)
+    if hit is None:  # memoised: every packing of a step asks for every sequence
+        inter = g > cost.cluster.gpus_per_node
+        hit = cost._cache[key] = (g > 1 and s >= 2 * g and cost.comm_ratio(s, g, inter_node=inter) >= 1.0
+                                  and cost.ring_ms(s, g, inter_node=inter) < cost.local_ms(s))
+    return hit  # type: ignore[no-any-return]
 
 
 def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *,
-                  head_parallel: bool = False) -> list[tuple[int, ...]]:
+                  head_parallel: bool = False, shard_from: int | None = None) -> list[tuple[int, ...]]:
     """Ranks of each sequence under the packing with CP size ``cp`` (module docstring): ``(r,)`` for a
     whole one, the group's ``cp`` ranks in order for a sharded one.
 
     ``head_parallel``: a sharded sequence's work is its ring's time as Zeppelin's engine can run it, the
     lesser of the plain ring's and the head-parallel one's (:func:`sharded_ms`); ``False`` (default, and
-    WLB-LLM's packing, which runs TE CP's plain ring): the plain ring's.
+    WLB-LLM's packing, which runs TE CP's plain ring): the plain ring's. ``shard_from``: sequences of at
+    least that many tokens are sharded, and those over one GPU, no others (:func:`head_parallel_threshold`:
+    from there a head-parallel ring beats one GPU, and a plain ring that pays, :func:`split_pays`, pays
+    head-parallel too, so no sequence below it would be sharded anyway); ``None`` (default): those where
+    :func:`split_pays` or over one GPU.
 
     Raises :class:`PlanError` (naming the sequence, its tokens and the limit) when ``cp`` does not divide
     the world, a sequence too long for one GPU cannot be sharded (``cp = 1`` or ``s < 2 cp``), or a
@@ -120,7 +161,10 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *,
     if cp < 1 or world % cp:
         raise PlanError(f"cp_size = {cp} must be a positive divisor of the world size {world}")
     n_groups = world // cp
-    shard = [split_pays(cost, s, cp) or s > cap for s in lengths]
+    if shard_from is None:
+        shard = [split_pays(cost, s, cp) or s > cap for s in lengths]
+    else:  # a plain ring that pays (split_pays) pays head-parallel too: no such sequence is below shard_from
+        shard = [s >= shard_from or s > cap for s in lengths]
     bad = next((i for i, (s, sh) in enumerate(zip(lengths, shard)) if sh and (cp == 1 or s < 2 * cp)), None)
     if bad is not None:
         raise PlanError(f"sequence {bad} ({lengths[bad]} tokens) does not fit one GPU ({cap} tokens) and cannot "
@@ -186,14 +230,14 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *,
 
 
 def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int, *,
-                       head_parallel: bool = False) -> list[Assignment] | None:
+                       head_parallel: bool = False, shard_from: int | None = None) -> list[Assignment] | None:
     """:func:`packed_groups` as the partitioner's :class:`Assignment` list (``local``, ``intra_node`` or
     ``inter_node`` by the group's nodes), or ``None`` when the packing fails (:class:`PlanError`) or leaves
     a rank over ``tokens_per_gpu`` (the packing checks a sharded sequence's room per group: its zigzag
     chunks can still round a nearly full rank over, e.g. two 5-token sequences on 2 GPUs of 5 tokens put
     3 + 3 on the first; such a packing is no candidate)."""
     try:
-        groups = packed_groups(lengths, cost, cp, head_parallel=head_parallel)
+        groups = packed_groups(lengths, cost, cp, head_parallel=head_parallel, shard_from=shard_from)
     except PlanError:
         return None
     cl = cost.cluster
@@ -231,11 +275,11 @@ def packed_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost
 
 
 def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: PlannerOptions,
-                charges: str = CHARGES) -> float:
+                charges: str = CHARGES, shard_from: int | None = None) -> float:
     """A lower bound on :func:`packed_floor` of the packing with CP size ``cp``, without packing: ``longest``
     are some of the batch's sequences, longest first (the caller passes the first few). A sequence the
-    packing shards (``split_pays`` or over one GPU) puts at least its ring's :func:`~.grouped.ring_floor`
-    total on every group rank (a ring's floor only grows with the sequences sharing it) and
+    packing shards (``split_pays``, over one GPU, or from ``shard_from`` on) puts at least its ring's
+    :func:`~.grouped.ring_floor` total on every group rank (a ring's floor only grows with the sequences sharing it) and
     ``zigzag_tokens`` of its position on each; one kept whole puts ``max(local_ms(s) + copies, overhead)``
     and ``s`` tokens on its rank (both under ``charges``); every rank's linear time is at least ``p * tokens``
     (``p``: the profile's least ms per token). Stops after the longest sharded and the longest whole sequence
@@ -249,7 +293,7 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
     for s in longest:
         if s > cap and (cp == 1 or s < 2 * cp):
             return math.inf  # packed_groups cannot place it: no packing
-        if split_pays(cost, s, cp) or s > cap:
+        if s > cap or (s >= shard_from if shard_from is not None else split_pays(cost, s, cp)):
             if seen_shard:
                 continue
             seen_shard = True
@@ -292,7 +336,13 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
     where that is below ``plan``'s by more than rounding (ties keep the earlier: ``plan``, then the lower floor,
     the smaller ``cp``). ``finish`` turns assignments into a finished plan whose linear layout is its attention
     layout. ``plan`` unchanged when ``options.remap`` is ``True`` (token-balanced layout forced) or ``plan`` has
-    no prediction."""
+    no prediction.
+
+    Per CP size, smallest first: a ``cp`` whose longest document is sharded in every packing and alone puts
+    the floor at the step to beat is skipped whole (no threshold searched); the threshold packing
+    (``shard_from``) is tried until its :func:`packed_floor` rises from one ``cp`` to the next (its rings'
+    costs then grow faster than the balance gains; on 120 plans, Llama-3B / 7B / 13B shapes at 16-128 GPUs,
+    five length distributions, two batches each, stopping there changed none)."""
     if options.remap is True or plan.predicted is None:
         return plan
     allowed = set(options.placements)
@@ -300,24 +350,41 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
     seen: set[tuple[Assignment, ...]] = set()
     floors = []
     longest = sorted(lengths, reverse=True)[:QUICK]
+    rising, last = False, math.inf  # the threshold packings' floors over cp: tried until they rise
     for cp in pack_sizes(lengths, cost.cluster):
-        if quick_floor(longest, cost, cp, options) >= best_ms:
-            continue  # cannot win: not even packed
-        # both work models (plain rings, as WLB-LLM weighs them; Zeppelin's head-parallel rings): the packing
-        # shards the same sequences, only the groups they share differ; identical placements once
+        # the packings of this cp: WLB-LLM's (plain rings' work); with head-parallel rings on, the same shards
+        # weighed by Zeppelin's rings, and those plus every sequence from the length where a head-parallel ring
+        # beats one GPU (head_parallel_threshold); identical placements once
+        variants: list[tuple[bool, int | None]] = [(False, None)]
+        if options.head_parallel:
+            variants.append((True, None))
+            top = longest[0]
+            if (split_pays(cost, top, cp) or top > cost.cluster.tokens_per_gpu) and \
+                    quick_floor(longest[:1], cost, cp, options) >= best_ms:
+                continue  # the longest sequence is sharded in every packing of this cp, and that alone loses
+            shard_from = None if rising else head_parallel_threshold(lengths, cost, cp)
+            if shard_from is not None:
+                variants.append((True, shard_from))
+        quick = {v[1]: quick_floor(longest, cost, cp, options, shard_from=v[1]) for v in variants}
         shards = True
-        for head_parallel in (False, True) if options.head_parallel else (False,):
-            if head_parallel and not shards:
-                break  # nothing sharded: the work models agree
-            assignments = packed_assignments(lengths, cost, cp, head_parallel=head_parallel)
+        for head_parallel, shard_from in variants:
+            if quick[shard_from] >= best_ms:
+                continue  # cannot win: not even packed
+            if head_parallel and shard_from is None and not shards:
+                continue  # nothing sharded: the work models agree
+            assignments = packed_assignments(lengths, cost, cp, head_parallel=head_parallel, shard_from=shard_from)
             if assignments is None or any(a.placement not in allowed for a in assignments):
                 continue
-            shards = any(a.placement != "local" for a in assignments)
+            if shard_from is None:
+                shards = any(a.placement != "local" for a in assignments)
             key = tuple(assignments)
             if key in seen:  # a larger cp that shards nothing more, or nothing sharded: the same placement
                 continue
             seen.add(key)
-            floors.append((packed_floor(lengths, assignments, cost, options), cp, assignments))
+            floor = packed_floor(lengths, assignments, cost, options)
+            floors.append((floor, cp, assignments))
+            if shard_from is not None:
+                rising, last = floor > last, floor
     for floor, _cp, assignments in sorted(floors, key=lambda x: (x[0], x[1])):  # the likeliest winner first
         if floor >= best_ms:
             break  # a candidate's prediction (rounded to 1e-6 ms) is above best_ms - 1e-6: no win; floors ascend

@@ -86,24 +86,48 @@ class StepPlan:
     """Where the placement came from (:data:`~.plan_parts.ORIGINS`): ``packed`` (:mod:`.packed`), ``grouped``
     (:mod:`.grouped`); ``None``: the partitioner's (or not recorded)."""
     predicted: Prediction | None = None
-    validate: InitVar[bool] = True
+    validate: InitVar[bool | None] = True
     """``False`` skips the layout and sequence checks (only for plans built from a validated one with the
-    same sequences, or sequences checked otherwise)."""
+    same sequences, or sequences checked otherwise); ``None`` (what :meth:`evolve` passes) skips every check,
+    and the caller runs those it owes."""
 
-    def __post_init__(self, validate: bool) -> None:
+    def __post_init__(self, validate: bool | None) -> None:
+        if validate is None:  # evolve(): it runs the checks whose fields changed (_check_changed)
+            return
         if validate:
             validate_plan(self)
             check_head_parallel(self)  # a sequence check, like validate_plan's: evolve keeps the sequences valid
         else:
             check_routing(self)
-        check_local_slots(self)
-        check_remap_slots(self)
-        check_linear(self.linear, self.linear_layout, self.attention_layout)
-        if self.origin is not None and self.origin not in ORIGINS:
+        self._check_changed(None)
+
+    _CHECKS: ClassVar[tuple[tuple[str, frozenset[str]], ...]] = (
+        ("routing", frozenset({"routing", "sequences"})),
+        ("local_slots", frozenset({"local_slots", "sequences"})),
+        ("remap_slots", frozenset({"remap_slots", "local_slots", "linear_layout", "attention_layout", "sequences"})),
+        ("linear", frozenset({"linear", "linear_layout", "attention_layout"})),
+        ("origin", frozenset({"origin"})),
+        ("remap_proxies", frozenset({"remap_proxies", "gpus_per_node"})),
+    )
+    """Each check a construction runs besides the layout and sequence checks, and the fields it reads: an
+    :meth:`evolve` that changes none of them keeps the check's verdict."""
+
+    def _check_changed(self, changed: "frozenset[str] | None") -> None:
+        """The checks of :data:`_CHECKS` that read a field in ``changed`` (``None``: all of them)."""
+        run = {name for name, reads in self._CHECKS if changed is None or reads & changed}
+        if "routing" in run and changed is not None:  # a construction runs it above (or in validate_plan)
+            check_routing(self)
+        if "local_slots" in run:
+            check_local_slots(self)
+        if "remap_slots" in run:
+            check_remap_slots(self)
+        if "linear" in run:
+            check_linear(self.linear, self.linear_layout, self.attention_layout)
+        if "origin" in run and self.origin is not None and self.origin not in ORIGINS:
             raise PlanError(f"origin is {self.origin!r}, expected None or one of {list(ORIGINS)}")
         gpn = self.gpus_per_node
-        if (len(set(self.remap_proxies)) != len(self.remap_proxies)
-                or not all(isinstance(p, int) and 0 <= p < gpn for p in self.remap_proxies)):
+        if "remap_proxies" in run and (len(set(self.remap_proxies)) != len(self.remap_proxies)
+                                       or not all(isinstance(p, int) and 0 <= p < gpn for p in self.remap_proxies)):
             raise PlanError(f"remap_proxies must be distinct local indices in [0, {gpn}), "
                             f"got {list(self.remap_proxies)}")
 
@@ -176,7 +200,7 @@ class StepPlan:
         ``[[(0, 0, 4)], []]``, attention ``[[(0, 0, 1)], [(0, 1, 4)]]``: ``(1, 0)``."""
         return tuple(int(x) for x in self.remap.counts().diagonal())
 
-    REORDER_INVARIANT: ClassVar[tuple[str, ...]] = ("remap_traffic", "remap_pairs", "staying_tokens")
+    REORDER_INVARIANT: ClassVar[tuple[str, ...]] = ("remap_traffic", "remap_pairs", "staying_tokens", "rank_tokens")
     """Derived values that depend on which tokens each rank holds in each layout, not on their order within
     a rank: :func:`~.api.engine_order` carries them to the reordered plan (a prediction then needs no
     remap rebuilt)."""
@@ -200,27 +224,47 @@ class StepPlan:
 
     def evolve(self, **changes: Any) -> "StepPlan":
         """``dataclasses.replace`` without re-validating the layouts (only for changes that keep the plan
-        valid), keeping the derived remap when neither layout changes (it is the costly one to rebuild).
+        valid), keeping the derived remap when neither layout changes (it is the costly one to rebuild) and
+        the rings when the sequences do not change; of the other checks a construction runs (routes, slots,
+        linear kind, origin, remap proxies) only those reading a changed field run again.
         A change of either layout drops ``remap_slots`` unless they are given too (they were chosen for the
         old layouts; their sequences then run after the rings)."""
         if self.remap_slots and "remap_slots" not in changes and {"attention_layout", "linear_layout"} & changes.keys():
             changes = dict(changes, remap_slots=())
-        new = replace(self, validate=False, **changes)
+        new = replace(self, validate=None, **changes)
         if not {"attention_layout", "linear_layout"} & changes.keys():
             for name in ("remap",) + self.REORDER_INVARIANT:
                 if name in self.__dict__:
                     new.__dict__[name] = self.__dict__[name]
-        if "sequences" not in changes and "rings" in self.__dict__:
-            new.__dict__["rings"] = self.__dict__["rings"]  # derived from the sequences alone
+        if "sequences" not in changes:
+            new.__dict__["rings"] = self.rings  # derived from the sequences alone (derived here once for the chain)
+        new._check_changed(frozenset(changes))
         return new
 
     def routes_for(self, ring: Sequence[int]) -> dict[tuple[int, int], Route]:
-        key = tuple(ring)
-        return {(r.src, r.dst): r for r in self.routing if r.ring == key}
+        """The routed hops of the ring over ``ring`` by ``(src, dst)`` (empty when none is routed)."""
+        return dict(self._routes_by_ring.get(tuple(ring), {}))
+
+    @cached_property
+    def _routes_by_ring(self) -> dict[tuple[int, ...], dict[tuple[int, int], Route]]:
+        out: dict[tuple[int, ...], dict[tuple[int, int], Route]] = {}
+        for r in self.routing:
+            out.setdefault(r.ring, {})[(r.src, r.dst)] = r
+        return out
 
     def tokens(self, rank: int, layout: str = "linear") -> int:
-        lay = self.linear_layout if layout == "linear" else self.attention_layout
-        return sum(e - s for _, s, e in lay[rank])
+        """Tokens ``rank`` holds in the ``linear`` layout (default), or in the attention layout."""
+        return self.rank_tokens[0 if layout == "linear" else 1][rank]
+
+    @cached_property
+    def rank_tokens(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(linear, attention)``: the tokens each rank holds in each layout (the same tuple twice when the
+        layouts are one). Example: linear ``[[(0, 0, 4)], []]``, attention ``[[(0, 0, 1)], [(0, 1, 4)]]``:
+        ``((4, 0), (1, 3))``."""
+        att = tuple(sum(e - s for _, s, e in rs) for rs in self.attention_layout)
+        if self.linear_layout == self.attention_layout:
+            return att, att
+        return tuple(sum(e - s for _, s, e in rs) for rs in self.linear_layout), att
 
     def digest(self) -> str:
         """SHA-256 of the canonical JSON (cheap cross-rank agreement check)."""

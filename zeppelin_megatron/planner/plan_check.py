@@ -255,13 +255,16 @@ def check_routing(plan: "StepPlan") -> None:
     gpn = plan.gpus_per_node
     rings = {r.ranks: r for r in plan.rings} if plan.routing else {}  # no routes: nothing to look up
     seen: set[tuple[tuple[int, ...], int, int]] = set()
+    following: dict[tuple[int, ...], dict[int, int]] = {}
     for k, route in enumerate(plan.routing):
         where = f"routing[{k}]"
         if route.ring not in rings:
             raise PlanError(f"{where}: ring {list(route.ring)} is not a ring of this plan")
         ring = route.ring
-        hops = [(ring[i], ring[next_position(i, len(ring))]) for i in range(len(ring))]
-        if (route.src, route.dst) not in hops or route.src // gpn == route.dst // gpn:
+        nxt = following.get(ring)
+        if nxt is None:  # each rank's successor on the ring, once per ring
+            nxt = following[ring] = {ring[i]: ring[next_position(i, len(ring))] for i in range(len(ring))}
+        if nxt.get(route.src) != route.dst or route.src // gpn == route.dst // gpn:
             raise PlanError(f"{where}: {route.src} -> {route.dst} is not a cross-node hop of ring {list(ring)}")
         key = (ring, route.src, route.dst)
         if key in seen:

@@ -20,7 +20,8 @@ Direction ``"to_attention"`` sends from linear buffers to attention buffers;
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from operator import itemgetter
+from typing import Literal, NamedTuple, Sequence
 
 import numpy as np
 
@@ -30,8 +31,10 @@ Direction = Literal["to_attention", "to_linear"]
 Layout = Sequence[Sequence[tuple[int, int, int]]]
 
 
-@dataclass(frozen=True)
-class Segment:
+class Segment(NamedTuple):
+    """A run of ``length`` tokens at ``lin_offset`` of rank ``lin_rank``'s linear buffer and at ``att_offset``
+    of rank ``att_rank``'s attention buffer (a named tuple: a step's remap has thousands)."""
+
     lin_rank: int
     lin_offset: int
     att_rank: int
@@ -95,7 +98,7 @@ def build_remap(linear: Layout, attention: Layout) -> tuple[Segment, ...]:
                 i += 1
             else:
                 j += 1
-    segments.sort(key=lambda g: (g.lin_rank, g.att_rank, g.lin_offset))
+    segments.sort(key=itemgetter(0, 2, 1))  # lin_rank, att_rank, lin_offset
     return tuple(segments)
 
 

@@ -134,7 +134,7 @@ def remap_ranks(plan: "StepPlan", proxies: Sequence[int]) -> set[int]:
     derivation of the paths.
     """
     src, dst = remap_links(plan, proxies)
-    return {int(r) for r in np.unique(np.concatenate([src.ravel(), dst.ravel()]))}
+    return set(np.unique(np.concatenate([src.ravel(), dst.ravel()])).tolist())
 
 
 def remap_layer_ms(plan: "StepPlan", cost: "CostModel", proxies: Sequence[int],
@@ -183,10 +183,27 @@ def remap_links(plan: "StepPlan", proxies: Sequence[int]) -> tuple[np.ndarray, n
     Example: 2 nodes x 2 GPUs, rows ``0 -> 3``, direct: ``src = [[0, 2, 1]]``, ``dst = [[3, 2, 1]]`` (in: 0's rail
     at node 1 is 2; out: 3's rail at node 0 is 1); rows ``0 -> 1`` only: ``[[0, 0, 0]]``, ``[[1, 1, 1]]``.
     """
-    pairs = remap_pairs(plan)
+    lin, att = plan.linear_layout, plan.attention_layout
+    key = (id(lin), id(att), tuple(proxies), plan.gpus_per_node)
+    hit = _LINKS.get(key)
+    if hit is not None and hit[0] is lin and hit[1] is att:
+        return hit[2]
+    out = _links(remap_pairs(plan), plan.gpus_per_node, proxies)
+    if len(_LINKS) >= 8:
+        _LINKS.pop(next(iter(_LINKS)))
+    _LINKS[key] = (lin, att, out)
+    return out
+
+
+_LINKS: dict[tuple[int, int, tuple[int, ...], int], tuple[object, object, tuple[np.ndarray, np.ndarray]]] = {}
+"""Recent :func:`remap_links` by the layouts' identities (kept in the value, as :data:`_PAIRS`), the proxies
+and the node size: ``predict`` asks twice per plan (the ranks on the paths, the coupled pairs)."""
+
+
+def _links(pairs: Sequence[tuple[int, int, int]], g: int, proxies: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`remap_links` of the moved ``pairs`` on nodes of ``g`` GPUs."""
     if not pairs:
         return np.zeros((0, 1), dtype=np.int64), np.zeros((0, 1), dtype=np.int64)
-    g = plan.gpus_per_node
     a, b, n = (np.asarray(col, dtype=np.int64) for col in zip(*pairs))
     na, nb = a // g, b // g
     cross = na != nb
