@@ -126,8 +126,8 @@ def test_candidate_taken_only_where_both_estimates_win_and_it_simulates_faster(
 def test_plan_step_tries_the_candidates_only_when_asked() -> None:
     """``PlannerOptions(grouped=True)``: plan_step returns the cp = 16 candidate on 13B prolong-128k
     (128 GPUs, batch 0), the partitioner's plan otherwise (packed candidates off); a bad value is named. By
-    default a packed candidate wins this batch (every document from the head-parallel threshold on sharded over
-    its group, packed.head_parallel_threshold): below the partitioner's prediction, above the grouped one's."""
+    default a packed candidate wins this batch (the longest documents on a leading group of nodes, the rest packed
+    after it, packed_search): below the grouped candidate's prediction and the partitioner's."""
     from zeppelin_megatron.planner.plan import PlanError
 
     cost, lengths = _setup("llama_13b", 2, "prolong-128k", 16, 0)
@@ -135,7 +135,7 @@ def test_plan_step_tries_the_candidates_only_when_asked() -> None:
     grouped = plan_step(lengths, cost, PlannerOptions(grouped=True, packed=False))
     default = plan_step(lengths, cost)
     assert default.origin == "packed"
-    assert grouped.predicted.step_ms < default.predicted.step_ms < plain.predicted.step_ms  # type: ignore[union-attr]
+    assert default.predicted.step_ms < grouped.predicted.step_ms < plain.predicted.step_ms  # type: ignore[union-attr]
     assert {len(r.ranks) for r in grouped.rings} == {16} and {r.a2a for r in grouped.rings} == {4}
     assert grouped.predicted.step_ms < plain.predicted.step_ms  # type: ignore[union-attr]
     # finished without a remap (every long document split over its group balances the tokens too)

@@ -14,8 +14,9 @@ from zeppelin_megatron.planner import (
 from zeppelin_megatron.planner import api, packed
 from zeppelin_megatron.planner.grouped import pack_sizes
 from zeppelin_megatron.planner.cost_heads import head_ring_time, head_widths
+from zeppelin_megatron.planner.packed_search import best_packed
 from zeppelin_megatron.planner.packed import (
-    best_packed, head_parallel_threshold, packed_assignments, packed_floor, packed_groups, quick_floor,
+    head_parallel_threshold, packed_assignments, packed_floor, packed_groups, quick_floor,
     sharded_ms, split_pays,
 )
 from zeppelin_megatron.planner.predict import predict
@@ -27,39 +28,110 @@ def _cost(spec: str, model: str | None = None, **kw: int) -> CostModel:
 
 
 def _reference_groups(lengths: list[int], cost: CostModel, cp: int, head_parallel: bool = False,
-                      shard_from: int | None = None) -> list[tuple[int, ...]]:
+                      shard_from: int | None = None, first: int = 0) -> list[tuple[int, ...]]:
     """The packing written as plain scans (every group, every rank, each time): what the heaps must match."""
     world, cap = cost.cluster.world_size, cost.cluster.tokens_per_gpu
+    n = (world - first) // cp
     shard = [s >= shard_from or s > cap for s in lengths] if shard_from is not None else \
         [split_pays(cost, s, cp) or s > cap for s in lengths]
-    share = max(1, sum(lengths) // world)
+    share = max(1, sum(lengths) // (world - first))
     lin = cost.linear_ms(share) / share
     gpn = cost.cluster.gpus_per_node
     ring = (lambda s: sharded_ms(cost, s, cp)) if head_parallel else \
         (lambda s: cost.ring_ms(s, cp, inter_node=cp > gpn))
     work = [(cp * ring(s) if sh else cost.local_ms(s)) + s * lin for s, sh in zip(lengths, shard)]
     order = sorted(range(len(lengths)), key=lambda i: (-work[i], -lengths[i], i))
-    g_work, g_tok, where = [0.0] * (world // cp), [0] * (world // cp), [-1] * len(lengths)
+    g_work, g_tok, where = [0.0] * n, [0] * n, [-1] * len(lengths)
     for i in order:
-        room = [b for b in range(world // cp) if g_tok[b] + lengths[i] <= cp * cap]
+        room = [b for b in range(n) if g_tok[b] + lengths[i] <= cp * cap]
         b = min(room, key=lambda b: (g_work[b], b))
         where[i], g_work[b], g_tok[b] = b, g_work[b] + work[i], g_tok[b] + lengths[i]
     load, tok = [0.0] * world, [0] * world
     out: list[tuple[int, ...]] = [()] * len(lengths)
     for i, s in enumerate(lengths):
         if shard[i]:
-            out[i] = tuple(range(where[i] * cp, (where[i] + 1) * cp))
+            out[i] = tuple(range(first + where[i] * cp, first + (where[i] + 1) * cp))
             for r in out[i]:
                 load[r] += work[i] / cp
                 tok[r] += -(-s // cp)
     for i in order:
         if not out[i]:
-            fits = [r for r in range(where[i] * cp, (where[i] + 1) * cp) if tok[r] + lengths[i] <= cap]
+            fits = [r for r in range(first + where[i] * cp, first + (where[i] + 1) * cp) if tok[r] + lengths[i] <= cap]
             r = min(fits, key=lambda r: (load[r], r))
             out[i] = (r,)
             load[r] += work[i]
             tok[r] += lengths[i]
     return out
+
+
+def test_packing_after_a_leading_group_uses_only_the_ranks_after_it() -> None:
+    """packed_groups(..., first=k): the same packing over ranks k .. P-1 (heaps against plain scans); bad values
+    named."""
+    cost = _cost("4x8")
+    checked = 0
+    for seed in range(3):
+        lengths = long_tailed_batch(1 << 18, seed)[1:]
+        for first in (8, 16):
+            for cp in (2, 4, 8):
+                t = head_parallel_threshold(lengths, cost, cp)
+                for hp, sf in ((False, None), (True, t)):
+                    try:
+                        got = packed_groups(lengths, cost, cp, head_parallel=hp, shard_from=sf, first=first)
+                    except PlanError:
+                        continue
+                    assert got == _reference_groups(lengths, cost, cp, hp, sf, first), (seed, first, cp)
+                    assert min(r for g in got for r in g) >= first
+                    checked += 1
+    assert checked > 20
+    with pytest.raises(PlanError, match="cp_size = 16 must be a positive divisor of the 24 ranks from 8"):
+        packed_groups([10], cost, 16, first=8)
+    with pytest.raises(PlanError, match=r"first = 32 must be a rank in \[0, 32\)"):
+        packed_groups([10], cost, 2, first=32)
+
+
+def test_lead_splits_take_the_work_share_of_their_ranks() -> None:
+    """lead_splits: per k (whole nodes, powers of two below the world) the n longest sequences (n >= 2) whose
+    share of the work is closest to k / P, each of at least 2 k tokens and within capacity; lead_floor bounds every
+    led packing's floor, which bounds its finished prediction."""
+    from zeppelin_megatron.planner.packed_search import _led, lead_floor, lead_splits
+    from zeppelin_megatron.planner.partition_context import Assignment
+    from zeppelin_megatron.sim.lengths import sample_steps
+    cost = _cost("4x8")
+    options = PlannerOptions()
+    seen = 0
+    for lengths in [b for d in ("github-64k", "prolong-64k", "arxiv-128k") for b in sample_steps(d, 2, 1 << 18, 0)]:
+        world = cost.cluster.world_size
+        share = max(1, sum(lengths) // world)
+        lin = cost.linear_ms(share) / share
+        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+        work = [cost.local_ms(lengths[i]) + lengths[i] * lin for i in order]
+        cum = [sum(work[:n]) / sum(work) for n in range(1, len(work) + 1)]
+        for k, top in lead_splits(lengths, cost):
+            assert k % 8 == 0 and k < world and (k & (k - 1)) == 0 and len(top) >= 2
+            assert top == order[:len(top)] and all(lengths[i] >= 2 * k for i in top)
+            n = min(range(1, len(order)), key=lambda m: (abs(cum[m - 1] - k / world), m))
+            assert len(top) == n or lengths[order[len(top)]] < 2 * k
+            bound = lead_floor([lengths[i] for i in top], k, cost, options)
+            lead = Assignment("intra_node" if k <= 8 else "inter_node", tuple(range(k)))
+            led = _led(lengths, top, lead, cost, options, float("inf"), bound)
+            if led is None:
+                continue
+            floor, _cp, assignments = led
+            assert bound <= floor + 1e-6
+            plan = api._finish(lengths, assignments, cost, replace(options, remap=False))
+            assert floor <= predict(plan, cost, charges="zeppelin").step_ms + 1e-6
+            seen += 1
+    assert seen >= 3
+
+
+def test_zigzag_counts_are_the_tokens_of_every_position() -> None:
+    from zeppelin_megatron.planner.zigzag import zigzag_counts, zigzag_tokens
+    rng = random.Random(3)
+    for _ in range(500):
+        g = rng.randint(1, 64)
+        s = rng.randint(2 * g, 50_000)
+        assert zigzag_counts(s, g) == tuple(zigzag_tokens(s, g, p) for p in range(g))
+    assert zigzag_counts(41, 2) == (21, 20)
 
 
 def test_worked_example() -> None:
@@ -140,7 +212,11 @@ def test_head_parallel_threshold_is_where_sharding_starts_to_pay(model: str | No
 
 def _exhaustive_packed(lengths: list[int], cost: CostModel, plan: StepPlan) -> StepPlan:
     """best_packed without its shortcuts (no skipped cp, the threshold packing at every cp, no floors): every
-    packing finished, the lowest charged prediction kept (ties: the plan, then the lower floor, the smaller cp)."""
+    uniform packing, and per leading group of lead_splits its rest's threshold packing with the lowest floor over
+    every cp (the one best_packed keeps), finished; the lowest charged prediction kept (ties: the plan, then the
+    lower floor, the smaller cp)."""
+    from zeppelin_megatron.planner.packed_search import lead_splits
+    from zeppelin_megatron.planner.partition_context import Assignment
     options = PlannerOptions()
     finish = lambda a: api._candidate(lengths, a, cost, replace(options, remap=False)).evolve(origin="packed")  # noqa: E731
     cands, seen = [], set()
@@ -151,6 +227,26 @@ def _exhaustive_packed(lengths: list[int], cost: CostModel, plan: StepPlan) -> S
                 continue
             seen.add(tuple(a))
             cands.append((packed_floor(lengths, a, cost, options), cp, a))
+    world, gpn = cost.cluster.world_size, cost.cluster.gpus_per_node
+    for k, top in lead_splits(lengths, cost):
+        rest = [i for i in range(len(lengths)) if i not in top]
+        rl = [lengths[i] for i in rest]
+        lead = Assignment("intra_node" if k <= gpn else "inter_node", tuple(range(k)))
+        led = []
+        for cp in (c for c in (2, 4, 8, 16, 32, 64) if c <= world - k and (world - k) % c == 0):
+            t = head_parallel_threshold(rl, cost, cp)
+            sub = packed_assignments(rl, cost, cp, head_parallel=True, shard_from=t, first=k) if t else None
+            if sub is None:
+                continue
+            full = [lead] * len(lengths)
+            for i, x in zip(rest, sub):
+                full[i] = x
+            led.append((packed_floor(lengths, full, cost, options), cp, full))
+        if led:
+            chosen = min(led, key=lambda x: (x[0], x[1]))
+            if tuple(chosen[2]) not in seen:
+                seen.add(tuple(chosen[2]))
+                cands.append(chosen)
     best, best_ms = plan, predict(plan, cost, charges="zeppelin").step_ms
     for _floor, _cp, a in sorted(cands, key=lambda x: (x[0], x[1])):
         cand = finish(a)
@@ -162,8 +258,9 @@ def _exhaustive_packed(lengths: list[int], cost: CostModel, plan: StepPlan) -> S
 
 @pytest.mark.parametrize("spec,dist", [("2x8", "long-tailed"), ("4x8", "github-64k"), ("4x8", "prolong-64k")])
 def test_shortcuts_keep_the_exhaustive_choice(spec: str, dist: str) -> None:
-    """best_packed's skipped CP sizes and its stop once the threshold packings' floor rises choose what finishing
-    every packing would (the plan compared: the partitioner's, finished as plan_step does)."""
+    """best_packed's skipped CP sizes, its stop once the threshold packings' floor rises and its led sweeps'
+    stops choose what finishing every packing would (the plan compared: the partitioner's, finished as plan_step
+    does)."""
     from zeppelin_megatron.sim.lengths import sample_steps
     cost = _cost(spec)
     tokens = cost.cluster.world_size * 8192
@@ -185,13 +282,15 @@ def test_plan_step_packs_with_both_work_models(monkeypatch: pytest.MonkeyPatch) 
     """Each cp's packings by the head-parallel work model (same shards; and sharding from the head-parallel
     threshold) are candidates too: the plan predicts (under the comparison's charges) no slower than with the
     plain work model alone, and faster on some batch."""
+    from zeppelin_megatron.planner import packed_search
     plain_only = packed.packed_assignments
     better = 0
     for seed in range(4):
         lengths = long_tailed_batch(1 << 19, seed)
         both = predict(plan_step(lengths, _cost("2x8")), _cost("2x8"), charges="zeppelin").step_ms
         with monkeypatch.context() as m:
-            m.setattr(packed, "packed_assignments", lambda ls, c, cp, **kw: plain_only(ls, c, cp))
+            m.setattr(packed_search, "packed_assignments",
+                      lambda ls, c, cp, first=0, **kw: plain_only(ls, c, cp, first=first))
             one = predict(plan_step(lengths, _cost("2x8")), _cost("2x8"), charges="zeppelin").step_ms
         assert both <= one + 1e-6, seed
         better += both < one - 1e-6

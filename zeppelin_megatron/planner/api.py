@@ -14,7 +14,7 @@ from .linear_layout import linear_layout
 from .layout_check import engine_attention_layout
 from .layout_choice import choose_plan
 from .options import REMAP_CHOICES, PlannerOptions
-from .packed import best_packed
+from .packed_search import best_packed
 from .partition import partition
 from .partition_context import Assignment
 from .plan import PlanError, SequencePlan, StepPlan

@@ -214,10 +214,14 @@ def lane_hops(cost: CostModel, ranks: Sequence[int], a2a: int, nbytes: float) ->
 
 def _lane_comm_ms(cost: CostModel, ranks: Sequence[int], a2a: int, nbytes: float) -> float:
     """The slowest of :func:`lane_hops`' times, from the ring's hop shape alone: whether a hop stays in a node,
-    and the largest NIC sharing of one that leaves it (memoised per ``(ranks, a2a)``; both link times grow with
+    and the largest NIC sharing of one that leaves it (memoised per ``(ranks, a2a)``, or per ``(len(ranks), a2a)``
+    for consecutive ranks from a node's first GPU, whose shape does not depend on which node; both link times grow with
     the bytes, so the slowest hop is one of those two whatever ``nbytes``; the same values as the maximum over
     every hop)."""
-    key = ("lane_shape", tuple(ranks), a2a)
+    g, first = len(ranks), ranks[0]
+    aligned = first % cost.cluster.gpus_per_node == 0 and ranks[-1] == first + g - 1 and \
+        all(r == first + i for i, r in enumerate(ranks))  # consecutive from a node's first GPU: a packing's group
+    key = ("lane_shape_aligned", g, a2a) if aligned else ("lane_shape", tuple(ranks), a2a)
     shape = cost._cache.get(key)
     if shape is None:
         cost._cache[key] = shape = _lane_shape(cost, ranks, a2a)

@@ -137,11 +137,16 @@ def shape_of(cost: "CostModel", a2a: int = 1) -> Shape:
     what one lane of a head-parallel ring of that width holds per token (``Hq / a2a`` query heads,
     :func:`~zeppelin_megatron.planner.head_parallel.lane_kv_heads` K/V heads). Example (Llama-7B, MHA):
     ``a2a = 4`` -> ``hq = 8``, ``eq = 1024``, ``ekv = 2048``. Raises ``ValueError`` when the heads do not split."""
+    key = ("shape_of", a2a)
+    hit = cost._cache.get(key)
+    if hit is not None:  # memoised: every ring time asks (shapes are never changed after construction)
+        return hit  # type: ignore[no-any-return]
     m, tp = cost.model, cost.tensor_parallel
     b = cost.profile.dtype_bytes
     sh = Shape(eq=(m.q_heads // tp) * m.head_dim, ekv=2 * (m.kv_heads // tp) * m.head_dim, hq=m.q_heads // tp,
                b=b, a=max(4, b))
-    return sh if a2a == 1 else lane_shape(sh, a2a)
+    cost._cache[key] = out = sh if a2a == 1 else lane_shape(sh, a2a)
+    return out
 
 
 def hbm_ms(cost: "CostModel", nbytes: float) -> float:

@@ -112,8 +112,11 @@ def ring_steps(cost: "CostModel", lengths: Sequence[int], g: int, *, a2a: int = 
         pair, chunk = pair + p, chunk + c
         step += p
         if g > 1 and charges != "none":
-            early_k += cost.block_fitted_ms(p, c)
-            late_k += cost.block_fitted_ms(c, p)
+            fit = cost._cache.get(("fitted", s, g))
+            if fit is None:  # memoised: a sequence's blocks recur in every ring, width and charge model it is priced in
+                fit = cost._cache[("fitted", s, g)] = (cost.block_fitted_ms(p, c), cost.block_fitted_ms(c, p))
+            early_k += fit[0]
+            late_k += fit[1]
     wire = int(round(wire_factor(sh, charges) * sh.b * sh.ekv * step)) if g > 1 else 0
     diag = max(diag_k / a2a, o)
     if charges == "none":

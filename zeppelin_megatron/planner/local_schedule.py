@@ -243,14 +243,15 @@ def _head_timeline(plan: StepPlan, cost: "CostModel", k: int, free: list[float],
     for j in range(m - 1):
         c = max(h.diag if j == 0 else h.off, o)
         done = [0.0] * len(ranks)
-        for p, q, ms in hops:
-            end = max(post[p], post[q]) + ms
-            done[p] = max(done[p], end)
-            done[q] = max(done[q], end)
-        for p, r in enumerate(ranks):
-            ready = post[p] + c
-            gaps[(r, k, j)] = done[p] - ready if done[p] > ready else 0.0
-            post[p] = max(done[p], ready)
+        for p, q, ms in hops:  # (hot: conditionals, not max())
+            end = (post[p] if post[p] > post[q] else post[q]) + ms
+            if end > done[p]:
+                done[p] = end
+            if end > done[q]:
+                done[q] = end
+        ready = [x + c for x in post]
+        gaps.update(zip([(r, k, j) for r in ranks], [d - x if d > x else 0.0 for d, x in zip(done, ready)]))
+        post = [d if d > x else x for d, x in zip(done, ready)]
     last = max(h.off if m > 1 else h.diag, o)
     for blk in blocks:
         end = max(post[p] for p in blk) + last + h.tokens_ms

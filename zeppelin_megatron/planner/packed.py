@@ -24,11 +24,12 @@ tokens at ``cp = 16``), so long documents share few wide groups instead of loadi
 prolong-128k on 128 GPUs: the ``cp = 16`` packing at 16k and up, simulated 1.32x -> 1.05x the best peer on
 the ratio guard).
 
-:func:`best_packed` makes candidates per CP size of :func:`~.grouped.pack_sizes`, by both work models when
-head-parallel rings are on (identical placements once) and the threshold packing (tried for growing ``cp``
-until its floor rises),
-bounds each one's predicted step from below (:func:`quick_floor` before packing, :func:`packed_floor`
-after, no layout built), finishes those whose floor is below the step to beat, lowest floor first, as
+:func:`~.packed_search.best_packed` makes candidates per CP size of :func:`~.grouped.pack_sizes`, by both
+work models when head-parallel rings are on (identical placements once) and the threshold packing (tried
+for growing ``cp`` until its floor rises), and led packings (:mod:`.packed_search`: the longest documents on
+one wide leading group, the rest packed after it), bounds each one's predicted step from below
+(:func:`quick_floor` before packing, :func:`packed_floor` after, no layout built), finishes those whose
+floor is below the step to beat, lowest floor first, as
 ``plan_step`` finishes a placement but with the linear layout *equal* to the attention layout (Zeppelin's
 block widths, head-parallel rings, routing and local slots), and keeps one only where its predicted step
 *under the engine's charges* (:data:`CHARGES`: ``predict(..., charges="zeppelin")``, the device-memory work
@@ -60,26 +61,25 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Callable, Sequence
+from typing import Sequence
 
 from .cost_heads import head_ring_time, head_widths
 from .cost_model import CostModel
 from .engine_ring import local_copy_ms_per_token
-from .grouped import pack_sizes, rank_floors, ring_floor
+from .grouped import rank_floors, ring_floor
 from .options import PlannerOptions
 from .partition_context import Assignment
-from .plan import PlanError, StepPlan
-from .predict import predict
-from .zigzag import zigzag_tokens
+from .plan import PlanError
+from .zigzag import ring_max_tokens, zigzag_counts
 
 __all__ = ["split_pays", "sharded_ms", "head_parallel_threshold", "packed_groups", "packed_assignments",
-           "packed_floor", "quick_floor", "best_packed"]
+           "packed_floor", "quick_floor", "CHARGES", "QUICK"]
 
 
 CHARGES = "zeppelin"
-"""The charges :func:`best_packed` compares plans under (:func:`~.predict.predict`'s ``charges``): the engine's
-device-memory work included, which tracked the simulator better than the uncharged prediction on the
-candidates (module docstring)."""
+"""The charges :func:`~.packed_search.best_packed` compares plans under (:func:`~.predict.predict`'s
+``charges``): the engine's device-memory work included, which tracked the simulator better than the uncharged
+prediction on the candidates (module docstring)."""
 
 
 def _ring_ms(cost: CostModel, s: int, g: int) -> float:
@@ -140,8 +140,8 @@ def split_pays(cost: CostModel, s: int, g: int) -> bool:
     return hit  # type: ignore[no-any-return]
 
 
-def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *,
-                  head_parallel: bool = False, shard_from: int | None = None) -> list[tuple[int, ...]]:
+def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_parallel: bool = False,
+                  shard_from: int | None = None, first: int = 0) -> list[tuple[int, ...]]:
     """Ranks of each sequence under the packing with CP size ``cp`` (module docstring): ``(r,)`` for a
     whole one, the group's ``cp`` ranks in order for a sharded one.
 
@@ -151,16 +151,20 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *,
     least that many tokens are sharded, and those over one GPU, no others (:func:`head_parallel_threshold`:
     from there a head-parallel ring beats one GPU, and a plain ring that pays, :func:`split_pays`, pays
     head-parallel too, so no sequence below it would be sharded anyway); ``None`` (default): those where
-    :func:`split_pays` or over one GPU.
+    :func:`split_pays` or over one GPU. ``first``: pack over ranks ``first .. P-1`` only (``(P - first) / cp``
+    groups from rank ``first``; the ranks before hold a leading group, :mod:`.packed_search`), default all.
 
     Raises :class:`PlanError` (naming the sequence, its tokens and the limit) when ``cp`` does not divide
-    the world, a sequence too long for one GPU cannot be sharded (``cp = 1`` or ``s < 2 cp``), or a
+    the ranks packed over, a sequence too long for one GPU cannot be sharded (``cp = 1`` or ``s < 2 cp``), or a
     sequence fits in no group (``cp * tokens_per_gpu`` tokens) or on no GPU of its group."""
     cluster = cost.cluster
     world, cap = cluster.world_size, cluster.tokens_per_gpu
-    if cp < 1 or world % cp:
-        raise PlanError(f"cp_size = {cp} must be a positive divisor of the world size {world}")
-    n_groups = world // cp
+    if not 0 <= first < world:
+        raise PlanError(f"first = {first} must be a rank in [0, {world})")
+    if cp < 1 or (world - first) % cp:
+        raise PlanError(f"cp_size = {cp} must be a positive divisor of the world size {world}" if not first else
+                        f"cp_size = {cp} must be a positive divisor of the {world - first} ranks from {first}")
+    n_groups = (world - first) // cp
     if shard_from is None:
         shard = [split_pays(cost, s, cp) or s > cap for s in lengths]
     else:  # a plain ring that pays (split_pays) pays head-parallel too: no such sequence is below shard_from
@@ -169,19 +173,12 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *,
     if bad is not None:
         raise PlanError(f"sequence {bad} ({lengths[bad]} tokens) does not fit one GPU ({cap} tokens) and cannot "
                         f"be sharded over cp = {cp}")
-    share = max(1, sum(lengths) // world)
+    share = max(1, sum(lengths) // (world - first))
     lin_per_token = cost.linear_ms(share) / share
-    local: dict[int, float] = {}
-    work = []
-    for s, sh in zip(lengths, shard):
-        if sh:
-            w = cp * (sharded_ms(cost, s, cp) if head_parallel else _ring_ms(cost, s, cp))
-        else:
-            w = local.get(s, -1.0)
-            if w < 0:
-                w = local[s] = cost.local_ms(s)
-        work.append(w + s * lin_per_token)
-    order = sorted(range(len(lengths)), key=lambda i: (-work[i], -lengths[i], i))
+    ring_work = sharded_ms if head_parallel else _ring_ms
+    work = [(cp * ring_work(cost, s, cp) if sh else cost.local_ms(s)) + s * lin_per_token
+            for s, sh in zip(lengths, shard)]
+    order = [i for _, _, i in sorted(zip([-w for w in work], [-s for s in lengths], range(len(lengths))))]
     # groups by (work, index): the least-loaded group with room, ties to the lower group
     heap = [(0.0, b) for b in range(n_groups)]
     g_tok = [0] * n_groups
@@ -204,13 +201,13 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *,
     groups: list[tuple[int, ...]] = [()] * len(lengths)
     for i, s in enumerate(lengths):
         if shard[i]:
-            ranks = tuple(range(where[i] * cp, (where[i] + 1) * cp))
+            ranks = tuple(range(first + where[i] * cp, first + (where[i] + 1) * cp))
             groups[i] = ranks
             for r in ranks:
                 load[r] += work[i] / cp
                 tok[r] += -(-s // cp)
     # whole sequences: per group, ranks by (work, rank), the least-loaded one with room
-    rank_heaps = [sorted((load[r], r) for r in range(b * cp, (b + 1) * cp)) for b in range(n_groups)]
+    rank_heaps = [sorted((load[r], r) for r in range(first + b * cp, first + (b + 1) * cp)) for b in range(n_groups)]
     for i in order:
         if groups[i]:
             continue
@@ -229,22 +226,25 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *,
     return groups
 
 
-def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int, *,
-                       head_parallel: bool = False, shard_from: int | None = None) -> list[Assignment] | None:
+def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int, *, head_parallel: bool = False,
+                       shard_from: int | None = None, first: int = 0) -> list[Assignment] | None:
     """:func:`packed_groups` as the partitioner's :class:`Assignment` list (``local``, ``intra_node`` or
     ``inter_node`` by the group's nodes), or ``None`` when the packing fails (:class:`PlanError`) or leaves
     a rank over ``tokens_per_gpu`` (the packing checks a sharded sequence's room per group: its zigzag
     chunks can still round a nearly full rank over, e.g. two 5-token sequences on 2 GPUs of 5 tokens put
     3 + 3 on the first; such a packing is no candidate)."""
     try:
-        groups = packed_groups(lengths, cost, cp, head_parallel=head_parallel, shard_from=shard_from)
+        groups = packed_groups(lengths, cost, cp, head_parallel=head_parallel, shard_from=shard_from, first=first)
     except PlanError:
         return None
     cl = cost.cluster
     held = [0] * cl.world_size
     for s, g in zip(lengths, groups):
-        for p, r in enumerate(g):
-            held[r] += s if len(g) == 1 else zigzag_tokens(s, len(g), p)
+        if len(g) == 1:
+            held[g[0]] += s
+            continue
+        for r, t in zip(g, zigzag_counts(s, len(g))):
+            held[r] += t
     if max(held) > cl.tokens_per_gpu:
         return None
     return [Assignment("local", g) if len(g) == 1 else
@@ -267,8 +267,11 @@ def packed_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost
     tot, own, local = rank_floors(lengths, assignments, cost, options.head_parallel, charges)
     tokens = [0] * cost.cluster.world_size
     for s, a in zip(lengths, assignments):
-        for p, r in enumerate(a.ranks):
-            tokens[r] += s if a.placement == "local" else zigzag_tokens(s, len(a.ranks), p)
+        if a.placement == "local":
+            tokens[a.ranks[0]] += s
+            continue
+        for r, t in zip(a.ranks, zigzag_counts(s, len(a.ranks))):
+            tokens[r] += t
     oh = cost.call_overhead_ms
     att = [max(t, o + (max(x, oh) if x > 0 else 0.0)) for t, o, x in zip(tot, own, local)]
     return cost.model.layers * max(a + cost.linear_ms(t) for a, t in zip(att, tokens))
@@ -299,7 +302,7 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
             seen_shard = True
             total = min(ring_floor(cost, ranks, [s], options.head_parallel, charges)[0]
                         for ranks in _group_shapes(cost, cp))
-            bound = max(bound, total + per_token * max(zigzag_tokens(s, cp, q) for q in range(cp)))
+            bound = max(bound, total + per_token * ring_max_tokens(s, cp))
         else:
             seen_whole = True
             bound = max(bound, max(cost.local_ms(s) + s * copy, cost.call_overhead_ms) + per_token * s)
@@ -328,68 +331,3 @@ def _group_shapes(cost: CostModel, cp: int) -> tuple[tuple[int, ...], ...]:
 
 QUICK = 8
 """How many of the longest sequences :func:`quick_floor` looks at, at most."""
-
-
-def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, plan: StepPlan,
-                finish: Callable[[Sequence[Assignment]], StepPlan]) -> StepPlan:
-    """``plan`` or the packed candidate (module docstring) with the lowest predicted step under :data:`CHARGES`,
-    where that is below ``plan``'s by more than rounding (ties keep the earlier: ``plan``, then the lower floor,
-    the smaller ``cp``). ``finish`` turns assignments into a finished plan whose linear layout is its attention
-    layout. ``plan`` unchanged when ``options.remap`` is ``True`` (token-balanced layout forced) or ``plan`` has
-    no prediction.
-
-    Per CP size, smallest first: a ``cp`` whose longest document is sharded in every packing and alone puts
-    the floor at the step to beat is skipped whole (no threshold searched); the threshold packing
-    (``shard_from``) is tried until its :func:`packed_floor` rises from one ``cp`` to the next (its rings'
-    costs then grow faster than the balance gains; on 120 plans, Llama-3B / 7B / 13B shapes at 16-128 GPUs,
-    five length distributions, two batches each, stopping there changed none)."""
-    if options.remap is True or plan.predicted is None:
-        return plan
-    allowed = set(options.placements)
-    best, best_ms = plan, predict(plan, cost, charges=CHARGES).step_ms
-    seen: set[tuple[Assignment, ...]] = set()
-    floors = []
-    longest = sorted(lengths, reverse=True)[:QUICK]
-    rising, last = False, math.inf  # the threshold packings' floors over cp: tried until they rise
-    for cp in pack_sizes(lengths, cost.cluster):
-        # the packings of this cp: WLB-LLM's (plain rings' work); with head-parallel rings on, the same shards
-        # weighed by Zeppelin's rings, and those plus every sequence from the length where a head-parallel ring
-        # beats one GPU (head_parallel_threshold); identical placements once
-        variants: list[tuple[bool, int | None]] = [(False, None)]
-        if options.head_parallel:
-            variants.append((True, None))
-            top = longest[0]
-            if (split_pays(cost, top, cp) or top > cost.cluster.tokens_per_gpu) and \
-                    quick_floor(longest[:1], cost, cp, options) >= best_ms:
-                continue  # the longest sequence is sharded in every packing of this cp, and that alone loses
-            shard_from = None if rising else head_parallel_threshold(lengths, cost, cp)
-            if shard_from is not None:
-                variants.append((True, shard_from))
-        quick = {v[1]: quick_floor(longest, cost, cp, options, shard_from=v[1]) for v in variants}
-        shards = True
-        for head_parallel, shard_from in variants:
-            if quick[shard_from] >= best_ms:
-                continue  # cannot win: not even packed
-            if head_parallel and shard_from is None and not shards:
-                continue  # nothing sharded: the work models agree
-            assignments = packed_assignments(lengths, cost, cp, head_parallel=head_parallel, shard_from=shard_from)
-            if assignments is None or any(a.placement not in allowed for a in assignments):
-                continue
-            if shard_from is None:
-                shards = any(a.placement != "local" for a in assignments)
-            key = tuple(assignments)
-            if key in seen:  # a larger cp that shards nothing more, or nothing sharded: the same placement
-                continue
-            seen.add(key)
-            floor = packed_floor(lengths, assignments, cost, options)
-            floors.append((floor, cp, assignments))
-            if shard_from is not None:
-                rising, last = floor > last, floor
-    for floor, _cp, assignments in sorted(floors, key=lambda x: (x[0], x[1])):  # the likeliest winner first
-        if floor >= best_ms:
-            break  # a candidate's prediction (rounded to 1e-6 ms) is above best_ms - 1e-6: no win; floors ascend
-        cand = finish(assignments)
-        ms = predict(cand, cost, charges=CHARGES).step_ms
-        if ms < best_ms - 1e-6:
-            best, best_ms = cand, ms
-    return best

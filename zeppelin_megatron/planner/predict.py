@@ -129,14 +129,13 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
             local[s.ranks[0]] += t
     attn, own_compute = rank_attention(ring_total, ring_own, local, o)
     own_compute = [c - f for c, f in zip(own_compute, fixed)]  # the all-to-alls are communication
-    linear = [cost.linear_ms(plan.tokens(r, "linear")) for r in range(world)]
+    lin_t, att_t = plan.rank_tokens
+    linear = [cost.linear_ms(t) for t in lin_t]
     # the remap's row gathers and copies (none when the layouts are one: no remap runs; staying rows are never
     # sent; local sequences whole on their rank in both layouts run in place on the linear rows: not copied)
     sh = shape_of(cost)
     copies = [0.0] * world
     if charges == "zeppelin" and plan.linear_layout != plan.attention_layout:
-        lin_t = [plan.tokens(r, "linear") for r in range(world)]
-        att_t = [plan.tokens(r, "attention") for r in range(world)]
         stay = plan.staying_tokens  # tokens that stay on each rank
         whole = staying_rows(plan)  # the staying local sequences, run in place
         in_place = [sum(b - a for a, b in whole.get(r, {}).values()) for r in range(world)]

@@ -91,7 +91,7 @@ def build_remap(linear: Layout, attention: Layout) -> tuple[Segment, ...]:
         while i < len(a) and j < len(b):
             s0, e0, r0, o0 = a[i]
             s1, e1, r1, o1 = b[j]
-            lo, hi = max(s0, s1), min(e0, e1)
+            lo, hi = (s0 if s0 > s1 else s1), (e0 if e0 < e1 else e1)
             if lo < hi:
                 segments.append(Segment(r0, o0 + lo - s0, r1, o1 + lo - s1, hi - lo))
             if e0 <= e1:

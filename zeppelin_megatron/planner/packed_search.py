@@ -1,0 +1,217 @@
+"""Which packed candidate a step gets: :func:`best_packed` (the packings themselves: :mod:`.packed`).
+
+Two families of candidates, each a placement without a remap (the linear layout is the attention layout):
+
+* *Uniform* packings (:func:`~.packed.packed_groups` over every rank): per CP size ``cp`` of
+  :func:`~.grouped.pack_sizes`, WLB-LLM's packing (plain rings' work), the same shards weighed by Zeppelin's
+  rings, and the threshold packing (every document from :func:`~.packed.head_parallel_threshold` on
+  sharded).
+* *Led* packings (:func:`lead_splits`): the ``n`` longest documents share one ring over a leading group of
+  ``k`` ranks (whole nodes, a power of two times the node size, ``k < P``), every other document is packed
+  over the ranks after it (``packed_groups(..., first=k)``, the same three packings per CP size ``cp <= k``).
+  ``n`` makes the leading group's share of the batch's work (``local_ms(s) + lin * s`` per document, as the
+  packing weighs a whole one) closest to its share of the ranks, ``k / P``: one ``n`` per ``k``. That is the
+  shape of FlexSP's plans (a few wide groups for the long documents, narrow ones for the rest) with
+  Zeppelin's rings in each group, where a uniform ``cp`` either leaves the long documents on too few ranks
+  or spreads the short ones over rings that do not pay. Example: Llama-3B arxiv-128k on 64 GPUs, batch 0
+  (124.7k, 47.9k, 40.7k, 36.1k, ... tokens): the four longest hold 49.5% of the work, so ``k = 32`` leads
+  with them (a ring over 4 nodes, width 8) and the other 81 documents are packed over ranks 32-63 at
+  ``cp = 2``: charged prediction 1583 ms against 1902 for the partitioner's plan and 2031 for the best uniform
+  packing; simulated 1565 ms against 1886 before and FlexSP's 1606 (docs/planner.md).
+
+Every candidate is bounded from below before it is finished (:func:`~.packed.quick_floor` before packing,
+the leading ring's :func:`~.grouped.ring_floor` before packing the rest, :func:`~.packed.packed_floor` after);
+those below the step to beat are finished lowest floor first and one is kept only where its predicted step
+under :data:`~.packed.CHARGES` is lower (module docstring of :mod:`.packed`: why charged). Pure and
+deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+from .cost_model import CostModel
+from .grouped import ring_floor
+from .options import PlannerOptions
+from .packed import (
+    CHARGES, QUICK, head_parallel_threshold, packed_assignments, packed_floor, quick_floor, split_pays,
+)
+from .partition_context import Assignment
+from .plan import StepPlan
+from .predict import predict
+from .zigzag import zigzag_counts
+
+__all__ = ["best_packed", "lead_splits"]
+
+Emit = Callable[[list[Assignment], int, "int | None"], "float | None"]
+
+
+def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, plan: StepPlan,
+                finish: Callable[[Sequence[Assignment]], StepPlan]) -> StepPlan:
+    """``plan`` or the packed candidate (module docstring) with the lowest predicted step under :data:`CHARGES`,
+    where that is below ``plan``'s by more than rounding (ties keep the earlier: ``plan``, then the lower floor,
+    the smaller ``cp``). ``finish`` turns assignments into a finished plan whose linear layout is its attention
+    layout. ``plan`` unchanged when ``options.remap`` is ``True`` (token-balanced layout forced) or ``plan`` has
+    no prediction. Led packings only with head-parallel rings on (their leading ring is run head-parallel).
+
+    Per CP size, smallest first: a ``cp`` whose longest document is sharded in every packing and alone puts
+    the floor at the step to beat is skipped whole (no threshold searched); the threshold packing
+    (``shard_from``) is tried until its :func:`packed_floor` rises from one ``cp`` to the next (its rings'
+    costs then grow faster than the balance gains; on 120 plans, Llama-3B / 7B / 13B shapes at 16-128 GPUs,
+    five length distributions, two batches each, stopping there changed none)."""
+    if options.remap is True or plan.predicted is None:
+        return plan
+    best, best_ms = plan, predict(plan, cost, charges=CHARGES).step_ms
+    seen: set[tuple[Assignment, ...]] = set()
+    floors: list[tuple[float, int, list[Assignment]]] = []
+
+    def keep(assignments: list[Assignment], cp: int) -> float | None:
+        """Record a candidate (its floor), or ``None`` for a placement already recorded."""
+        key = tuple(assignments)
+        if key in seen:
+            return None
+        seen.add(key)
+        floor = packed_floor(lengths, assignments, cost, options)
+        floors.append((floor, cp, assignments))
+        return floor
+
+    _sweep(lengths, cost, options, best_ms, 0, lambda a, cp, _sf: keep(a, cp))
+    if options.head_parallel:
+        for k, top in lead_splits(lengths, cost):
+            bound = lead_floor([lengths[i] for i in top], k, cost, options)
+            lead = Assignment("intra_node" if k <= cost.cluster.gpus_per_node else "inter_node", tuple(range(k)))
+            if bound >= best_ms or lead.placement not in options.placements:
+                continue  # the leading ring alone loses
+            chosen = _led(lengths, top, lead, cost, options, best_ms, bound)
+            if chosen is not None and tuple(chosen[2]) not in seen:
+                seen.add(tuple(chosen[2]))
+                floors.append(chosen)
+    for floor, _cp, assignments in sorted(floors, key=lambda x: (x[0], x[1])):  # the likeliest winner first
+        if floor >= best_ms:
+            break  # a candidate's prediction (rounded to 1e-6 ms) is above best_ms - 1e-6: no win; floors ascend
+        cand = finish(assignments)
+        ms = predict(cand, cost, charges=CHARGES).step_ms
+        if ms < best_ms - 1e-6:
+            best, best_ms = cand, ms
+    return best
+
+
+def _led(lengths: Sequence[int], top: list[int], lead: Assignment, cost: CostModel, options: PlannerOptions,
+         best_ms: float, bound: float) -> tuple[float, int, list[Assignment]] | None:
+    """The led packing with the lowest :func:`~.packed.packed_floor` (ties: the smaller ``cp``) whose leading
+    ring over ``lead.ranks`` holds the sequences ``top``, the rest packed after it by threshold packings
+    (:func:`_sweep`, ``threshold_only``); ``None`` when none is below ``best_ms``. Stops at a floor equal to
+    ``bound`` (:func:`lead_floor`: the leading ring then sets it, no packing of the rest can lower it)."""
+    rest = [i for i in range(len(lengths)) if i not in set(top)]
+    found: list[tuple[float, int, list[Assignment]]] = []
+
+    def merged(sub: list[Assignment], cp: int, _sf: int | None) -> float | None:
+        full = [lead] * len(lengths)
+        for i, a in zip(rest, sub):
+            full[i] = a
+        floor = packed_floor(lengths, full, cost, options)
+        if floor < best_ms and (not found or floor < found[0][0]):
+            found[:] = [(floor, cp, full)]
+        return floor
+
+    _sweep([lengths[i] for i in rest], cost, options, best_ms, lead.ranks[-1] + 1, merged, threshold_only=True,
+           done=lambda: bool(found) and found[0][0] <= bound * (1 + 1e-12),
+           bar=lambda: found[0][0] if found else math.inf)
+    return found[0] if found else None
+
+
+def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, best_ms: float, first: int,
+           emit: Emit, *, threshold_only: bool = False, done: Callable[[], bool] = lambda: False,
+           bar: Callable[[], float] = lambda: math.inf) -> None:
+    """The packings of ``lengths`` over ranks ``first .. P-1`` per CP size (powers of two dividing the
+    ``P - first`` ranks whose GPUs hold the longest document), passed to ``emit(assignments, cp, shard_from)``,
+    which returns the candidate's floor (``None``: not kept). Per ``cp``: WLB-LLM's packing (plain rings'
+    work); with head-parallel rings on, the same shards weighed by Zeppelin's rings, and every document from
+    :func:`head_parallel_threshold` on sharded; identical placements once (``emit``). Skips what cannot win
+    (:func:`quick_floor` at ``best_ms``; :func:`best_packed`'s rules). ``threshold_only``: the threshold packing
+    alone (what a led packing's rest uses); ``done()``: stop when it says so (checked after each packing);
+    ``bar()``: a floor a packing must also be below to be made (a led packing keeps its lowest floor only)."""
+    cl = cost.cluster
+    cap, ranks = cl.tokens_per_gpu, cl.world_size - first
+    allowed = set(options.placements)
+    longest = sorted(lengths, reverse=True)[:QUICK]
+    if not longest:
+        return
+    rising, last = False, math.inf  # the threshold packings' floors over cp: tried until they rise
+    cp = 1
+    while cp <= ranks:
+        size, cp = cp, 2 * cp
+        if ranks % size or -(-longest[0] // size) > cap:
+            continue
+        variants: list[tuple[bool, int | None]] = [] if threshold_only else [(False, None)]
+        if options.head_parallel:
+            if not threshold_only:
+                variants.append((True, None))
+            top = longest[0]
+            if (split_pays(cost, top, size) or top > cap) and quick_floor(longest[:1], cost, size, options) >= best_ms:
+                continue  # the longest sequence is sharded in every packing of this cp, and that alone loses
+            shard_from = None if rising else head_parallel_threshold(lengths, cost, size)
+            if shard_from is not None:
+                variants.append((True, shard_from))
+        quick = {v[1]: quick_floor(longest, cost, size, options, shard_from=v[1]) for v in variants}
+        shards = True
+        for head_parallel, shard_from in variants:
+            if quick[shard_from] >= min(best_ms, bar()):
+                continue  # cannot win: not even packed
+            if head_parallel and shard_from is None and not shards:
+                continue  # nothing sharded: the work models agree
+            assignments = packed_assignments(lengths, cost, size, head_parallel=head_parallel, shard_from=shard_from,
+                                             first=first)
+            if assignments is None or any(a.placement not in allowed for a in assignments):
+                continue
+            if shard_from is None:
+                shards = any(a.placement != "local" for a in assignments)
+            floor = emit(assignments, size, shard_from)
+            if floor is not None and shard_from is not None:  # a led packing's rest: until the floor stops falling
+                rising, last = floor >= last if threshold_only else floor > last, floor
+            if done():
+                return
+
+
+def lead_splits(lengths: Sequence[int], cost: CostModel) -> list[tuple[int, list[int]]]:
+    """``(k, top)`` per leading group size ``k`` (module docstring): ``k`` a power of two times the GPUs per node,
+    below the world; ``top`` the indices of the ``n`` longest sequences (ties: the lower index) whose share of
+    the work is closest to ``k / P`` (ties: the smaller ``n``), each at least ``2 k`` tokens (fewer when the
+    ``n``-th is shorter) and their zigzag chunks within every rank's capacity; at least one sequence is left
+    for the other ranks. Example: 64 GPUs, shares of the longest 0.351, 0.412, 0.458, 0.495, 0.527: ``k = 32``
+    takes 4 (0.495 is closest to 0.5), ``k = 16`` and ``8`` take 1."""
+    cl = cost.cluster
+    world, gpn, cap = cl.world_size, cl.gpus_per_node, cl.tokens_per_gpu
+    share = max(1, sum(lengths) // world)
+    lin = cost.linear_ms(share) / share
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    work = [cost.local_ms(lengths[i]) + lengths[i] * lin for i in order]
+    total = sum(work)
+    cum, acc = [], 0.0
+    for w in work:
+        acc += w
+        cum.append(acc / total)
+    out = []
+    k = gpn
+    while k < world:
+        target = k / world
+        n = min(range(1, len(order)), key=lambda m: (abs(cum[m - 1] - target), m), default=0)
+        while n and lengths[order[n - 1]] < 2 * k:
+            n -= 1
+        top = order[:n]
+        if n >= 2 and max(map(sum, zip(*(zigzag_counts(lengths[i], k) for i in top)))) <= cap:
+            out.append((k, top))
+        k *= 2
+    return out
+
+
+def lead_floor(top: Sequence[int], k: int, cost: CostModel, options: PlannerOptions) -> float:
+    """A lower bound on :func:`~.packed.packed_floor` of any led packing whose leading ring over ranks
+    ``0 .. k-1`` holds the sequences ``top``: the ring's :func:`~.grouped.ring_floor` total under :data:`CHARGES`
+    plus the least linear ms per token times the tokens its busiest rank holds, for every layer (the leading
+    ranks hold nothing else)."""
+    per_token = min(cost.linear_ms(r.tokens) / r.tokens for r in cost.profile.linear)
+    total = ring_floor(cost, tuple(range(k)), list(top), options.head_parallel, CHARGES)[0]
+    tokens = max(map(sum, zip(*(zigzag_counts(s, k) for s in top))))
+    return cost.model.layers * (total + per_token * tokens)
