@@ -438,3 +438,28 @@ def test_engine_order_carries_what_its_reorder_keeps(spec: str, tokens: int) -> 
             assert predict(plan, cost, charges=charges) == predict(fresh, cost, charges=charges)
         for name in StepPlan.REORDER_INVARIANT:
             assert getattr(plan, name) == getattr(fresh, name)
+
+
+def test_ablation_options_leave_out_their_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PlannerOptions(packed_leads=False): no led packing is searched; packed_threshold=False as well: no threshold
+    is searched at all; each changes the plan of some batch where its candidate wins; bad values are named."""
+    from zeppelin_megatron.planner import packed_search
+    from zeppelin_megatron.sim.lengths import sample_steps
+    with pytest.raises(PlanError, match="packed_leads is 1, expected True or False"):
+        PlannerOptions(packed_leads=1)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match="packed_threshold is 'no', expected True or False"):
+        PlannerOptions(packed_threshold="no")  # type: ignore[arg-type]
+    cost = _cost("4x8")
+    batches = sample_steps("prolong-64k", 2, 1 << 18, 0) + sample_steps("arxiv-128k", 2, 1 << 18, 0)
+    default = [plan_step(b, cost).to_json() for b in batches]
+
+    def refuse(*_a: object, **_k: object) -> object:
+        raise AssertionError("searched although left out")
+
+    with monkeypatch.context() as m:
+        m.setattr(packed_search, "lead_splits", refuse)
+        no_leads = [plan_step(b, cost, PlannerOptions(packed_leads=False)).to_json() for b in batches]
+        m.setattr(packed_search, "head_parallel_threshold", refuse)
+        neither = [plan_step(b, cost, PlannerOptions(packed_leads=False, packed_threshold=False)).to_json()
+                   for b in batches]
+    assert no_leads != default and neither != no_leads

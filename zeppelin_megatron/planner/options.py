@@ -72,6 +72,13 @@ class PlannerOptions:
     """Also try packed candidates (:mod:`.packed`: documents packed by attention + linear work per rank, WLB-LLM's
     placement, with the linear layout equal to the attention layout: no remap) and keep one whose predicted step
     under the engine's charges is lower. Not tried when ``remap`` is ``True`` (token-balanced layout forced)."""
+    packed_threshold: bool = True
+    """Among the packed candidates (with ``packed`` and head-parallel rings on), per CP size also the packing that
+    shards every document from :func:`~.packed.head_parallel_threshold` on (ablation: ``False``)."""
+    packed_leads: bool = True
+    """Among the packed candidates (with ``packed`` and head-parallel rings on), also the led packings
+    (:mod:`.packed_search`: the longest documents on a leading group of nodes, the rest packed after it;
+    ablation: ``False``)."""
     grouped: bool = False
     """Also try TE-CP-a2a+p2p-style candidates (:mod:`.grouped`: every split sequence on a whole CP group of
     nodes, head-parallel) and keep one where it beats the partitioner's plan on both the predicted step and
@@ -90,6 +97,9 @@ class PlannerOptions:
             raise PlanError(f"remap_overlap is {self.remap_overlap!r}, expected True or False")
         if not isinstance(self.packed, bool):
             raise PlanError(f"packed is {self.packed!r}, expected True or False")
+        for name in ("packed_threshold", "packed_leads"):
+            if not isinstance(getattr(self, name), bool):
+                raise PlanError(f"{name} is {getattr(self, name)!r}, expected True or False")
         if not isinstance(self.grouped, bool):
             raise PlanError(f"grouped is {self.grouped!r}, expected True or False")
         if not _is_remap(self.remap):

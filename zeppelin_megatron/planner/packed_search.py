@@ -76,8 +76,8 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
         floors.append((floor, cp, assignments))
         return floor
 
-    _sweep(lengths, cost, options, best_ms, 0, lambda a, cp, _sf: keep(a, cp))
-    if options.head_parallel:
+    _sweep(lengths, cost, options, best_ms, 0, lambda a, cp, _sf: keep(a, cp), threshold=options.packed_threshold)
+    if options.head_parallel and options.packed_leads:
         for k, top in lead_splits(lengths, cost):
             bound = lead_floor([lengths[i] for i in top], k, cost, options)
             lead = Assignment("intra_node" if k <= cost.cluster.gpus_per_node else "inter_node", tuple(range(k)))
@@ -122,15 +122,16 @@ def _led(lengths: Sequence[int], top: list[int], lead: Assignment, cost: CostMod
 
 
 def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, best_ms: float, first: int,
-           emit: Emit, *, threshold_only: bool = False, done: Callable[[], bool] = lambda: False,
-           bar: Callable[[], float] = lambda: math.inf) -> None:
+           emit: Emit, *, threshold_only: bool = False, threshold: bool = True,
+           done: Callable[[], bool] = lambda: False, bar: Callable[[], float] = lambda: math.inf) -> None:
     """The packings of ``lengths`` over ranks ``first .. P-1`` per CP size (powers of two dividing the
     ``P - first`` ranks whose GPUs hold the longest document), passed to ``emit(assignments, cp, shard_from)``,
     which returns the candidate's floor (``None``: not kept). Per ``cp``: WLB-LLM's packing (plain rings'
     work); with head-parallel rings on, the same shards weighed by Zeppelin's rings, and every document from
     :func:`head_parallel_threshold` on sharded; identical placements once (``emit``). Skips what cannot win
     (:func:`quick_floor` at ``best_ms``; :func:`best_packed`'s rules). ``threshold_only``: the threshold packing
-    alone (what a led packing's rest uses); ``done()``: stop when it says so (checked after each packing);
+    alone (what a led packing's rest uses); ``threshold``: ``False`` leaves it out (``PlannerOptions.packed_threshold``,
+    an ablation); ``done()``: stop when it says so (checked after each packing);
     ``bar()``: a floor a packing must also be below to be made (a led packing keeps its lowest floor only)."""
     cl = cost.cluster
     cap, ranks = cl.tokens_per_gpu, cl.world_size - first
@@ -151,7 +152,7 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
             top = longest[0]
             if (split_pays(cost, top, size) or top > cap) and quick_floor(longest[:1], cost, size, options) >= best_ms:
                 continue  # the longest sequence is sharded in every packing of this cp, and that alone loses
-            shard_from = None if rising else head_parallel_threshold(lengths, cost, size)
+            shard_from = None if rising or not threshold else head_parallel_threshold(lengths, cost, size)
             if shard_from is not None:
                 variants.append((True, shard_from))
         quick = {v[1]: quick_floor(longest, cost, size, options, shard_from=v[1]) for v in variants}

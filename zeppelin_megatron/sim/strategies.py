@@ -164,6 +164,10 @@ _DESCRIPTIONS: dict[str, str] = {
                              "choice of layout)",
     "zeppelin-no-packed": "Zeppelin without packed candidates (no WLB-LLM-style placement balancing attention + "
                           "linear work with no remap; PlannerOptions(packed=False))",
+    "zeppelin-no-threshold-packing": "Zeppelin without the packed candidates that shard every document from the "
+                                     "head-parallel threshold on (PlannerOptions(packed_threshold=False))",
+    "zeppelin-no-led-packing": "Zeppelin without led packed candidates (the longest documents on a leading group "
+                               "of nodes, the rest packed after it; PlannerOptions(packed_leads=False))",
     "zeppelin-grouped": "Zeppelin also trying TE-CP-a2a+p2p-style whole-node CP groups as candidates "
                         "(PlannerOptions(grouped=True), opt-in)",
     "te-cp": "TE CP: fixed CP groups, every sequence zigzag-split over its group, packed by tokens",
@@ -191,6 +195,8 @@ _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
     "zeppelin-no-remap-overlap": _zeppelin(remap_overlap=False),
     "zeppelin-remap-always": _zeppelin(remap=True),
     "zeppelin-no-packed": _zeppelin(packed=False),
+    "zeppelin-no-threshold-packing": _zeppelin(packed_threshold=False),
+    "zeppelin-no-led-packing": _zeppelin(packed_leads=False),
     "zeppelin-grouped": _zeppelin(grouped=True),
     "te-cp": _te_cp(routing=False),
     "te-cp-routing": _te_cp(routing=True),
