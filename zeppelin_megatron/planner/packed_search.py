@@ -103,7 +103,8 @@ def _led(lengths: Sequence[int], top: list[int], lead: Assignment, cost: CostMod
     ring over ``lead.ranks`` holds the sequences ``top``, the rest packed after it by threshold packings
     (:func:`_sweep`, ``threshold_only``); ``None`` when none is below ``best_ms``. Stops at a floor equal to
     ``bound`` (:func:`lead_floor`: the leading ring then sets it, no packing of the rest can lower it)."""
-    rest = [i for i in range(len(lengths)) if i not in set(top)]
+    chosen = set(top)
+    rest = [i for i in range(len(lengths)) if i not in chosen]
     found: list[tuple[float, int, list[Assignment]]] = []
 
     def merged(sub: list[Assignment], cp: int, _sf: int | None) -> float | None:
