@@ -1,0 +1,36 @@
+"""A deterministic guard on planning work for ``benchmarks/plan_speed.py``'s batches (1M long-tailed tokens on 16 x 8
+GPUs): how many candidates ``plan_step`` finishes and how many packings it makes. Wall-clock time is not tested (CI's
+shared machine varies by 2x); these counts are what the 50 ms budget rests on (docs/planner.md, "Packed candidates":
+about 43 ms with two candidates finished and four to five packings per step), so a change that adds work to every
+step fails here first."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeppelin_megatron.planner import CostModel, api, load_cluster, load_model, packed_search, plan_step
+from zeppelin_megatron.planner.workloads import long_tailed_batch
+
+
+def test_plan_speed_batches_finish_two_candidates_and_pack_a_few_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    counts = {"finished": 0, "packings": 0}
+    finish, pack = api._candidate, packed_search.packed_assignments
+
+    def counted_finish(*a: object, **k: object) -> object:
+        counts["finished"] += 1
+        return finish(*a, **k)  # type: ignore[arg-type]
+
+    def counted_pack(*a: object, **k: object) -> object:
+        counts["packings"] += 1
+        return pack(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(api, "_candidate", counted_finish)
+    monkeypatch.setattr(packed_search, "packed_assignments", counted_pack)
+    cost = CostModel(model=load_model(None), cluster=load_cluster("16x8"))
+    per_plan = []
+    for seed in range(5):
+        counts.update(finished=0, packings=0)
+        plan = plan_step(long_tailed_batch(1 << 20, seed), cost)
+        per_plan.append((counts["finished"], counts["packings"], plan.origin))
+    assert all(f <= 2 and p <= 6 for f, p, _ in per_plan), per_plan
+    assert all(o == "packed" for _, _, o in per_plan), per_plan  # a packed plan wins each (docs/planner.md)
