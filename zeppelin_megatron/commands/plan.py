@@ -31,7 +31,8 @@ _REMAP: dict[str, Remap] = {REMAP_WORDS[v].split()[0]: v for v in REMAP_CHOICES}
 
 _ORIGIN_WORDS: dict[str | None, str] = {
     None: "the partitioner's",
-    "packed": "packed (documents packed by attention + linear work per GPU, no remap: planner/packed.py)",
+    "packed": "packed (documents packed by attention + linear work per GPU, in CP groups of one size or after a "
+              "leading group for the longest; no remap: planner/packed.py, packed_search.py)",
     "grouped": "CP groups (every split document on a whole group of nodes: planner/grouped.py)",
 }
 """How the summary names :attr:`StepPlan.origin`."""
