@@ -100,3 +100,21 @@ def test_profile_round_trip() -> None:
     p = default_profile()
     assert parse_profile(p.to_dict()) == p
     assert math.isclose(p.call_overhead_ms, 1.0925)
+
+
+def test_link_times_are_link_ms_with_the_links_terms() -> None:
+    """nvlink_ms / nic_ms apply link_ms with the profile's bandwidth (else the cluster's) and the cluster's latency,
+    the terms computed once; nic_ms splits the bytes over the NICs."""
+    from dataclasses import replace as dc_replace
+
+    from zeppelin_megatron.planner import CostModel, load_cluster, load_model
+    base = CostModel(model=load_model(None), cluster=load_cluster("2x8"))
+    for cost in (base, CostModel(model=base.model, cluster=base.cluster,
+                                 profile=dc_replace(base.profile, nvlink_GBps=None, nic_GBps=None))):
+        p, c = cost.profile, cost.cluster
+        for nbytes in (0, 1, 4096, 3.5e8):
+            assert cost.nvlink_ms(nbytes) == cost.link_ms(nbytes, p.nvlink_GBps or c.nvlink_GBps, c.nvlink_latency_us)
+            for nics in (1, 3):
+                assert cost.nic_ms(nbytes, nics) == cost.link_ms(nbytes / nics, p.nic_GBps or c.nic_GBps,
+                                                                 c.nic_latency_us)
+    assert base.nvlink_ms(0) == base.nic_ms(-1.0) == 0.0

@@ -223,6 +223,8 @@ class CostModel:
         return ring_chunk_pair_tokens(s, ring) * self.kv_bytes_per_token
 
     def link_ms(self, nbytes: float, GBps: float, latency_us: float) -> float:
+        """``latency + bytes / bandwidth`` of one transfer over a link (0 for no bytes): the definition
+        :meth:`nvlink_ms` and :meth:`nic_ms` apply with their links' terms computed once (``_links``)."""
         if nbytes <= 0:
             return 0.0
         return nbytes / (GBps * 1e6) + latency_us * 1e-3

@@ -191,15 +191,23 @@ def _plain_steps(ranks: tuple[int, ...], k: int, hops: list[tuple[tuple[int, ...
             for i in via:
                 if ends[h] > done[i]:
                     done[i] = ends[h]
-        ready = [x + c for x in post[:g]]
-        gaps.update(zip([(r, k, j) for r in ranks], [d - x if d > x else 0.0 for d, x in zip(done, ready)]))
-        post = [d if d > x else x for d, x in zip(done, ready)] + [
-            d if d > x else x for d, x in zip(done[g:], post[g:])]
+        post = _end_step(ranks, k, j, done, post, c, gaps) + [d if d > x else x for d, x in zip(done[g:], post[g:])]
     last = max(off, o)  # rings have g >= 2
     for r, x in zip(ranks, post):
         free[r] = x + last
     for r, x in zip(extra, post[g:]):
         free[r] = x
+
+
+def _end_step(ranks: tuple[int, ...], k: int, j: int, done: list[float], post: list[float], c: float,
+              gaps: dict[tuple[int, int, int], float]) -> list[float]:
+    """The end of step ``j`` of ring ``k`` for its members (``ranks``, by position; ``done`` / ``post`` indexed
+    alike, longer lists cut to the members): each is free at the later of its hops' end (``done``) and its
+    kernel's (``post + c``), and waits the difference (``gaps[(rank, k, j)]``, 0 when the kernel ends last).
+    Returns the members' new ``post``. Example: ``done = [5.0]``, ``post = [1.0]``, ``c = 3``: gap 1, ``[5.0]``."""
+    ready = [x + c for x in post[:len(ranks)]]
+    gaps.update(zip([(r, k, j) for r in ranks], [d - x if d > x else 0.0 for d, x in zip(done, ready)]))
+    return [d if d > x else x for d, x in zip(done, ready)]
 
 
 _STEADY_MS = 1e-9
@@ -249,9 +257,7 @@ def _head_timeline(plan: StepPlan, cost: "CostModel", k: int, free: list[float],
                 done[p] = end
             if end > done[q]:
                 done[q] = end
-        ready = [x + c for x in post]
-        gaps.update(zip([(r, k, j) for r in ranks], [d - x if d > x else 0.0 for d, x in zip(done, ready)]))
-        post = [d if d > x else x for d, x in zip(done, ready)]
+        post = _end_step(ranks, k, j, done, post, c, gaps)
     last = max(h.off if m > 1 else h.diag, o)
     for blk in blocks:
         end = max(post[p] for p in blk) + last + h.tokens_ms

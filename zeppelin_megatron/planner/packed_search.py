@@ -29,7 +29,7 @@ deterministic.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 from .cost_model import CostModel
 from .grouped import ring_floor
@@ -44,7 +44,7 @@ from .zigzag import zigzag_counts
 
 __all__ = ["best_packed", "lead_splits"]
 
-Emit = Callable[[list[Assignment], int, "int | None"], "float | None"]
+Emit = Callable[[list[Assignment], int], "float | None"]
 
 
 def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, plan: StepPlan,
@@ -66,17 +66,20 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
     seen: set[tuple[Assignment, ...]] = set()
     floors: list[tuple[float, int, list[Assignment]]] = []
 
-    def keep(assignments: list[Assignment], cp: int) -> float | None:
-        """Record a candidate (its floor), or ``None`` for a placement already recorded."""
+    def keep(assignments: list[Assignment], cp: int, floor: float | None = None) -> float | None:
+        """Record a candidate with its floor (computed unless given), or ``None`` for a placement already
+        recorded."""
         key = tuple(assignments)
         if key in seen:
             return None
         seen.add(key)
-        floor = packed_floor(lengths, assignments, cost, options)
+        if floor is None:
+            floor = packed_floor(lengths, assignments, cost, options)
         floors.append((floor, cp, assignments))
         return floor
 
-    _sweep(lengths, cost, options, best_ms, 0, lambda a, cp, _sf: keep(a, cp), threshold=options.packed_threshold)
+    _sweep(lengths, cost, options, best_ms, 0, keep,
+           threshold="with" if options.packed_threshold else "without")
     if options.head_parallel and options.packed_leads:
         for k, top in lead_splits(lengths, cost):
             bound = lead_floor([lengths[i] for i in top], k, cost, options)
@@ -84,9 +87,8 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
             if bound >= best_ms or lead.placement not in options.placements:
                 continue  # the leading ring alone loses
             chosen = _led(lengths, top, lead, cost, options, best_ms, bound)
-            if chosen is not None and tuple(chosen[2]) not in seen:
-                seen.add(tuple(chosen[2]))
-                floors.append(chosen)
+            if chosen is not None:
+                keep(chosen[2], chosen[1], chosen[0])
     for floor, _cp, assignments in sorted(floors, key=lambda x: (x[0], x[1])):  # the likeliest winner first
         if floor >= best_ms:
             break  # a candidate's prediction (rounded to 1e-6 ms) is above best_ms - 1e-6: no win; floors ascend
@@ -101,13 +103,13 @@ def _led(lengths: Sequence[int], top: list[int], lead: Assignment, cost: CostMod
          best_ms: float, bound: float) -> tuple[float, int, list[Assignment]] | None:
     """The led packing with the lowest :func:`~.packed.packed_floor` (ties: the smaller ``cp``) whose leading
     ring over ``lead.ranks`` holds the sequences ``top``, the rest packed after it by threshold packings
-    (:func:`_sweep`, ``threshold_only``); ``None`` when none is below ``best_ms``. Stops at a floor equal to
+    (:func:`_sweep`, ``threshold="only"``); ``None`` when none is below ``best_ms``. Stops at a floor equal to
     ``bound`` (:func:`lead_floor`: the leading ring then sets it, no packing of the rest can lower it)."""
     chosen = set(top)
     rest = [i for i in range(len(lengths)) if i not in chosen]
     found: list[tuple[float, int, list[Assignment]]] = []
 
-    def merged(sub: list[Assignment], cp: int, _sf: int | None) -> float | None:
+    def merged(sub: list[Assignment], cp: int) -> float | None:
         full = [lead] * len(lengths)
         for i, a in zip(rest, sub):
             full[i] = a
@@ -116,24 +118,24 @@ def _led(lengths: Sequence[int], top: list[int], lead: Assignment, cost: CostMod
             found[:] = [(floor, cp, full)]
         return floor
 
-    _sweep([lengths[i] for i in rest], cost, options, best_ms, lead.ranks[-1] + 1, merged, threshold_only=True,
+    _sweep([lengths[i] for i in rest], cost, options, best_ms, lead.ranks[-1] + 1, merged, threshold="only",
            done=lambda: bool(found) and found[0][0] <= bound * (1 + 1e-12),
            bar=lambda: found[0][0] if found else math.inf)
     return found[0] if found else None
 
 
 def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, best_ms: float, first: int,
-           emit: Emit, *, threshold_only: bool = False, threshold: bool = True,
+           emit: Emit, *, threshold: Literal["with", "without", "only"] = "with",
            done: Callable[[], bool] = lambda: False, bar: Callable[[], float] = lambda: math.inf) -> None:
     """The packings of ``lengths`` over ranks ``first .. P-1`` per CP size (powers of two dividing the
-    ``P - first`` ranks whose GPUs hold the longest document), passed to ``emit(assignments, cp, shard_from)``,
+    ``P - first`` ranks whose GPUs hold the longest document), passed to ``emit(assignments, cp)``,
     which returns the candidate's floor (``None``: not kept). Per ``cp``: WLB-LLM's packing (plain rings'
     work); with head-parallel rings on, the same shards weighed by Zeppelin's rings, and every document from
     :func:`head_parallel_threshold` on sharded; identical placements once (``emit``). Skips what cannot win
-    (:func:`quick_floor` at ``best_ms``; :func:`best_packed`'s rules). ``threshold_only``: the threshold packing
-    alone (what a led packing's rest uses); ``threshold``: ``False`` leaves it out (``PlannerOptions.packed_threshold``,
-    an ablation); ``done()``: stop when it says so (checked after each packing);
-    ``bar()``: a floor a packing must also be below to be made (a led packing keeps its lowest floor only)."""
+    (:func:`quick_floor` at ``best_ms``; :func:`best_packed`'s rules). ``threshold``: ``"without"`` leaves the
+    threshold packing out (``PlannerOptions.packed_threshold``, an ablation), ``"only"`` makes it alone (what a
+    led packing's rest uses, until its floor stops falling); ``done()``: stop when it says so (checked after each
+    packing); ``bar()``: a floor a packing must also be below to be made (a led packing keeps its lowest floor only)."""
     cl = cost.cluster
     cap, ranks = cl.tokens_per_gpu, cl.world_size - first
     allowed = set(options.placements)
@@ -146,14 +148,15 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
         size, cp = cp, 2 * cp
         if ranks % size or -(-longest[0] // size) > cap:
             continue
-        variants: list[tuple[bool, int | None]] = [] if threshold_only else [(False, None)]
+        only = threshold == "only"
+        variants: list[tuple[bool, int | None]] = [] if only else [(False, None)]
         if options.head_parallel:
-            if not threshold_only:
+            if not only:
                 variants.append((True, None))
             top = longest[0]
             if (split_pays(cost, top, size) or top > cap) and quick_floor(longest[:1], cost, size, options) >= best_ms:
                 continue  # the longest sequence is sharded in every packing of this cp, and that alone loses
-            shard_from = None if rising or not threshold else head_parallel_threshold(lengths, cost, size)
+            shard_from = None if rising or threshold == "without" else head_parallel_threshold(lengths, cost, size)
             if shard_from is not None:
                 variants.append((True, shard_from))
         quick = {v[1]: quick_floor(longest, cost, size, options, shard_from=v[1]) for v in variants}
@@ -169,9 +172,9 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
                 continue
             if shard_from is None:
                 shards = any(a.placement != "local" for a in assignments)
-            floor = emit(assignments, size, shard_from)
+            floor = emit(assignments, size)
             if floor is not None and shard_from is not None:  # a led packing's rest: until the floor stops falling
-                rising, last = floor >= last if threshold_only else floor > last, floor
+                rising, last = floor >= last if only else floor > last, floor
             if done():
                 return
 

@@ -132,11 +132,9 @@ def zigzag_tokens(length: int, ring_size: int, position: int) -> int:
 def zigzag_counts(length: int, ring_size: int) -> tuple[int, ...]:
     """:func:`zigzag_tokens` of every position, by position (memoised: packings ask for every sharded sequence
     at every position). Example: ``s = 41``, ``g = 2``: ``(21, 20)``. Raises as :func:`zigzag_ranges` does."""
-    g = ring_size
-    if g < 1 or length < 2 * g:
-        chunk_bounds(length, ring_size)  # raises the explanatory error
-    base, extra = divmod(length, 2 * g)
-    return tuple(2 * base + (p < extra) + (2 * g - 1 - p < extra) for p in range(g))
+    if ring_size < 1:
+        chunk_bounds(length, ring_size)  # raises the explanatory error (a ring of no position)
+    return tuple(zigzag_tokens(length, ring_size, p) for p in range(ring_size))
 
 
 def ring_max_tokens(length: int, ring_size: int) -> int:
