@@ -79,6 +79,9 @@ class PlannerOptions:
     """Among the packed candidates (with ``packed`` and head-parallel rings on), also the led packings
     (:mod:`.packed_search`: the longest documents on a leading group of nodes, the rest packed after it;
     ablation: ``False``)."""
+    packed_refine: bool = True
+    """When a packed candidate wins, refine it (:mod:`.packed_refine`: a whole document on a group's busiest rank
+    joins the group's ring, kept where the predicted step gets no slower; ablation: ``False``)."""
     grouped: bool = False
     """Also try TE-CP-a2a+p2p-style candidates (:mod:`.grouped`: every split sequence on a whole CP group of
     nodes, head-parallel) and keep one where it beats the partitioner's plan on both the predicted step and
@@ -97,7 +100,7 @@ class PlannerOptions:
             raise PlanError(f"remap_overlap is {self.remap_overlap!r}, expected True or False")
         if not isinstance(self.packed, bool):
             raise PlanError(f"packed is {self.packed!r}, expected True or False")
-        for name in ("packed_threshold", "packed_leads"):
+        for name in ("packed_threshold", "packed_leads", "packed_refine"):
             if not isinstance(getattr(self, name), bool):
                 raise PlanError(f"{name} is {getattr(self, name)!r}, expected True or False")
         if not isinstance(self.grouped, bool):

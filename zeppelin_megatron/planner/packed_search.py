@@ -37,6 +37,7 @@ from .options import PlannerOptions
 from .packed import (
     CHARGES, QUICK, head_parallel_threshold, packed_assignments, packed_floor, quick_floor, split_pays,
 )
+from .packed_refine import refine_packed
 from .partition_context import Assignment
 from .plan import StepPlan
 from .predict import predict
@@ -59,7 +60,8 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
     the floor at the step to beat is skipped whole (no threshold searched); the threshold packing
     (``shard_from``) is tried until its :func:`packed_floor` rises from one ``cp`` to the next (its rings'
     costs then grow faster than the balance gains; on 120 plans, Llama-3B / 7B / 13B shapes at 16-128 GPUs,
-    five length distributions, two batches each, stopping there changed none)."""
+    five length distributions, two batches each, stopping there changed none). A packed winner is then refined
+    (:func:`~.packed_refine.refine_packed`, with ``options.packed_refine``)."""
     if options.remap is True or plan.predicted is None:
         return plan
     best, best_ms = plan, predict(plan, cost, charges=CHARGES).step_ms
@@ -89,13 +91,16 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
             chosen = _led(lengths, top, lead, cost, options, best_ms, bound)
             if chosen is not None:
                 keep(chosen[2], chosen[1], chosen[0])
+    won: list[Assignment] | None = None
     for floor, _cp, assignments in sorted(floors, key=lambda x: (x[0], x[1])):  # the likeliest winner first
         if floor >= best_ms:
             break  # a candidate's prediction (rounded to 1e-6 ms) is above best_ms - 1e-6: no win; floors ascend
         cand = finish(assignments)
         ms = predict(cand, cost, charges=CHARGES).step_ms
         if ms < best_ms - 1e-6:
-            best, best_ms = cand, ms
+            best, best_ms, won = cand, ms, assignments
+    if won is not None and options.packed_refine:
+        best = refine_packed(lengths, cost, options, won, best, finish)
     return best
 
 

@@ -168,6 +168,8 @@ _DESCRIPTIONS: dict[str, str] = {
                                      "head-parallel threshold on (PlannerOptions(packed_threshold=False))",
     "zeppelin-no-led-packing": "Zeppelin without led packed candidates (the longest documents on a leading group "
                                "of nodes, the rest packed after it; PlannerOptions(packed_leads=False))",
+    "zeppelin-no-packed-refine": "Zeppelin without refining the kept packed plan (whole documents on a group's "
+                                 "busiest rank joining its ring; PlannerOptions(packed_refine=False))",
     "zeppelin-grouped": "Zeppelin also trying TE-CP-a2a+p2p-style whole-node CP groups as candidates "
                         "(PlannerOptions(grouped=True), opt-in)",
     "te-cp": "TE CP: fixed CP groups, every sequence zigzag-split over its group, packed by tokens",
@@ -197,6 +199,7 @@ _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
     "zeppelin-no-packed": _zeppelin(packed=False),
     "zeppelin-no-threshold-packing": _zeppelin(packed_threshold=False),
     "zeppelin-no-led-packing": _zeppelin(packed_leads=False),
+    "zeppelin-no-packed-refine": _zeppelin(packed_refine=False),
     "zeppelin-grouped": _zeppelin(grouped=True),
     "te-cp": _te_cp(routing=False),
     "te-cp-routing": _te_cp(routing=True),
