@@ -148,6 +148,10 @@ def ring_floor(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int],
     * head-parallel at width ``a``: ``total`` of :func:`~.cost_heads.head_ring_time` (no term depends on
       the plan's routes), and ``own + a2a_ms`` (what ``predict`` adds to the rank's own time).
     """
+    key = ("ring_floor", ranks, tuple(lengths), head_parallel, charges)
+    hit = cost._cache.get(key)
+    if hit is not None:  # memoised: packings of one step share rings (the leading one, single sequences)
+        return hit  # type: ignore[no-any-return]
     st = ring_steps(cost, lengths, len(ranks), charges=charges)
     plain = st.diag + (len(ranks) - 1) * st.off + st.first_late
     total = own = plain
@@ -155,6 +159,7 @@ def ring_floor(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int],
         for a in head_widths(cost, ranks):
             h = head_ring_time(cost, ranks, lengths, a, charges)
             total, own = min(total, h.total), min(own, h.own + h.a2a_ms)
+    cost._cache[key] = (total, own)
     return total, own
 
 

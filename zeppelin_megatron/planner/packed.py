@@ -141,7 +141,7 @@ def split_pays(cost: CostModel, s: int, g: int) -> bool:
 
 
 def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_parallel: bool = False,
-                  shard_from: int | None = None, first: int = 0) -> list[tuple[int, ...]]:
+                  shard_from: int | None = None, first: int = 0, lead: Sequence[int] = ()) -> list[tuple[int, ...]]:
     """Ranks of each sequence under the packing with CP size ``cp`` (module docstring): ``(r,)`` for a
     whole one, the group's ``cp`` ranks in order for a sharded one.
 
@@ -153,6 +153,14 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
     head-parallel too, so no sequence below it would be sharded anyway); ``None`` (default): those where
     :func:`split_pays` or over one GPU. ``first``: pack over ranks ``first .. P-1`` only (``(P - first) / cp``
     groups from rank ``first``; the ranks before hold a leading group, :mod:`.packed_search`), default all.
+    ``lead``: indices of sequences sharded together over ranks ``0 .. first-1`` (a *filled* leading group,
+    ``first >= 2``): that group then takes part in the packing as one more group, weighed per rank (its work
+    times ``cp / first`` against a CP group's), starting with the lead's work (:func:`sharded_ms` over
+    ``first`` ranks, or the plain ring's); it takes whole sequences only (to its least-loaded rank), the other
+    groups shard as above. Example (Llama-7B, 1 x 8 GPUs): ``[12000] + [3000] * 30``, ``first = 2``, ``cp = 1``,
+    ``lead = [0]``: 12000 is sharded over ranks 0 and 1, which then take two and one of the short documents
+    (their load reached the others'), ranks 2-7 five or four each (FlexSP's shape: one pair, six single GPUs;
+    with 40000 instead the pair takes none).
 
     Raises :class:`PlanError` (naming the sequence, its tokens and the limit) when ``cp`` does not divide
     the ranks packed over, a sequence too long for one GPU cannot be sharded (``cp = 1`` or ``s < 2 cp``), or a
@@ -165,42 +173,63 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
         raise PlanError(f"cp_size = {cp} must be a positive divisor of the world size {world}" if not first else
                         f"cp_size = {cp} must be a positive divisor of the {world - first} ranks from {first}")
     n_groups = (world - first) // cp
+    led = set(lead)
+    if led and (first < 2 or min(lengths[i] for i in led) < 2 * first):
+        raise PlanError(f"a leading group of {first} ranks needs first >= 2 and at least {2 * first} tokens per "
+                        f"sequence it holds (zigzag), got sequences of {[lengths[i] for i in sorted(led)]}")
     if shard_from is None:
         shard = [split_pays(cost, s, cp) or s > cap for s in lengths]
     else:  # a plain ring that pays (split_pays) pays head-parallel too: no such sequence is below shard_from
         shard = [s >= shard_from or s > cap for s in lengths]
+    for i in led:
+        shard[i] = False  # not sharded over a CP group: over the leading one (below)
     bad = next((i for i, (s, sh) in enumerate(zip(lengths, shard)) if sh and (cp == 1 or s < 2 * cp)), None)
     if bad is not None:
         raise PlanError(f"sequence {bad} ({lengths[bad]} tokens) does not fit one GPU ({cap} tokens) and cannot "
                         f"be sharded over cp = {cp}")
-    share = max(1, sum(lengths) // (world - first))
+    share = max(1, sum(lengths) // (world - (0 if led else first)))
     lin_per_token = cost.linear_ms(share) / share
     ring_work = sharded_ms if head_parallel else _ring_ms
     work = [(cp * ring_work(cost, s, cp) if sh else cost.local_ms(s)) + s * lin_per_token
             for s, sh in zip(lengths, shard)]
-    order = [i for _, _, i in sorted(zip([-w for w in work], [-s for s in lengths], range(len(lengths))))]
-    # groups by (work, index): the least-loaded group with room, ties to the lower group
+    for i in led:
+        work[i] = first * ring_work(cost, lengths[i], first) + lengths[i] * lin_per_token
+    order = [i for _, _, i in sorted(zip([-w for w in work], [-s for s in lengths], range(len(lengths))))
+             if i not in led]
+    # groups by (work, index): the least-loaded group with room, ties to the lower group; a filled leading
+    # group is group n_groups, its work scaled by cp / first (per-rank load against a CP group's)
     heap = [(0.0, b) for b in range(n_groups)]
     g_tok = [0] * n_groups
     where = [-1] * len(lengths)
+    scale = cp / first if led else 1.0
+    if led:
+        g_tok.append(sum(lengths[i] for i in led))
+        heap.append((scale * sum(work[i] for i in led), n_groups))
+        heapq.heapify(heap)
     for i in order:
         s = lengths[i]
         skipped = []
-        while heap and g_tok[heap[0][1]] + s > cp * cap:
+        while heap and (g_tok[heap[0][1]] + s > cp * cap if heap[0][1] < n_groups else
+                        shard[i] or g_tok[n_groups] + s > first * cap):
             skipped.append(heapq.heappop(heap))
         if not heap:
             raise PlanError(f"sequence {i} ({s} tokens) fits in no group of {cp * cap} tokens (cp = {cp})")
         w, b = heapq.heappop(heap)
         where[i] = b
         g_tok[b] += s
-        heapq.heappush(heap, (w + work[i], b))
+        heapq.heappush(heap, (w + (work[i] if b < n_groups else scale * work[i]), b))
         for item in skipped:
             heapq.heappush(heap, item)
     load = [0.0] * world
-    tok = [0] * world
+    tok = [0] * world  # what room is checked against: a sharded sequence's ceil(s / cp) per rank
     groups: list[tuple[int, ...]] = [()] * len(lengths)
     for i, s in enumerate(lengths):
-        if shard[i]:
+        if i in led:
+            groups[i] = tuple(range(first))
+            for r, t in zip(groups[i], zigzag_counts(s, first)):
+                load[r] += work[i] / first
+                tok[r] += t
+        elif shard[i]:
             ranks = tuple(range(first + where[i] * cp, first + (where[i] + 1) * cp))
             groups[i] = ranks
             for r in ranks:
@@ -208,6 +237,8 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
                 tok[r] += -(-s // cp)
     # whole sequences: per group, ranks by (work, rank), the least-loaded one with room
     rank_heaps = [sorted((load[r], r) for r in range(first + b * cp, first + (b + 1) * cp)) for b in range(n_groups)]
+    if led:
+        rank_heaps.append(sorted((load[r], r) for r in range(first)))
     for i in order:
         if groups[i]:
             continue
@@ -227,14 +258,16 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
 
 
 def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int, *, head_parallel: bool = False,
-                       shard_from: int | None = None, first: int = 0) -> list[Assignment] | None:
+                       shard_from: int | None = None, first: int = 0,
+                       lead: Sequence[int] = ()) -> list[Assignment] | None:
     """:func:`packed_groups` as the partitioner's :class:`Assignment` list (``local``, ``intra_node`` or
     ``inter_node`` by the group's nodes), or ``None`` when the packing fails (:class:`PlanError`) or leaves
     a rank over ``tokens_per_gpu`` (the packing checks a sharded sequence's room per group: its zigzag
     chunks can still round a nearly full rank over, e.g. two 5-token sequences on 2 GPUs of 5 tokens put
     3 + 3 on the first; such a packing is no candidate)."""
     try:
-        groups = packed_groups(lengths, cost, cp, head_parallel=head_parallel, shard_from=shard_from, first=first)
+        groups = packed_groups(lengths, cost, cp, head_parallel=head_parallel, shard_from=shard_from, first=first,
+                               lead=lead)
     except PlanError:
         return None
     cl = cost.cluster

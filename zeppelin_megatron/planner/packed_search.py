@@ -1,6 +1,6 @@
 """Which packed candidate a step gets: :func:`best_packed` (the packings themselves: :mod:`.packed`).
 
-Two families of candidates, each a placement without a remap (the linear layout is the attention layout):
+Three families of candidates, each a placement without a remap (the linear layout is the attention layout):
 
 * *Uniform* packings (:func:`~.packed.packed_groups` over every rank): per CP size ``cp`` of
   :func:`~.grouped.pack_sizes`, WLB-LLM's packing (plain rings' work), the same shards weighed by Zeppelin's
@@ -8,7 +8,8 @@ Two families of candidates, each a placement without a remap (the linear layout 
   sharded).
 * *Led* packings (:func:`lead_splits`): the ``n`` longest documents share one ring over a leading group of
   ``k`` ranks (whole nodes, a power of two times the node size, ``k < P``), every other document is packed
-  over the ranks after it (``packed_groups(..., first=k)``, the same three packings per CP size ``cp <= k``).
+  over the ranks after it (``packed_groups(..., first=k)``: per CP size the threshold packing, and at ``cp = 1``
+  every other document whole).
   ``n`` makes the leading group's share of the batch's work (``local_ms(s) + lin * s`` per document, as the
   packing weighs a whole one) closest to its share of the ranks, ``k / P``: one ``n`` per ``k``. That is the
   shape of FlexSP's plans (a few wide groups for the long documents, narrow ones for the rest) with
@@ -18,6 +19,16 @@ Two families of candidates, each a placement without a remap (the linear layout 
   with them (a ring over 4 nodes, width 8) and the other 81 documents are packed over ranks 32-63 at
   ``cp = 2``: charged prediction 1583 ms against 1902 for the partitioner's plan and 2031 for the best uniform
   packing; simulated 1565 ms against 1886 before and FlexSP's 1606 (docs/planner.md).
+* *Filled-lead* packings (:func:`fill_splits`, 2026-11-27): the same inside a node, where FlexSP's small
+  Ulysses groups win at 16-32 GPUs: the ``n`` longest documents share one ring over ranks ``0 .. k-1``, ``k =
+  2, 4, ...`` below the node size, ``n`` the most whose share of the work is at most ``k / P``; the leading
+  group then takes part in packing the rest as one more group (``packed_groups(..., first=k, lead=top)``,
+  weighed per rank) that takes whole documents only, so its ranks are *filled* up to the others' load instead
+  of idling beside a ring too small for a node. Example: Llama-7B arxiv-64k on 1 x 8 GPUs, 256k tokens, batch
+  0: the longest document (32.9k) on a ring over ranks 0-1, the other 23 whole (five of them on ranks 0-1):
+  charged prediction 3645 ms against 3670 without filled leads. FlexSP's plan for Llama-13B TP 2 arxiv-64k on
+  16 GPUs (8 ranks) has that shape too: one Ulysses pair and six single GPUs (simulated 7009 ms; Zeppelin
+  7125 -> 7031 with filled leads).
 
 Every candidate is bounded from below before it is finished (:func:`~.packed.quick_floor` before packing,
 the leading ring's :func:`~.grouped.ring_floor` before packing the rest, :func:`~.packed.packed_floor` after);
@@ -29,6 +40,7 @@ deterministic.
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 from typing import Callable, Literal, Sequence
 
 from .cost_model import CostModel
@@ -43,7 +55,7 @@ from .plan import StepPlan
 from .predict import predict
 from .zigzag import zigzag_counts
 
-__all__ = ["best_packed", "lead_splits"]
+__all__ = ["best_packed", "lead_splits", "fill_splits"]
 
 Emit = Callable[[list[Assignment], int], "float | None"]
 
@@ -91,6 +103,12 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
             chosen = _led(lengths, top, lead, cost, options, best_ms, bound)
             if chosen is not None:
                 keep(chosen[2], chosen[1], chosen[0])
+    if options.head_parallel and options.packed_fill and "intra_node" in options.placements:
+        for k, top in fill_splits(lengths, cost):
+            if lead_floor([lengths[i] for i in top], k, cost, options) < best_ms:
+                chosen = _filled(lengths, top, k, cost, options, best_ms)
+                if chosen is not None:
+                    keep(chosen[2], chosen[1], chosen[0])
     won: list[Assignment] | None = None
     for floor, _cp, assignments in sorted(floors, key=lambda x: (x[0], x[1])):  # the likeliest winner first
         if floor >= best_ms:
@@ -129,9 +147,30 @@ def _led(lengths: Sequence[int], top: list[int], lead: Assignment, cost: CostMod
     return found[0] if found else None
 
 
+def _filled(lengths: Sequence[int], top: list[int], k: int, cost: CostModel, options: PlannerOptions,
+            best_ms: float) -> tuple[float, int, list[Assignment]] | None:
+    """The filled-lead packing with the lowest :func:`~.packed.packed_floor` (ties: the smaller ``cp``): the
+    sequences ``top`` on one ring over ranks ``0 .. k-1``, which also take whole sequences in the packing of
+    the rest over every rank (:func:`~.packed.packed_groups` with ``lead=top``; the other ranks in CP groups of
+    ``cp``, threshold packings, :func:`_sweep` with ``threshold="only"``, and ``cp = 1``: every other sequence
+    whole); ``None`` when none is below ``best_ms``."""
+    found: list[tuple[float, int, list[Assignment]]] = []
+
+    def filled(assignments: list[Assignment], cp: int) -> float | None:
+        floor = packed_floor(lengths, assignments, cost, options)
+        if floor < best_ms and (not found or floor < found[0][0]):
+            found[:] = [(floor, cp, assignments)]
+        return floor
+
+    _sweep(lengths, cost, options, best_ms, k, filled, threshold="only", lead=top,
+           bar=lambda: found[0][0] if found else math.inf)
+    return found[0] if found else None
+
+
 def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, best_ms: float, first: int,
            emit: Emit, *, threshold: Literal["with", "without", "only"] = "with",
-           done: Callable[[], bool] = lambda: False, bar: Callable[[], float] = lambda: math.inf) -> None:
+           done: Callable[[], bool] = lambda: False, bar: Callable[[], float] = lambda: math.inf,
+           lead: Sequence[int] = ()) -> None:
     """The packings of ``lengths`` over ranks ``first .. P-1`` per CP size (powers of two dividing the
     ``P - first`` ranks whose GPUs hold the longest document), passed to ``emit(assignments, cp)``,
     which returns the candidate's floor (``None``: not kept). Per ``cp``: WLB-LLM's packing (plain rings'
@@ -144,7 +183,9 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
     cl = cost.cluster
     cap, ranks = cl.tokens_per_gpu, cl.world_size - first
     allowed = set(options.placements)
-    longest = sorted(lengths, reverse=True)[:QUICK]
+    led = set(lead)
+    rest = [s for i, s in enumerate(lengths) if i not in led] if led else lengths
+    longest = sorted(rest, reverse=True)[:QUICK]
     if not longest:
         return
     rising, last = False, math.inf  # the threshold packings' floors over cp: tried until they rise
@@ -154,14 +195,15 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
         if ranks % size or -(-longest[0] // size) > cap:
             continue
         only = threshold == "only"
-        variants: list[tuple[bool, int | None]] = [] if only else [(False, None)]
+        # "only": the threshold packings, and at cp = 1 (no threshold: nothing sharded) every sequence whole
+        variants: list[tuple[bool, int | None]] = [(False, None)] if not only or size == 1 else []
         if options.head_parallel:
             if not only:
                 variants.append((True, None))
             top = longest[0]
             if (split_pays(cost, top, size) or top > cap) and quick_floor(longest[:1], cost, size, options) >= best_ms:
                 continue  # the longest sequence is sharded in every packing of this cp, and that alone loses
-            shard_from = None if rising or threshold == "without" else head_parallel_threshold(lengths, cost, size)
+            shard_from = None if rising or threshold == "without" else head_parallel_threshold(rest, cost, size)
             if shard_from is not None:
                 variants.append((True, shard_from))
         quick = {v[1]: quick_floor(longest, cost, size, options, shard_from=v[1]) for v in variants}
@@ -172,7 +214,7 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
             if head_parallel and shard_from is None and not shards:
                 continue  # nothing sharded: the work models agree
             assignments = packed_assignments(lengths, cost, size, head_parallel=head_parallel, shard_from=shard_from,
-                                             first=first)
+                                             first=first, lead=lead)
             if assignments is None or any(a.placement not in allowed for a in assignments):
                 continue
             if shard_from is None:
@@ -225,3 +267,29 @@ def lead_floor(top: Sequence[int], k: int, cost: CostModel, options: PlannerOpti
     total = ring_floor(cost, tuple(range(k)), list(top), options.head_parallel, CHARGES)[0]
     tokens = max(map(sum, zip(*(zigzag_counts(s, k) for s in top))))
     return cost.model.layers * (total + per_token * tokens)
+
+
+def fill_splits(lengths: Sequence[int], cost: CostModel) -> list[tuple[int, list[int]]]:
+    """``(k, top)`` per filled leading group size ``k`` (module docstring): ``k = 2, 4, ...`` below the GPUs per
+    node (and the world); ``top`` the indices of the ``n`` longest sequences (ties: the lower index), ``n`` the
+    most whose share of the batch's work (``local_ms(s) + lin * s`` each, as :func:`lead_splits` weighs them)
+    is at most ``k / P`` (at least 1), fewer while the ``n``-th is under ``2 k`` tokens, none when their zigzag
+    chunks overflow a rank. Example: 16 GPUs (8 per node), shares of the longest 0.070, 0.131, 0.188: ``k =
+    2`` (0.125) takes 1, ``k = 4`` (0.25) takes 3."""
+    cl = cost.cluster
+    world, gpn, cap = cl.world_size, cl.gpus_per_node, cl.tokens_per_gpu
+    share = max(1, sum(lengths) // world)
+    lin = cost.linear_ms(share) / share
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    cum = list(accumulate(cost.local_ms(lengths[i]) + lengths[i] * lin for i in order))
+    out: list[tuple[int, list[int]]] = []
+    k = 2
+    while k < min(gpn, world):
+        n = max([m for m in range(1, len(order)) if cum[m - 1] <= k / world * cum[-1]] or [1])
+        while n and lengths[order[n - 1]] < 2 * k:
+            n -= 1
+        top = order[:n]
+        if top and max(map(sum, zip(*(zigzag_counts(lengths[i], k) for i in top)))) <= cap:
+            out.append((k, top))
+        k *= 2
+    return out

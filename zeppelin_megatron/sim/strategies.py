@@ -168,6 +168,9 @@ _DESCRIPTIONS: dict[str, str] = {
                                      "head-parallel threshold on (PlannerOptions(packed_threshold=False))",
     "zeppelin-no-led-packing": "Zeppelin without led packed candidates (the longest documents on a leading group "
                                "of nodes, the rest packed after it; PlannerOptions(packed_leads=False))",
+    "zeppelin-no-filled-lead": "Zeppelin without filled-lead packed candidates (the longest documents on a ring "
+                               "over 2, 4, ... ranks of a node that also take whole documents; "
+                               "PlannerOptions(packed_fill=False))",
     "zeppelin-no-packed-refine": "Zeppelin without refining the kept packed plan (whole documents on a group's "
                                  "busiest rank joining its ring; PlannerOptions(packed_refine=False))",
     "zeppelin-grouped": "Zeppelin also trying TE-CP-a2a+p2p-style whole-node CP groups as candidates "
@@ -199,6 +202,7 @@ _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
     "zeppelin-no-packed": _zeppelin(packed=False),
     "zeppelin-no-threshold-packing": _zeppelin(packed_threshold=False),
     "zeppelin-no-led-packing": _zeppelin(packed_leads=False),
+    "zeppelin-no-filled-lead": _zeppelin(packed_fill=False),
     "zeppelin-no-packed-refine": _zeppelin(packed_refine=False),
     "zeppelin-grouped": _zeppelin(grouped=True),
     "te-cp": _te_cp(routing=False),
