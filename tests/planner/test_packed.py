@@ -21,6 +21,7 @@ from zeppelin_megatron.planner.packed import (
 )
 from zeppelin_megatron.planner.predict import predict
 from zeppelin_megatron.planner.workloads import long_tailed_batch
+from zeppelin_megatron.planner.zigzag import zigzag_counts
 
 
 def _cost(spec: str, model: str | None = None, **kw: int) -> CostModel:
@@ -90,24 +91,33 @@ def test_packing_after_a_leading_group_uses_only_the_ranks_after_it() -> None:
 
 
 def test_lead_splits_take_the_work_share_of_their_ranks() -> None:
-    """lead_splits: per k (whole nodes, powers of two below the world) the n longest sequences (n >= 2) whose
+    """lead_splits: per k (whole nodes, up to half the world) the n longest sequences (2 <= n <= LEAD_MAX) whose
     share of the work is closest to k / P, each of at least 2 k tokens and within capacity; lead_floor bounds every
-    led packing's floor, which bounds its finished prediction."""
-    from zeppelin_megatron.planner.packed_search import _led, lead_floor, lead_splits
+    led packing's floor, which bounds its finished prediction. On 6 x 8 GPUs: k = 8, 16 and 24 (not a power of
+    two) are offered."""
+    from zeppelin_megatron.planner.packed_search import LEAD_MAX, _led, lead_floor, lead_splits
     from zeppelin_megatron.planner.partition_context import Assignment
     from zeppelin_megatron.sim.lengths import sample_steps
-    cost = _cost("4x8")
+    cost = _cost("6x8")
     options = PlannerOptions()
-    seen = 0
-    for lengths in [b for d in ("github-64k", "prolong-64k", "arxiv-128k") for b in sample_steps(d, 2, 1 << 18, 0)]:
+    seen, sizes = 0, set()
+    for lengths in [b for d in ("github-64k", "prolong-64k", "arxiv-128k") for b in sample_steps(d, 2, 3 << 17, 0)]:
         world = cost.cluster.world_size
         share = max(1, sum(lengths) // world)
         lin = cost.linear_ms(share) / share
         order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
         work = [cost.local_ms(lengths[i]) + lengths[i] * lin for i in order]
         cum = [sum(work[:n]) / sum(work) for n in range(1, len(work) + 1)]
-        for k, top in lead_splits(lengths, cost):
-            assert k % 8 == 0 and k < world and (k & (k - 1)) == 0 and len(top) >= 2
+        offered = lead_splits(lengths, cost)
+        for k in set(range(8, world // 2 + 1, 8)) - {k for k, _ in offered}:  # left out: too few or too many
+            n = min(range(1, len(order)), key=lambda m: (abs(cum[m - 1] - k / world), m))
+            while n and lengths[order[n - 1]] < 2 * k:
+                n -= 1
+            assert n < 2 or n > LEAD_MAX or max(map(sum, zip(*(zigzag_counts(lengths[i], k) for i in order[:n])))) > \
+                cost.cluster.tokens_per_gpu
+        for k, top in offered:
+            assert k % 8 == 0 and k <= world // 2 and 2 <= len(top) <= LEAD_MAX
+            sizes.add(k)
             assert top == order[:len(top)] and all(lengths[i] >= 2 * k for i in top)
             n = min(range(1, len(order)), key=lambda m: (abs(cum[m - 1] - k / world), m))
             assert len(top) == n or lengths[order[len(top)]] < 2 * k
@@ -121,7 +131,7 @@ def test_lead_splits_take_the_work_share_of_their_ranks() -> None:
             plan = api._finish(lengths, assignments, cost, replace(options, remap=False))
             assert floor <= predict(plan, cost, charges="zeppelin").step_ms + 1e-6
             seen += 1
-    assert seen >= 3
+    assert seen >= 3 and 24 in sizes
 
 
 def test_zigzag_counts_are_the_tokens_of_every_position() -> None:

@@ -7,7 +7,8 @@ Three families of candidates, each a placement without a remap (the linear layou
   rings, and the threshold packing (every document from :func:`~.packed.head_parallel_threshold` on
   sharded).
 * *Led* packings (:func:`lead_splits`): the ``n`` longest documents share one ring over a leading group of
-  ``k`` ranks (whole nodes, a power of two times the node size, ``k < P``), every other document is packed
+  ``k`` ranks (whole nodes, any multiple of the node size up to ``P / 2``; powers of two only until
+  2026-11-27), every other document is packed
   over the ranks after it (``packed_groups(..., first=k)``: per CP size the threshold packing, and at ``cp = 1``
   every other document whole).
   ``n`` makes the leading group's share of the batch's work (``local_ms(s) + lin * s`` per document, as the
@@ -226,13 +227,20 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
                 return
 
 
+LEAD_MAX = 8
+"""The most documents a leading group holds (:func:`lead_splits`): more are short against the batch, which the
+uniform packings place well (on github-64k batches at 128 GPUs leads of up to 800 documents were offered, whose
+floors and packings cost planning time and never won)."""
+
+
 def lead_splits(lengths: Sequence[int], cost: CostModel) -> list[tuple[int, list[int]]]:
-    """``(k, top)`` per leading group size ``k`` (module docstring): ``k`` a power of two times the GPUs per node,
-    below the world; ``top`` the indices of the ``n`` longest sequences (ties: the lower index) whose share of
+    """``(k, top)`` per leading group size ``k`` (module docstring): ``k`` a multiple of the GPUs per node up to
+    half the world; ``top`` the indices of the ``n`` longest sequences (ties: the lower index) whose share of
     the work is closest to ``k / P`` (ties: the smaller ``n``), each at least ``2 k`` tokens (fewer when the
-    ``n``-th is shorter) and their zigzag chunks within every rank's capacity; at least one sequence is left
-    for the other ranks. Example: 64 GPUs, shares of the longest 0.351, 0.412, 0.458, 0.495, 0.527: ``k = 32``
-    takes 4 (0.495 is closest to 0.5), ``k = 16`` and ``8`` take 1."""
+    ``n``-th is shorter) and their zigzag chunks within every rank's capacity; offered only with ``2 <= n <=``
+    :data:`LEAD_MAX`. Example: 64 GPUs (8 per node), shares of the longest 0.351, 0.412, 0.458, 0.495, 0.527:
+    ``k = 32`` takes 4 (0.495 is closest to 0.5), ``k = 24`` 1 (0.351 is closest to 0.375), as do ``k = 16`` and
+    ``8`` (not offered)."""
     cl = cost.cluster
     world, gpn, cap = cl.world_size, cl.gpus_per_node, cl.tokens_per_gpu
     share = max(1, sum(lengths) // world)
@@ -245,16 +253,14 @@ def lead_splits(lengths: Sequence[int], cost: CostModel) -> list[tuple[int, list
         acc += w
         cum.append(acc / total)
     out = []
-    k = gpn
-    while k < world:
+    for k in range(gpn, world // 2 + 1, gpn):
         target = k / world
         n = min(range(1, len(order)), key=lambda m: (abs(cum[m - 1] - target), m), default=0)
         while n and lengths[order[n - 1]] < 2 * k:
             n -= 1
         top = order[:n]
-        if n >= 2 and max(map(sum, zip(*(zigzag_counts(lengths[i], k) for i in top)))) <= cap:
+        if 2 <= n <= LEAD_MAX and max(map(sum, zip(*(zigzag_counts(lengths[i], k) for i in top)))) <= cap:
             out.append((k, top))
-        k *= 2
     return out
 
 
