@@ -149,17 +149,16 @@ def test_worked_example_of_docs() -> None:
     assert att == pytest.approx([1695.52] * 5 + [1359.48] * 3, abs=0.01)
     assert plan.predicted.step_ms == pytest.approx(2357.41, abs=0.01)
     # the packed candidate (docs): both long sequences over all 8 ranks at a = 4, one short each
-    packed = plan_step(lengths, cost, PlannerOptions(packed_refine=False))
+    packed = plan_step(lengths, cost, PlannerOptions(packed_absorb=False))
     assert packed.origin == "packed" and packed.linear == "attention"
     assert [(s.ranks, s.a2a) for s in packed.sequences[:2]] == [(tuple(range(8)), 4)] * 2
     assert [s.ranks for s in packed.sequences[2:]] == [(r,) for r in range(8)]
     assert packed.predicted.step_ms == pytest.approx(2323.73, abs=0.01)
-    # by default it is refined and wins: rank 0's 3000-token sequence joins the ring
-    refined = plan_step(lengths, cost)
-    assert refined.origin == "packed" and refined.linear == "attention"
-    assert [(s.ranks, s.a2a) for s in refined.sequences[:3]] == [(tuple(range(8)), 4)] * 3
-    assert [s.ranks for s in refined.sequences[3:]] == [(r,) for r in range(1, 8)]
-    assert refined.predicted.step_ms == pytest.approx(2295.79, abs=0.01)
+    # by default the packing's ring absorbs the short ones, one by one from the busiest rank: all ten on it
+    absorbed = plan_step(lengths, cost)
+    assert absorbed.origin == "packed" and absorbed.linear == "attention"
+    assert [(s.ranks, s.a2a) for s in absorbed.sequences] == [(tuple(range(8)), 4)] * 10
+    assert absorbed.predicted.step_ms == pytest.approx(2201.62, abs=0.01)
 
 
 def test_all_three_placements_occur() -> None:

@@ -201,7 +201,8 @@ def on_off_plans() -> list[tuple[StepPlan, StepPlan]]:
 def test_predicted_step_never_above_the_plain_plans(on_off_plans: list[tuple[StepPlan, StepPlan]]) -> None:
     """Head-parallel rings change block widths, not placements, except that with them on the packed
     candidates also pack by the head-parallel work model (packed.sharded_ms): a plan placed differently is
-    such a packing (the same shards, or sharding from the head-parallel threshold)."""
+    such a packing (the same shards, or sharding from the head-parallel threshold; its rings absorbing whole
+    sequences, packed._absorb, or not)."""
     cost = _cost("4x8")
     repacked = 0
     for seed, (on, off) in enumerate(on_off_plans):
@@ -210,9 +211,9 @@ def test_predicted_step_never_above_the_plain_plans(on_off_plans: list[tuple[Ste
         if placed != [Assignment(s.placement, s.ranks) for s in off.sequences]:
             lengths = [s.length for s in on.sequences]
             assert on.origin == "packed" and any(
-                packed_assignments(lengths, cost, cp, head_parallel=True, shard_from=shard_from) == placed
+                packed_assignments(lengths, cost, cp, head_parallel=True, shard_from=sf, absorb=ab) == placed
                 for cp in pack_sizes(lengths, cost.cluster)
-                for shard_from in (None, head_parallel_threshold(lengths, cost, cp))), seed
+                for sf in (None, head_parallel_threshold(lengths, cost, cp)) for ab in (False, True)), seed
             repacked += 1
     assert repacked < len(on_off_plans)
 

@@ -225,38 +225,51 @@ def _exhaustive_packed(lengths: list[int], cost: CostModel, plan: StepPlan) -> S
     uniform packing, and per leading group of lead_splits its rest's threshold packing with the lowest floor over
     every cp (the one best_packed keeps), finished; the lowest charged prediction kept (ties: the plan, then the
     lower floor, the smaller cp)."""
-    from zeppelin_megatron.planner.packed_search import lead_splits
+    from zeppelin_megatron.planner.packed_search import fill_splits, lead_splits
     from zeppelin_megatron.planner.partition_context import Assignment
     options = PlannerOptions()
     finish = lambda a: api._candidate(lengths, a, cost, replace(options, remap=False)).evolve(origin="packed")  # noqa: E731
     cands, seen = [], set()
     for cp in pack_sizes(lengths, cost.cluster):
         for hp, shard_from in ((False, None), (True, None), (True, head_parallel_threshold(lengths, cost, cp))):
-            a = packed_assignments(lengths, cost, cp, head_parallel=hp, shard_from=shard_from)
+            a = packed_assignments(lengths, cost, cp, head_parallel=hp, shard_from=shard_from, absorb=hp)
             if a is None or tuple(a) in seen:
                 continue
             seen.add(tuple(a))
             cands.append((packed_floor(lengths, a, cost, options), cp, a))
     world, gpn = cost.cluster.world_size, cost.cluster.gpus_per_node
+
+    def rests(ls: list[int], k: int, lead: list[int]) -> list[tuple[int, list[Assignment]]]:
+        # per cp dividing the ranks after the lead: the threshold packing (cp >= 2), every sequence whole (cp = 1)
+        out = []
+        for cp in (c for c in (1, 2, 4, 8, 16, 32, 64) if c <= world - k and (world - k) % c == 0):
+            t = head_parallel_threshold([s for i, s in enumerate(ls) if i not in lead], cost, cp)
+            if cp > 1 and t is None:
+                continue
+            sub = packed_assignments(ls, cost, cp, head_parallel=True, shard_from=t, first=k, lead=lead, absorb=True)
+            if sub is not None:
+                out.append((cp, sub))
+        return out
+
+    def keep_lowest(found: list[tuple[float, int, list[Assignment]]]) -> None:
+        if found:
+            chosen = min(found, key=lambda x: (x[0], x[1]))
+            if tuple(chosen[2]) not in seen:
+                seen.add(tuple(chosen[2]))
+                cands.append(chosen)
+
     for k, top in lead_splits(lengths, cost):
         rest = [i for i in range(len(lengths)) if i not in top]
-        rl = [lengths[i] for i in rest]
         lead = Assignment("intra_node" if k <= gpn else "inter_node", tuple(range(k)))
         led = []
-        for cp in (c for c in (2, 4, 8, 16, 32, 64) if c <= world - k and (world - k) % c == 0):
-            t = head_parallel_threshold(rl, cost, cp)
-            sub = packed_assignments(rl, cost, cp, head_parallel=True, shard_from=t, first=k) if t else None
-            if sub is None:
-                continue
+        for cp, sub in rests([lengths[i] for i in rest], k, []):
             full = [lead] * len(lengths)
             for i, x in zip(rest, sub):
                 full[i] = x
             led.append((packed_floor(lengths, full, cost, options), cp, full))
-        if led:
-            chosen = min(led, key=lambda x: (x[0], x[1]))
-            if tuple(chosen[2]) not in seen:
-                seen.add(tuple(chosen[2]))
-                cands.append(chosen)
+        keep_lowest(led)
+    for k, top in fill_splits(lengths, cost):
+        keep_lowest([(packed_floor(lengths, a, cost, options), cp, a) for cp, a in rests(lengths, k, top)])
     best, best_ms = plan, predict(plan, cost, charges="zeppelin").step_ms
     for _floor, _cp, a in sorted(cands, key=lambda x: (x[0], x[1])):
         cand = finish(a)
@@ -270,13 +283,13 @@ def _exhaustive_packed(lengths: list[int], cost: CostModel, plan: StepPlan) -> S
 def test_shortcuts_keep_the_exhaustive_choice(spec: str, dist: str) -> None:
     """best_packed's skipped CP sizes, its stop once the threshold packings' floor rises and its led sweeps'
     stops choose what finishing every packing would (the plan compared: the partitioner's, finished as plan_step
-    does; the kept packed plan unrefined: packed_refine.py's refinement comes after the choice)."""
+    does)."""
     from zeppelin_megatron.sim.lengths import sample_steps
     cost = _cost(spec)
     tokens = cost.cluster.world_size * 8192
     batches = [long_tailed_batch(tokens, seed) for seed in range(2)] if dist == "long-tailed" else \
         sample_steps(dist, 2, tokens, 0)
-    options = PlannerOptions(packed_refine=False)
+    options = PlannerOptions()
     origins = set()
     for lengths in batches:
         plan = api._candidate(lengths, api.partition(lengths, cost, options), cost, options)
@@ -335,16 +348,19 @@ def test_floors_bound_the_finished_prediction(spec: str, tokens: int, model: str
             lengths = long_tailed_batch(tokens, seed)
             longest = sorted(lengths, reverse=True)[:packed.QUICK]
             for cp in pack_sizes(lengths, cost.cluster):
-                # every packing best_packed makes: plain or head-parallel work, and sharding from the threshold
-                for shard_from in {None, head_parallel_threshold(lengths, cost, cp)}:
-                    a = packed_assignments(lengths, cost, cp, head_parallel=head_parallel, shard_from=shard_from)
+                # every packing best_packed makes: plain or head-parallel work, and sharding from the threshold;
+                # with head-parallel work, rings absorbing whole sequences (quick_floor told so)
+                for shard_from, absorb in {(x, y) for x in (None, head_parallel_threshold(lengths, cost, cp))
+                                           for y in {False, head_parallel}}:
+                    a = packed_assignments(lengths, cost, cp, head_parallel=head_parallel, shard_from=shard_from,
+                                           absorb=absorb)
                     if a is None:
                         continue
                     plan = api._finish(lengths, a, cost, replace(options, remap=False))
                     assert plan.linear_layout == plan.attention_layout and plan.linear == "attention"
                     for charges in ("zeppelin", "none"):  # best_packed compares under the engine's charges
                         floor = packed_floor(lengths, a, cost, options, charges)
-                        assert quick_floor(longest, cost, cp, options, charges, shard_from) <= floor + 1e-6
+                        assert quick_floor(longest, cost, cp, options, charges, shard_from, absorb) <= floor + 1e-6
                         got = predict(plan, cost, charges=charges).step_ms
                         assert floor <= got + 1e-6, (spec, seed, cp, charges, shard_from)
 

@@ -180,11 +180,12 @@ def test_candidate_kinds_follow_the_option() -> None:
 
 
 def test_default_picks_more_than_one_layout_on_realistic_batches() -> None:
-    # Not a tautology of the rule: the default really chooses per step.
+    # Not a tautology of the rule: the default layout choice really chooses per step (on the partitioner's plans:
+    # a packed candidate, which wins all of these batches since its rings absorb whole sequences, has no remap)
     picked = set()
     more = [("2x8", 1 << 18, s) for s in range(6)] + [("16x8", 1 << 20, s) for s in range(3)]
     for spec, tokens, seed in CASES + more:
-        picked.add(plan_step(long_tailed_batch(tokens, seed), _cost(spec)).linear)
+        picked.add(plan_step(long_tailed_batch(tokens, seed), _cost(spec), PlannerOptions(packed=False)).linear)
     assert len(picked) >= 2, picked
 
 

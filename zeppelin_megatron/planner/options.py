@@ -83,9 +83,10 @@ class PlannerOptions:
     """Among the packed candidates (with ``packed`` and head-parallel rings on), also the filled-lead packings
     (:mod:`.packed_search`: the longest documents on a ring over 2, 4, ... ranks of the first node, which also
     take whole documents; the rest packed over the other ranks; ablation: ``False``)."""
-    packed_refine: bool = True
-    """When a packed candidate wins, refine it (:mod:`.packed_refine`: a whole document on a group's busiest rank
-    joins the group's ring, kept where the predicted step gets no slower; ablation: ``False``)."""
+    packed_absorb: bool = True
+    """Zeppelin's packings (head-parallel work model) let a group's ring absorb whole documents from its busiest
+    rank (:func:`~.packed.packed_groups`' ``absorb``: one more document on a ring costs its share of the work, no
+    call of its own; ablation: ``False``)."""
     grouped: bool = False
     """Also try TE-CP-a2a+p2p-style candidates (:mod:`.grouped`: every split sequence on a whole CP group of
     nodes, head-parallel) and keep one where it beats the partitioner's plan on both the predicted step and
@@ -104,7 +105,7 @@ class PlannerOptions:
             raise PlanError(f"remap_overlap is {self.remap_overlap!r}, expected True or False")
         if not isinstance(self.packed, bool):
             raise PlanError(f"packed is {self.packed!r}, expected True or False")
-        for name in ("packed_threshold", "packed_leads", "packed_fill", "packed_refine"):
+        for name in ("packed_threshold", "packed_leads", "packed_fill", "packed_absorb"):
             if not isinstance(getattr(self, name), bool):
                 raise PlanError(f"{name} is {getattr(self, name)!r}, expected True or False")
         if not isinstance(self.grouped, bool):

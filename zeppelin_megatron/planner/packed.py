@@ -141,7 +141,8 @@ def split_pays(cost: CostModel, s: int, g: int) -> bool:
 
 
 def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_parallel: bool = False,
-                  shard_from: int | None = None, first: int = 0, lead: Sequence[int] = ()) -> list[tuple[int, ...]]:
+                  shard_from: int | None = None, first: int = 0, lead: Sequence[int] = (),
+                  absorb: bool = False) -> list[tuple[int, ...]]:
     """Ranks of each sequence under the packing with CP size ``cp`` (module docstring): ``(r,)`` for a
     whole one, the group's ``cp`` ranks in order for a sharded one.
 
@@ -160,7 +161,9 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
     groups shard as above. Example (Llama-7B, 1 x 8 GPUs): ``[12000] + [3000] * 30``, ``first = 2``, ``cp = 1``,
     ``lead = [0]``: 12000 is sharded over ranks 0 and 1, which then take two and one of the short documents
     (their load reached the others'), ranks 2-7 five or four each (FlexSP's shape: one pair, six single GPUs;
-    with 40000 instead the pair takes none).
+    with 40000 instead the pair takes none). ``absorb``: after placing, each group's ring takes whole
+    sequences off the group's busiest rank while that lowers the group's busiest load (:func:`_absorb`); default
+    off (WLB-LLM's packing keeps every whole sequence whole).
 
     Raises :class:`PlanError` (naming the sequence, its tokens and the limit) when ``cp`` does not divide
     the ranks packed over, a sequence too long for one GPU cannot be sharded (``cp = 1`` or ``s < 2 cp``), or a
@@ -251,15 +254,69 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
         w, r = heapq.heappop(h)
         groups[i] = (r,)
         tok[r] += s
+        load[r] += work[i]
         heapq.heappush(h, (w + work[i], r))
         for item in skipped:
             heapq.heappush(h, item)
+    if absorb:
+        _absorb(lengths, cost.cluster.tokens_per_gpu, groups, work, load, tok)
     return groups
 
 
+def _absorb(lengths: Sequence[int], cap: int, groups: list[tuple[int, ...]], work: Sequence[float],
+            load: list[float], tok: list[int]) -> None:
+    """Rings take whole sequences off their group's busiest rank (``groups``, ``load`` and ``tok`` updated in place).
+
+    A packing weighs a sharded sequence by its own ring (:func:`sharded_ms`: a call's overhead and the all-to-alls'
+    latency) and a whole one by ``local_ms``; a whole sequence then sits as a lump on one rank of its group, while
+    one more sequence on a ring that runs anyway costs each of its ``g`` ranks about ``work / g`` (the ring's
+    calls run all its sequences together). Per ring (rank tuples of split sequences, sorted), while its busiest
+    rank ``b`` (ties: the lower rank) holds a whole sequence of at least ``2 g`` tokens that fits every rank of
+    the ring afterwards (``tok`` against ``cap``; zigzag shares) and whose move gives ``max(load_b - w,
+    load_2) + w / g < load_b`` (``w`` its work, ``load_2`` the next busiest rank's load), the one with the
+    lowest such estimate joins the ring. The estimate is the packing's; the candidate's floor and predicted step
+    (:func:`packed_floor`, :func:`~.predict.predict`) judge the result.
+
+    Example (weights of 1 per token, ``cap`` large): ring ``(0, 1)`` holding 8000 tokens (loads 4000 each), rank
+    0 also 3000 and 1000 whole (load 8000), rank 1 nothing else: moving 3000 gives ``max(5000, 4000) + 1500 =
+    6500``, moving 1000 ``max(7000, 4000) + 500 = 7500``: 3000 joins (loads 6500 and 5500); then rank 0's 1000
+    gives ``max(5500, 5500) + 500 = 6000 < 6500``: it joins too (loads 6000, 6000)."""
+    rings = sorted({g for g in groups if len(g) >= 2})
+    on: dict[int, list[int]] = {}
+    for i, g in enumerate(groups):
+        if len(g) == 1:
+            on.setdefault(g[0], []).append(i)
+    for ring in rings:
+        n = len(ring)
+        while True:
+            top = max(ring, key=lambda r: (load[r], -r))
+            second = max((load[r] for r in ring if r != top), default=0.0)
+            best = None
+            for i in on.get(top, ()):
+                s = lengths[i]
+                if s < 2 * n:
+                    continue
+                if any(tok[r] - (s if r == top else 0) + t > cap for r, t in zip(ring, zigzag_counts(s, n))):
+                    continue
+                est = max(load[top] - work[i], second) + work[i] / n
+                if est < load[top] - 1e-9 and (best is None or (est, i) < best):
+                    best = (est, i)
+            if best is None:
+                break
+            i = best[1]
+            s = lengths[i]
+            on[top].remove(i)
+            load[top] -= work[i]
+            tok[top] -= s
+            for r, t in zip(ring, zigzag_counts(s, n)):
+                load[r] += work[i] / n
+                tok[r] += t
+            groups[i] = ring
+
+
 def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int, *, head_parallel: bool = False,
-                       shard_from: int | None = None, first: int = 0,
-                       lead: Sequence[int] = ()) -> list[Assignment] | None:
+                       shard_from: int | None = None, first: int = 0, lead: Sequence[int] = (),
+                       absorb: bool = False) -> list[Assignment] | None:
     """:func:`packed_groups` as the partitioner's :class:`Assignment` list (``local``, ``intra_node`` or
     ``inter_node`` by the group's nodes), or ``None`` when the packing fails (:class:`PlanError`) or leaves
     a rank over ``tokens_per_gpu`` (the packing checks a sharded sequence's room per group: its zigzag
@@ -267,7 +324,7 @@ def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int, *, head
     3 + 3 on the first; such a packing is no candidate)."""
     try:
         groups = packed_groups(lengths, cost, cp, head_parallel=head_parallel, shard_from=shard_from, first=first,
-                               lead=lead)
+                               lead=lead, absorb=absorb)
     except PlanError:
         return None
     cl = cost.cluster
@@ -311,7 +368,7 @@ def packed_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost
 
 
 def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: PlannerOptions,
-                charges: str = CHARGES, shard_from: int | None = None) -> float:
+                charges: str = CHARGES, shard_from: int | None = None, absorb: bool = False) -> float:
     """A lower bound on :func:`packed_floor` of the packing with CP size ``cp``, without packing: ``longest``
     are some of the batch's sequences, longest first (the caller passes the first few). A sequence the
     packing shards (``split_pays``, over one GPU, or from ``shard_from`` on) puts at least its ring's
@@ -319,7 +376,9 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
     ``zigzag_tokens`` of its position on each; one kept whole puts ``max(local_ms(s) + copies, overhead)``
     and ``s`` tokens on its rank (both under ``charges``); every rank's linear time is at least ``p * tokens``
     (``p``: the profile's least ms per token). Stops after the longest sharded and the longest whole sequence
-    (later ones are shorter). Example: the batch's longest sequence, 123 936 tokens, sharded over ``cp = 8``
+    (later ones are shorter). ``absorb`` (the packing's rings may absorb whole sequences, :func:`_absorb`): a
+    sequence kept whole of at least ``2 cp`` tokens puts the lesser of the two (whole, or on a ring of its group).
+    Example: the batch's longest sequence, 123 936 tokens, sharded over ``cp = 8``
     on Llama-7B: about 6.4 s a step, far above a 2.5 s plan, so that packing is never built."""
     cap = cost.cluster.tokens_per_gpu
     per_token = min(cost.linear_ms(r.tokens) / r.tokens for r in cost.profile.linear)
@@ -338,7 +397,11 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
             bound = max(bound, total + per_token * ring_max_tokens(s, cp))
         else:
             seen_whole = True
-            bound = max(bound, max(cost.local_ms(s) + s * copy, cost.call_overhead_ms) + per_token * s)
+            whole = max(cost.local_ms(s) + s * copy, cost.call_overhead_ms) + per_token * s
+            if absorb and cp >= 2 and s >= 2 * cp:
+                whole = min(whole, min(ring_floor(cost, ranks, [s], options.head_parallel, charges)[0]
+                                       for ranks in _group_shapes(cost, cp)) + per_token * ring_max_tokens(s, cp))
+            bound = max(bound, whole)
         if seen_whole and seen_shard:
             break
     return cost.model.layers * bound

@@ -26,10 +26,10 @@ Three families of candidates, each a placement without a remap (the linear layou
   group then takes part in packing the rest as one more group (``packed_groups(..., first=k, lead=top)``,
   weighed per rank) that takes whole documents only, so its ranks are *filled* up to the others' load instead
   of idling beside a ring too small for a node. Example: Llama-7B arxiv-64k on 1 x 8 GPUs, 256k tokens, batch
-  0: the longest document (32.9k) on a ring over ranks 0-1, the other 23 whole (five of them on ranks 0-1):
-  charged prediction 3645 ms against 3670 without filled leads. FlexSP's plan for Llama-13B TP 2 arxiv-64k on
-  16 GPUs (8 ranks) has that shape too: one Ulysses pair and six single GPUs (simulated 7009 ms; Zeppelin
-  7125 -> 7031 with filled leads).
+  0: the longest document (32.9k) on a ring over ranks 0-1, which absorbs one more, the other 22 whole (four of
+  them on ranks 0-1): charged prediction 3645 ms against 3666 without filled leads. FlexSP's plan for
+  Llama-13B TP 2 arxiv-64k on 16 GPUs (8 ranks) has that shape too: one Ulysses pair and six single GPUs
+  (simulated 7009 ms; Zeppelin 7125 -> 7031 with filled leads).
 
 Every candidate is bounded from below before it is finished (:func:`~.packed.quick_floor` before packing,
 the leading ring's :func:`~.grouped.ring_floor` before packing the rest, :func:`~.packed.packed_floor` after);
@@ -50,7 +50,6 @@ from .options import PlannerOptions
 from .packed import (
     CHARGES, QUICK, head_parallel_threshold, packed_assignments, packed_floor, quick_floor, split_pays,
 )
-from .packed_refine import refine_packed
 from .partition_context import Assignment
 from .plan import StepPlan
 from .predict import predict
@@ -73,8 +72,7 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
     the floor at the step to beat is skipped whole (no threshold searched); the threshold packing
     (``shard_from``) is tried until its :func:`packed_floor` rises from one ``cp`` to the next (its rings'
     costs then grow faster than the balance gains; on 120 plans, Llama-3B / 7B / 13B shapes at 16-128 GPUs,
-    five length distributions, two batches each, stopping there changed none). A packed winner is then refined
-    (:func:`~.packed_refine.refine_packed`, with ``options.packed_refine``)."""
+    five length distributions, two batches each, stopping there changed none)."""
     if options.remap is True or plan.predicted is None:
         return plan
     best, best_ms = plan, predict(plan, cost, charges=CHARGES).step_ms
@@ -110,16 +108,13 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
                 chosen = _filled(lengths, top, k, cost, options, best_ms)
                 if chosen is not None:
                     keep(chosen[2], chosen[1], chosen[0])
-    won: list[Assignment] | None = None
     for floor, _cp, assignments in sorted(floors, key=lambda x: (x[0], x[1])):  # the likeliest winner first
         if floor >= best_ms:
             break  # a candidate's prediction (rounded to 1e-6 ms) is above best_ms - 1e-6: no win; floors ascend
         cand = finish(assignments)
         ms = predict(cand, cost, charges=CHARGES).step_ms
         if ms < best_ms - 1e-6:
-            best, best_ms, won = cand, ms, assignments
-    if won is not None and options.packed_refine:
-        best = refine_packed(lengths, cost, options, won, best, finish)
+            best, best_ms = cand, ms
     return best
 
 
@@ -196,8 +191,9 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
         if ranks % size or -(-longest[0] // size) > cap:
             continue
         only = threshold == "only"
-        # "only": the threshold packings, and at cp = 1 (no threshold: nothing sharded) every sequence whole
-        variants: list[tuple[bool, int | None]] = [(False, None)] if not only or size == 1 else []
+        # "only": the threshold packings, and at cp = 1 (no threshold) every other sequence whole, weighed by
+        # Zeppelin's rings (a filled lead's ring, and its absorbing)
+        variants: list[tuple[bool, int | None]] = [] if only and size > 1 else [(only, None)]
         if options.head_parallel:
             if not only:
                 variants.append((True, None))
@@ -207,15 +203,16 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
             shard_from = None if rising or threshold == "without" else head_parallel_threshold(rest, cost, size)
             if shard_from is not None:
                 variants.append((True, shard_from))
-        quick = {v[1]: quick_floor(longest, cost, size, options, shard_from=v[1]) for v in variants}
+        quick = {v: quick_floor(longest, cost, size, options, shard_from=v[1], absorb=v[0] and options.packed_absorb)
+                 for v in variants}  # Zeppelin's work model packs with absorbing rings (packed._absorb)
         shards = True
         for head_parallel, shard_from in variants:
-            if quick[shard_from] >= min(best_ms, bar()):
+            if quick[(head_parallel, shard_from)] >= min(best_ms, bar()):
                 continue  # cannot win: not even packed
             if head_parallel and shard_from is None and not shards:
                 continue  # nothing sharded: the work models agree
             assignments = packed_assignments(lengths, cost, size, head_parallel=head_parallel, shard_from=shard_from,
-                                             first=first, lead=lead)
+                                             first=first, lead=lead, absorb=head_parallel and options.packed_absorb)
             if assignments is None or any(a.placement not in allowed for a in assignments):
                 continue
             if shard_from is None:

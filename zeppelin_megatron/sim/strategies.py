@@ -171,8 +171,8 @@ _DESCRIPTIONS: dict[str, str] = {
     "zeppelin-no-filled-lead": "Zeppelin without filled-lead packed candidates (the longest documents on a ring "
                                "over 2, 4, ... ranks of a node that also take whole documents; "
                                "PlannerOptions(packed_fill=False))",
-    "zeppelin-no-packed-refine": "Zeppelin without refining the kept packed plan (whole documents on a group's "
-                                 "busiest rank joining its ring; PlannerOptions(packed_refine=False))",
+    "zeppelin-no-packed-absorb": "Zeppelin's packings without rings absorbing whole documents from their group's "
+                                 "busiest rank (PlannerOptions(packed_absorb=False))",
     "zeppelin-grouped": "Zeppelin also trying TE-CP-a2a+p2p-style whole-node CP groups as candidates "
                         "(PlannerOptions(grouped=True), opt-in)",
     "te-cp": "TE CP: fixed CP groups, every sequence zigzag-split over its group, packed by tokens",
@@ -203,7 +203,7 @@ _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
     "zeppelin-no-threshold-packing": _zeppelin(packed_threshold=False),
     "zeppelin-no-led-packing": _zeppelin(packed_leads=False),
     "zeppelin-no-filled-lead": _zeppelin(packed_fill=False),
-    "zeppelin-no-packed-refine": _zeppelin(packed_refine=False),
+    "zeppelin-no-packed-absorb": _zeppelin(packed_absorb=False),
     "zeppelin-grouped": _zeppelin(grouped=True),
     "te-cp": _te_cp(routing=False),
     "te-cp-routing": _te_cp(routing=True),
