@@ -77,3 +77,43 @@ def run_contiguous(rank: int, world: int) -> None:
     assert any(s is None for r in range(world) for s in spans(shuffled, r))
     check_trace(group, shuffled, routing=True)
     check_attention(group, shuffled, dtype=torch.float64, routing=True, hq=4, hkv=2)
+
+
+def check_whole(group: ZeppelinGroup, plan: StepPlan) -> bool:
+    """A rank whose program is one local call over its whole buffer (``RankProgram.whole_chunk``) returns the
+    kernel's output itself (saved as it is returned, no zero-filled ``out``) and its gradients; changing the
+    output in place before backward raises. -> whether this rank took that path."""
+    rank, cpu, d, hq, hkv = group.rank, torch.device("cpu"), 4, 4, 2
+    if lower(plan).ranks[rank].whole_chunk is None:
+        return False
+    data = global_data(plan, hq, hkv, d, seed=5)
+    att = plan.attention_layout[rank]
+    e = lambda h: torch.zeros(0, h, d, dtype=torch.float64)  # noqa: E731
+    q, k, v, dout = (gather(att, [x[i] for x in data], e(hkv if i in (1, 2) else hq)) for i in range(4))
+    eng = AttentionEngine(plan, group, kernel=get_kernel("reference", cpu, torch.float64), scale=0.3, routes=(),
+                          hkv=hkv, head_dim=d, dtype=torch.float64, device=cpu, hq=hq)
+    out, saved = eng.forward(q, k, v)
+    assert saved[("local", 0)][0] is out and ("whole", 0) in saved
+    dq, dk, dv = eng.backward(dout, q, k, v, saved)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    out.mul_(2.0)
+    expect_error(RuntimeError, "modified in place", lambda: eng.backward(dout, q, k, v, saved))
+    return True
+
+
+def run_whole(rank: int, world: int) -> None:
+    """2x2: a plan with every sequence local and no remap (every rank one whole call) and a packed ``plan_step``
+    plan with a ring and ringless ranks: exact in float64 and float32 against per-sequence SDPA, the lowered
+    trace, and the whole path taken where ``whole_chunk`` says (on some rank of each plan)."""
+    assert world == 4
+    group = ZeppelinGroup(process_group=None, gpus_per_node=2)
+    cost = CostModel(model=load_model(None), cluster=load_cluster("2x2", tokens_per_gpu=96))
+    local = plan_step([60, 50, 41, 30, 23, 17, 10, 5, 3], cost, PlannerOptions(placements=("local",), remap=False))
+    packed = plan_step([150, 40, 37, 33, 29, 21, 11, 9, 5], cost)
+    assert packed.origin == "packed" and packed.rings and packed.linear_layout == packed.attention_layout
+    for plan in (local, packed):
+        took = check_whole(group, plan)
+        assert took or plan is packed
+        check_trace(group, plan, routing=False)
+        for dtype, hq, hkv in ((torch.float64, 4, 2), (torch.float32, 4, 4)):
+            check_attention(group, plan, dtype=dtype, routing=True, hq=hq, hkv=hkv, seed=7)

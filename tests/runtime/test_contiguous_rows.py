@@ -54,3 +54,25 @@ def test_spans_agree_with_the_rows(seed: int) -> None:
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 def test_plan_step_plans_world_4() -> None:
     spawn(4, contiguous_workers.run_contiguous)
+
+
+def test_whole_chunk_is_the_one_local_call_over_the_buffer() -> None:
+    """``RankProgram.whole_chunk``: 0 for a rank whose only work is one local call over its whole buffer in order
+    and no remap; None for a rank in a ring, or whose chunk runs in place on linear rows."""
+    from zeppelin_megatron.planner import CostModel, PlannerOptions, load_cluster, load_model, plan_step
+
+    cost = CostModel(model=load_model(None), cluster=load_cluster("2x2", tokens_per_gpu=96))
+    packed = plan_step([150, 40, 37, 33, 29, 21, 11, 9, 5], cost)
+    progs = lower(packed).ranks
+    ringed = {r for ring in packed.rings for r in ring.ranks}
+    assert ringed and len(ringed) < 4
+    assert [p.whole_chunk for p in progs] == [None if r in ringed else 0 for r in range(4)]
+    remapped = plan_step([150, 40, 37, 33, 29, 21, 11, 9, 5], cost, PlannerOptions(packed=False, remap=True))
+    assert remapped.linear_layout != remapped.attention_layout
+    for p in lower(remapped).ranks:
+        assert p.whole_chunk is None or not any(c.linear_rows for c in p.local_chunks)
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+def test_whole_local_ranks_world_4() -> None:
+    spawn(4, contiguous_workers.run_whole)

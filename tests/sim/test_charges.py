@@ -247,6 +247,31 @@ def test_the_simulator_charges_gathers_only_where_rows_are_not_contiguous() -> N
     assert a[1] == pytest.approx(b[1], rel=1e-12)
 
 
+def test_a_ringless_rank_without_a_remap_pays_no_local_copies() -> None:
+    """Sequence 0 on a ring over ranks 0 and 1, sequences 1 and 2 local on ranks 0 and 2, no remap (linear layout =
+    attention layout), engine order: rank 2's one local call covers its whole buffer (``whole_chunk``): no copy
+    op, and predict charges none either; rank 0's local call beside its ring pays its contiguous copies."""
+    from zeppelin_megatron.planner.api import engine_order
+    from zeppelin_megatron.planner.predict import predict
+
+    cl = _cluster(1, 4)
+    cost = _cost(cl)
+    plan = engine_order(build_plan([4096, 1000, 3000, 500], [(0, 1), (0,), (2,), (3,)], cl, cost,
+                                   local_slots=False, remap=False))
+    assert plan.linear_layout == plan.attention_layout
+    progs = lower(plan).ranks
+    assert [p.whole_chunk for p in progs] == [None, None, 0, 0]
+    prog = build_layer_program(plan, cost)
+    local_copies = [[op.ms for op in ops if op.kind == "copy" and op.label == "local call row copies"]
+                    for ops in prog.ops]
+    sh = shape_of(cost)
+    assert local_copies[0] == [pytest.approx(hbm_ms(cost, zeppelin_local_bytes(sh, 1000, contiguous=True)))]
+    assert local_copies[2] == [] and local_copies[3] == []
+    charged, bare = predict(plan, cost, charges="zeppelin"), predict(plan, cost, charges="none")
+    assert charged.attention_ms[2] == pytest.approx(bare.attention_ms[2], rel=1e-12)  # no copies on rank 2
+    assert charged.attention_ms[0] > bare.attention_ms[0]
+
+
 def test_a_remap_pays_its_gathers_and_a_routed_remap_its_staging() -> None:
     sh = shape_of(_cost(_cluster(1, 2)))
     b, f_in, f_out = 2, 4096 + 8192, 4096

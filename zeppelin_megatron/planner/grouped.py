@@ -168,17 +168,20 @@ def rank_floors(lengths: Sequence[int], assignments: Sequence[Assignment], cost:
     """Per rank, ``(tot, own, loc)`` lower bounds of :func:`~.predict.predict`'s terms under ``charges``: the
     sums of its rings' :func:`ring_floor` totals and own times (the rings are the sequences sharing a rank
     tuple, as :attr:`~.plan.StepPlan.rings` groups them), and its local sequences' ``local_ms`` plus their row
-    copies (:func:`~.engine_ring.local_copy_ms_per_token`; none under ``none``). Example: one sequence local
-    on rank 0, none elsewhere: ``loc = [local_ms(s), 0, ...]``, ``tot = own = [0, ...]``."""
+    copies (:func:`~.engine_ring.local_copy_ms_per_token`; none under ``none``, nor on a rank in no ring: without
+    a remap it runs one call on its buffers, :attr:`~.lowering.RankProgram.whole_chunk`). Example: one sequence
+    local on rank 0, none elsewhere: ``loc = [local_ms(s), 0, ...]``, ``tot = own = [0, ...]``."""
     world = cost.cluster.world_size
     copy = local_copy_ms_per_token(cost, charges)
     rings: dict[tuple[int, ...], list[int]] = {}
     local = [0.0] * world
     for s, a in zip(lengths, assignments):
-        if a.placement == "local":
-            local[a.ranks[0]] += cost.local_ms(s) + s * copy
-        else:
+        if a.placement != "local":
             rings.setdefault(a.ranks, []).append(s)
+    ringed = {r for ranks in rings for r in ranks}
+    for s, a in zip(lengths, assignments):
+        if a.placement == "local":
+            local[a.ranks[0]] += cost.local_ms(s) + (s * copy if a.ranks[0] in ringed else 0.0)
     tot = [0.0] * world
     own = [0.0] * world
     for ranks, ls in rings.items():

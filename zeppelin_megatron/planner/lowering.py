@@ -82,6 +82,7 @@ from .transfers import ACC_TAG, HEADS_TAG, KV_TAG, ROUNDS, TOKENS_TAG, Hop, Mess
 from .zigzag import next_position, ring_source, zigzag_tokens
 
 __all__ = ["Message", "Hop", "TransferId", "Transfer", "RingCall", "LocalCall", "WindowCall", "Post", "Wait", "RankOp",
+           "participants",
            "RingPart",
            "LocalChunk", "RemapExchange", "RankProgram", "StepProgram", "lower", "lower_rank", "lower_remaps",
            "rank_remap", "message_hops", "ROUNDS", "KV_TAG", "ACC_TAG", "HEADS_TAG", "TOKENS_TAG"]
@@ -214,11 +215,19 @@ class RankProgram:
     transfers: dict[TransferId, Transfer] = field(hash=False, compare=False)
     tokens: int
     windows: tuple[WindowCall, ...] = ()
+    whole_chunk: int | None = None
+    """``0`` when the plan does not remap (linear layout = attention layout) and the rank's one local chunk is
+    all it runs (no ring, as member or relay) and covers its whole attention buffer in order (rows ``0 ..
+    tokens-1``): the engine then calls the kernel on the buffers themselves and returns the kernel's output and
+    gradients as the rank's (no zero fill, no row copies; :mod:`~zeppelin_megatron.runtime.engine`), and
+    :func:`~.predict.predict` and the simulator charge no copies. ``None`` otherwise. Example: a packed plan's
+    rank holding sequences 3 and 7 whole, ``((3, 0, 500), (7, 0, 200))``: ``0``."""
 
     @property
     def local_lens(self) -> tuple[int, ...]:
         """Lengths of the rank's local sequences in plan order."""
         return tuple(n for _, n in sorted((s, n) for c in self.local_chunks for s, n in zip(c.seqs, c.lens)))
+
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,7 +240,7 @@ class StepProgram:
     routing: bool
 
 
-def _participants(plan: StepPlan, k: int, routing: bool) -> tuple[int, ...]:
+def participants(plan: StepPlan, k: int, routing: bool) -> tuple[int, ...]:
     """Ring ``k``'s members and the relays of its routed hops, ascending."""
     ring = plan.rings[k]
     who = set(ring.ranks)
@@ -255,7 +264,7 @@ def _transfers(plan: StepPlan, k: int, routing: bool) -> tuple[list[Transfer], l
         held = [sum(zigzag_tokens(n, g, p) for n in lengths) for p in range(g)]
     else:
         held = [sum(e - s for n in lengths for s, e in block_ranges(n, len(ring.ranks), a, b)) for b in range(g)]
-    who = _participants(plan, k, routing)
+    who = participants(plan, k, routing)
     steps = []  # messages of step j; the K/V and accumulator transfers of a step carry the same sizes
     for j in range(g):
         msgs = []
@@ -310,7 +319,7 @@ def _shared(plan: StepPlan, routing: bool) -> _Shared:
     sh = _Shared(rings_of={}, own={}, slots={}, transfers={}, windows={},
                  whole=None if plan.linear_layout == plan.attention_layout else staying_rows(plan))
     for k in range(len(plan.rings)):
-        for r in _participants(plan, k, routing):
+        for r in participants(plan, k, routing):
             sh.rings_of.setdefault(r, []).append(k)
     for i, seq in enumerate(plan.sequences):
         if seq.placement == "local":
@@ -379,8 +388,10 @@ def _rank_program(plan: StepPlan, rank: int, routing: bool, sh: _Shared) -> Rank
     if rest:  # the sequences in no slot, after the rings
         fwd.append(LocalCall(chunk=len(mine)))
         bwd.append(LocalCall(chunk=len(mine)))
+    tokens = plan.tokens(rank, "attention")
+    alone = sh.whole is None and not rings and len(chunks) == 1 and chunks[0].span == (0, tokens)
     return RankProgram(rank=rank, rings=tuple(rings), local_chunks=chunks, forward=tuple(fwd), backward=tuple(bwd),
-                       transfers=transfers, tokens=plan.tokens(rank, "attention"), windows=windows)
+                       transfers=transfers, tokens=tokens, windows=windows, whole_chunk=0 if alone else None)
 
 
 def lower(plan: StepPlan, *, routing: bool = True) -> StepProgram:

@@ -65,7 +65,6 @@ from typing import Sequence
 
 from .cost_heads import head_ring_time, head_widths
 from .cost_model import CostModel
-from .engine_ring import local_copy_ms_per_token
 from .grouped import rank_floors, ring_floor
 from .options import PlannerOptions
 from .partition_context import Assignment
@@ -373,8 +372,8 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
     are some of the batch's sequences, longest first (the caller passes the first few). A sequence the
     packing shards (``split_pays``, over one GPU, or from ``shard_from`` on) puts at least its ring's
     :func:`~.grouped.ring_floor` total on every group rank (a ring's floor only grows with the sequences sharing it) and
-    ``zigzag_tokens`` of its position on each; one kept whole puts ``max(local_ms(s) + copies, overhead)``
-    and ``s`` tokens on its rank (both under ``charges``); every rank's linear time is at least ``p * tokens``
+    ``zigzag_tokens`` of its position on each; one kept whole puts ``max(local_ms(s), overhead)`` (no copies:
+    its rank may hold no ring) and ``s`` tokens on its rank; every rank's linear time is at least ``p * tokens``
     (``p``: the profile's least ms per token). Stops after the longest sharded and the longest whole sequence
     (later ones are shorter). ``absorb`` (the packing's rings may absorb whole sequences, :func:`_absorb`): a
     sequence kept whole of at least ``2 cp`` tokens puts the lesser of the two (whole, or on a ring of its group).
@@ -382,7 +381,6 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
     on Llama-7B: about 6.4 s a step, far above a 2.5 s plan, so that packing is never built."""
     cap = cost.cluster.tokens_per_gpu
     per_token = min(cost.linear_ms(r.tokens) / r.tokens for r in cost.profile.linear)
-    copy = local_copy_ms_per_token(cost, charges)
     bound = 0.0
     seen_shard = seen_whole = False
     for s in longest:
@@ -397,7 +395,7 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
             bound = max(bound, total + per_token * ring_max_tokens(s, cp))
         else:
             seen_whole = True
-            whole = max(cost.local_ms(s) + s * copy, cost.call_overhead_ms) + per_token * s
+            whole = max(cost.local_ms(s), cost.call_overhead_ms) + per_token * s
             if absorb and cp >= 2 and s >= 2 * cp:
                 whole = min(whole, min(ring_floor(cost, ranks, [s], options.head_parallel, charges)[0]
                                        for ranks in _group_shapes(cost, cp)) + per_token * ring_max_tokens(s, cp))

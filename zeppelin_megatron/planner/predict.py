@@ -66,6 +66,7 @@ from .cost_heads import head_ring_time
 from .cost_model import CostModel
 from .engine_costs import hbm_ms, remap_copy_bytes, shape_of
 from .engine_ring import local_copy_ms_per_token, ring_steps
+from .lowering import participants
 from .plan import Prediction, StepPlan
 from .remap_cost import coupled_ms, remap_layer_ms, remap_ranks
 from .remap_windows import staying_rows
@@ -121,12 +122,16 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
     by_length: dict[int, float] = {}  # batches repeat lengths
     per_token = local_copy_ms_per_token(cost, charges)  # the engine's copies around local calls
     windowed = {i for x in plan.remap_slots for i in x.seqs}  # hidden by the exchanges (remap_windows.py)
+    # without a remap a rank with no ring runs its local sequences as one call on its buffers: no copies
+    ringed = ({r for k in range(len(plan.rings)) for r in participants(plan, k, True)}  # members and relays
+              if per_token and _no_remap(plan) else None)
     for i, s in enumerate(plan.sequences):
         if s.placement == "local" and i not in windowed:
             t = by_length.get(s.length)
             if t is None:
-                t = by_length[s.length] = cost.local_ms(s.length) + s.length * per_token
-            local[s.ranks[0]] += t
+                t = by_length[s.length] = cost.local_ms(s.length)
+            r = s.ranks[0]
+            local[r] += t if ringed is not None and r not in ringed else t + s.length * per_token
     attn, own_compute = rank_attention(ring_total, ring_own, local, o)
     own_compute = [c - f for c, f in zip(own_compute, fixed)]  # the all-to-alls are communication
     lin_t, att_t = plan.rank_tokens
@@ -245,3 +250,10 @@ def _r(values: list[float]) -> tuple[float, ...]:
 def attention_time(prediction: Prediction) -> list[float]:
     """Per-rank attention time of a step: kernel compute plus ring waits not hidden."""
     return [a + e for a, e in zip(prediction.attention_ms, prediction.exposed_comm_ms)]
+
+
+def _no_remap(plan: StepPlan) -> bool:
+    """The linear layout is the attention layout (no remap runs): a rank without a ring then runs its local
+    sequences as one call on its whole buffer (:attr:`~.lowering.RankProgram.whole_chunk`, for ``plan_step``'s
+    layouts, whose local rows are one range in order), which the engine runs without row copies."""
+    return plan.linear_layout is plan.attention_layout or plan.linear_layout == plan.attention_layout

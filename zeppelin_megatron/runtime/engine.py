@@ -40,6 +40,10 @@ are read as ``narrow`` views (no gather) and written as slice copies, casting in
 copy first); other rows (plans from JSON or other tools) are gathered with ``index_select`` and written
 with ``index_copy_``. Which path a ring or chunk takes is decided once per plan (:class:`DeviceProgram`
 ``spans``, ``local_spans``). The ring's packed K/V send buffer is a copy on both paths (:func:`_ring_kv`).
+A rank whose whole program is one local call over its whole buffer (no ring, no remap window:
+:attr:`~zeppelin_megatron.planner.lowering.RankProgram.whole_chunk`, e.g. a packed plan's ranks without a
+ring) calls the kernel on ``q``, ``k``, ``v`` themselves and returns the kernel's output and gradients as
+its own: no zero fill, no gathers, no copies (:meth:`AttentionEngine._whole_forward`).
 
 Every rank walks the rings in the same global order and posts each ring's
 transfers in the same order, so any valid plan executes without deadlock,
@@ -151,6 +155,32 @@ class AttentionEngine:
         put(out, rows, span, o)
         return o, lse
 
+    def _whole_forward(self, chunk: int, q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor) -> tuple[torch.Tensor, dict[Any, Any]]:
+        """The rank's one local chunk over its whole buffer (:attr:`~zeppelin_megatron.planner.lowering.RankProgram.
+        whole_chunk`): one kernel call on ``q``, ``k``, ``v`` themselves, whose output is the rank's ``out`` (no zero
+        fill, no row gathers, no copy into ``out``). The output is saved for backward as it is returned, so backward
+        raises ``RuntimeError`` when it was modified in place since (as for a ring's output view)."""
+        _, batch = self.dev.local[chunk]
+        o, lse = self.kernel.forward(q.contiguous(), k.contiguous(), v.contiguous(), batch, self.scale)
+        if o.dtype != q.dtype:
+            o = o.to(q.dtype)
+        return o, {("local", chunk): (o, lse), ("whole", chunk): o._version}
+
+    def _whole_backward(self, chunk: int, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        saved: dict[Any, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The backward of :meth:`_whole_forward`: one kernel call, its ``dq``, ``dk``, ``dv`` returned as they are
+        (cast to the inputs' dtypes where the kernel's differ)."""
+        o, lse = saved[("local", chunk)]
+        if o._version != saved[("whole", chunk)]:
+            raise RuntimeError("the attention output was modified in place after forward; the engine's backward "
+                               "reads it (a rank's whole local call returns the kernel's output itself)")
+        _, batch = self.dev.local[chunk]
+        grads = self.kernel.backward(dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o, lse,
+                                     batch, self.scale)
+        dq, dk, dv = (g if g.dtype == x.dtype else g.to(x.dtype) for g, x in zip(grads, (q, k, v)))
+        return dq, dk, dv
+
     def ulysses_forward(self, s: RingState, step: StepIndex) -> tuple[torch.Tensor, torch.Tensor]:
         """A one-block head-parallel ring's one call on its head buffer (``s.q`` [n_b, hq_l, D], ``s.kv``
         [2, n_b, hkv_l, D]) -> the kernel's ``(out, lse)``, kept as they are: ``out`` in the model dtype goes
@@ -214,6 +244,8 @@ class AttentionEngine:
         out_l)`` in the linear layout: the in-place chunks' calls (``dev.linear_local``) read and write there
         (views when their linear rows are one range) and leave their attention rows alone (:mod:`.overlap`)."""
         dev = self._device(q.shape[1])
+        if self.program.whole_chunk is not None:
+            return self._whole_forward(self.program.whole_chunk, q, k, v)
         out = torch.zeros_like(q)
         saved: dict[Any, Any] = {}
         state: dict[int, RingState] = {}
@@ -289,6 +321,8 @@ class AttentionEngine:
         q/k/v come from the attention buffers ``q``, ``k``, ``v`` (the remap in filled those rows, so the caller's
         linear q/k/v need not be kept until backward)."""
         dev = self._device(q.shape[1])
+        if self.program.whole_chunk is not None:
+            return self._whole_backward(self.program.whole_chunk, dout, q, k, v, saved)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         acc_t = acc_dtype(self.dtype)
         state: dict[int, RingGrad] = {}

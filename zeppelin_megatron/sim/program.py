@@ -109,7 +109,8 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
     sequence, :meth:`~CostModel.block_fitted_ms`: tall ``early`` and wide ``late`` blocks fitted to the
     measured blocks of their orientation) (forward + backward), a slot's local
     call as its sequences' ``local_ms``, each at least the call overhead; posts and waits name the
-    ring-step transfers. Local calls go to the queue instead when ``interleave_local`` is off.
+    ring-step transfers. Local calls go to the queue instead when ``interleave_local`` is off. A rank's
+    :attr:`~zeppelin_megatron.planner.lowering.RankProgram.whole_chunk` runs on its buffers: no copies charged.
     After each call a ``copy`` op charges its merges and row copies (:mod:`.charges`, model ``charges``);
     a ring's gathers and result copies are charged at its first call.
 
@@ -174,7 +175,7 @@ def _ring_ops(rank: RankProgram, plan: StepPlan, cost: CostModel, keys: dict, in
                 ops.append(Op("compute", ms, "local", label="local sequences after the rings"))
             else:
                 ops.append(Op("compute", ms, "local", label=f"local slot (in {label[op.ring]} step {op.step})"))
-            if charges == "zeppelin":
+            if charges == "zeppelin" and rank.whole_chunk != op.chunk:  # whole: on the buffers, no copies
                 ops.append(Op("compute", _chunk_copy_ms(cost, rank.local_chunks[op.chunk]), "copy",
                               label="local call row copies"))
         elif isinstance(op, Post):
