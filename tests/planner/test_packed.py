@@ -467,8 +467,9 @@ def test_engine_order_carries_what_its_reorder_keeps(spec: str, tokens: int) -> 
 
 
 def test_ablation_options_leave_out_their_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
-    """PlannerOptions(packed_leads=False): no led packing is searched; packed_threshold=False as well: no threshold
-    is searched at all; each changes the plan of some batch where its candidate wins; bad values are named."""
+    """PlannerOptions(packed_leads=False): no led packing is searched; packed_threshold=False and packed_fill=False
+    as well (filled leads pack the rest by threshold packings): no threshold is searched at all; each changes the
+    plan of some batch where its candidate wins; bad values are named."""
     from zeppelin_megatron.planner import packed_search
     from zeppelin_megatron.sim.lengths import sample_steps
     with pytest.raises(PlanError, match="packed_leads is 1, expected True or False"):
@@ -486,6 +487,6 @@ def test_ablation_options_leave_out_their_candidates(monkeypatch: pytest.MonkeyP
         m.setattr(packed_search, "lead_splits", refuse)
         no_leads = [plan_step(b, cost, PlannerOptions(packed_leads=False)).to_json() for b in batches]
         m.setattr(packed_search, "head_parallel_threshold", refuse)
-        neither = [plan_step(b, cost, PlannerOptions(packed_leads=False, packed_threshold=False)).to_json()
-                   for b in batches]
+        neither = [plan_step(b, cost, PlannerOptions(packed_leads=False, packed_threshold=False,
+                                                     packed_fill=False)).to_json() for b in batches]
     assert no_leads != default and neither != no_leads

@@ -110,25 +110,32 @@ def test_lead_errors_name_the_limit() -> None:
 
 
 def test_fill_splits_rule() -> None:
-    """Per k = 2, 4, ... below the node size: the most of the longest documents whose share of the work is at most
-    k / P (at least one), each at least 2 k tokens, within capacity."""
+    """Per k = 2, 4, ... below the node size, then whole nodes (gpn, 2 gpn, 4 gpn, ...) up to half the world: the
+    most of the longest documents whose share of the work is at most k / P (at least one, at most LEAD_MAX), each
+    at least 2 k tokens, within capacity."""
+    from zeppelin_megatron.planner.packed_search import LEAD_MAX
     rng = random.Random(3)
-    for spec in ("1x8", "2x8", "4x8", "2x4"):
+    seen = set()
+    for spec in ("1x8", "2x8", "4x8", "2x4", "8x4"):
         cost = _cost(spec)
         world, gpn = cost.cluster.world_size, cost.cluster.gpus_per_node
+        sizes = [k for k in (2, 4) if k < gpn] + [k for k in (gpn, 2 * gpn, 4 * gpn, 8 * gpn) if k <= world // 2]
         for _ in range(5):
             lengths = [rng.randint(1, 30_000) for _ in range(rng.randint(3, 60))]
             got = fill_splits(lengths, cost)
-            assert [k for k, _ in got] == [k for k in (2, 4, 8, 16) if k < gpn and k < world][:len(got)]
+            assert [k for k, _ in got] == [k for k in sizes if k in {x for x, _ in got}]
             share = max(1, sum(lengths) // world)
             lin = cost.linear_ms(share) / share
             order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
             cum = list(accumulate(cost.local_ms(lengths[i]) + lengths[i] * lin for i in order))
             for k, top in got:
                 n = len(top)
+                seen.add((k >= gpn, n == LEAD_MAX))
                 assert top == order[:n] and all(lengths[i] >= 2 * k for i in top)
-                widest = max([m for m in range(1, len(order)) if cum[m - 1] <= k / world * cum[-1]] or [1])
+                widest = min(LEAD_MAX, max([m for m in range(1, len(order)) if cum[m - 1] <= k / world * cum[-1]]
+                                           or [1]))
                 assert n <= widest and (n == widest or lengths[order[n]] < 2 * k)
+    assert (True, True) in seen and (False, False) in seen  # whole-node leads, some capped at LEAD_MAX
 
 
 def test_plan_step_takes_a_filled_lead_where_it_predicts_faster() -> None:

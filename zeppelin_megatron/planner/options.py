@@ -81,8 +81,9 @@ class PlannerOptions:
     ablation: ``False``)."""
     packed_fill: bool = True
     """Among the packed candidates (with ``packed`` and head-parallel rings on), also the filled-lead packings
-    (:mod:`.packed_search`: the longest documents on a ring over 2, 4, ... ranks of the first node, which also
-    take whole documents; the rest packed over the other ranks; ablation: ``False``)."""
+    (:mod:`.packed_search`: the longest documents on a ring over the first 2, 4, ... ranks of a node or 1, 2, 4,
+    ... whole nodes, which also take whole documents; the rest packed over the other ranks; ablation:
+    ``False``)."""
     packed_absorb: bool = True
     """Zeppelin's packings (head-parallel work model) let a group's ring absorb whole documents from its busiest
     rank (:func:`~.packed.packed_groups`' ``absorb``: one more document on a ring costs its share of the work, no

@@ -20,9 +20,10 @@ Three families of candidates, each a placement without a remap (the linear layou
   with them (a ring over 4 nodes, width 8) and the other 81 documents are packed over ranks 32-63 at
   ``cp = 2``: charged prediction 1583 ms against 1902 for the partitioner's plan and 2031 for the best uniform
   packing; simulated 1565 ms against 1886 before and FlexSP's 1606 (docs/planner.md).
-* *Filled-lead* packings (:func:`fill_splits`, 2026-11-27): the same inside a node, where FlexSP's small
-  Ulysses groups win at 16-32 GPUs: the ``n`` longest documents share one ring over ranks ``0 .. k-1``, ``k =
-  2, 4, ...`` below the node size, ``n`` the most whose share of the work is at most ``k / P``; the leading
+* *Filled-lead* packings (:func:`fill_splits`, 2026-11-27): the ``n`` longest documents share one ring over
+  ranks ``0 .. k-1``, ``k = 2, 4, ...`` below the node size (where FlexSP's small Ulysses groups win at 16-32
+  GPUs) and ``gpn, 2 gpn, 4 gpn, ...`` up to ``P / 2``, ``n`` the most whose share of the work is at most
+  ``k / P`` (at most :data:`LEAD_MAX`); the leading
   group then takes part in packing the rest as one more group (``packed_groups(..., first=k, lead=top)``,
   weighed per rank) that takes whole documents only, so its ranks are *filled* up to the others' load instead
   of idling beside a ring too small for a node. Example: Llama-7B arxiv-64k on 1 x 8 GPUs, 256k tokens, batch
@@ -93,6 +94,7 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
 
     _sweep(lengths, cost, options, best_ms, 0, keep,
            threshold="with" if options.packed_threshold else "without")
+    fills = fill_splits(lengths, cost) if options.head_parallel and options.packed_fill else []
     if options.head_parallel and options.packed_leads:
         for k, top in lead_splits(lengths, cost):
             bound = lead_floor([lengths[i] for i in top], k, cost, options)
@@ -102,9 +104,10 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
             chosen = _led(lengths, top, lead, cost, options, best_ms, bound)
             if chosen is not None:
                 keep(chosen[2], chosen[1], chosen[0])
-    if options.head_parallel and options.packed_fill and "intra_node" in options.placements:
-        for k, top in fill_splits(lengths, cost):
-            if lead_floor([lengths[i] for i in top], k, cost, options) < best_ms:
+    if fills:
+        for k, top in fills:
+            where = "intra_node" if k <= cost.cluster.gpus_per_node else "inter_node"
+            if where in options.placements and lead_floor([lengths[i] for i in top], k, cost, options) < best_ms:
                 chosen = _filled(lengths, top, k, cost, options, best_ms)
                 if chosen is not None:
                     keep(chosen[2], chosen[1], chosen[0])
@@ -274,25 +277,27 @@ def lead_floor(top: Sequence[int], k: int, cost: CostModel, options: PlannerOpti
 
 def fill_splits(lengths: Sequence[int], cost: CostModel) -> list[tuple[int, list[int]]]:
     """``(k, top)`` per filled leading group size ``k`` (module docstring): ``k = 2, 4, ...`` below the GPUs per
-    node (and the world); ``top`` the indices of the ``n`` longest sequences (ties: the lower index), ``n`` the
-    most whose share of the batch's work (``local_ms(s) + lin * s`` each, as :func:`lead_splits` weighs them)
-    is at most ``k / P`` (at least 1), fewer while the ``n``-th is under ``2 k`` tokens, none when their zigzag
-    chunks overflow a rank. Example: 16 GPUs (8 per node), shares of the longest 0.070, 0.131, 0.188: ``k =
-    2`` (0.125) takes 1, ``k = 4`` (0.25) takes 3."""
+    node, then whole nodes, ``gpn, 2 gpn, 4 gpn, ...`` up to half the world; ``top`` the indices of the ``n``
+    longest sequences (ties: the lower index), ``n`` the most whose share of the batch's work (``local_ms(s) + lin
+    * s`` each, as :func:`lead_splits` weighs them) is at most ``k / P`` (at least 1, at most :data:`LEAD_MAX`:
+    the group's whole documents fill the rest of its share), fewer while the ``n``-th is under ``2 k`` tokens,
+    none when their zigzag chunks overflow a rank. Example: 16 GPUs (8 per node), shares of the longest 0.070,
+    0.131, 0.188, 0.240, 0.290, ...: ``k = 2`` (0.125) takes 1, ``k = 4`` (0.25) 4, ``k = 8`` (0.5) those five
+    and the next ones while their share stays at most 0.5 (eight at most)."""
     cl = cost.cluster
     world, gpn, cap = cl.world_size, cl.gpus_per_node, cl.tokens_per_gpu
     share = max(1, sum(lengths) // world)
     lin = cost.linear_ms(share) / share
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     cum = list(accumulate(cost.local_ms(lengths[i]) + lengths[i] * lin for i in order))
+    sizes = [k for k in (2 ** j for j in range(1, 8)) if k < min(gpn, world)]
+    sizes += [k for k in (gpn * 2 ** j for j in range(8)) if k <= world // 2]
     out: list[tuple[int, list[int]]] = []
-    k = 2
-    while k < min(gpn, world):
-        n = max([m for m in range(1, len(order)) if cum[m - 1] <= k / world * cum[-1]] or [1])
+    for k in sizes:
+        n = min(LEAD_MAX, max([m for m in range(1, len(order)) if cum[m - 1] <= k / world * cum[-1]] or [1]))
         while n and lengths[order[n - 1]] < 2 * k:
             n -= 1
         top = order[:n]
         if top and max(map(sum, zip(*(zigzag_counts(lengths[i], k) for i in top)))) <= cap:
             out.append((k, top))
-        k *= 2
     return out
