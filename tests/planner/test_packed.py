@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -29,39 +30,56 @@ def _cost(spec: str, model: str | None = None, **kw: int) -> CostModel:
 
 
 def _reference_groups(lengths: list[int], cost: CostModel, cp: int, head_parallel: bool = False,
-                      shard_from: int | None = None, first: int = 0) -> list[tuple[int, ...]]:
-    """The packing written as plain scans (every group, every rank, each time): what the heaps must match."""
+                      shard_from: int | None = None, first: int = 0,
+                      lead: Sequence[int] = ()) -> list[tuple[int, ...]]:
+    """The packing written as plain scans (every group, every rank, each time): what the heaps must match.
+    ``lead``: a filled leading group over ranks ``0 .. first-1`` (group ``n``, its work per rank scaled by
+    ``cp / first``, whole documents only)."""
     world, cap = cost.cluster.world_size, cost.cluster.tokens_per_gpu
     n = (world - first) // cp
-    shard = [s >= shard_from or s > cap for s in lengths] if shard_from is not None else \
-        [split_pays(cost, s, cp) or s > cap for s in lengths]
-    share = max(1, sum(lengths) // (world - first))
+    shard = [(s >= shard_from or s > cap) if shard_from is not None else (split_pays(cost, s, cp) or s > cap)
+             for s in lengths]
+    shard = [sh and i not in lead for i, sh in enumerate(shard)]
+    share = max(1, sum(lengths) // (world - (0 if lead else first)))
     lin = cost.linear_ms(share) / share
     gpn = cost.cluster.gpus_per_node
-    ring = (lambda s: sharded_ms(cost, s, cp)) if head_parallel else \
-        (lambda s: cost.ring_ms(s, cp, inter_node=cp > gpn))
-    work = [(cp * ring(s) if sh else cost.local_ms(s)) + s * lin for s, sh in zip(lengths, shard)]
-    order = sorted(range(len(lengths)), key=lambda i: (-work[i], -lengths[i], i))
-    g_work, g_tok, where = [0.0] * n, [0] * n, [-1] * len(lengths)
+
+    def ring(s: int, g: int) -> float:
+        return sharded_ms(cost, s, g) if head_parallel else cost.ring_ms(s, g, inter_node=g > gpn)
+
+    work = [(cp * ring(s, cp) if sh else cost.local_ms(s)) + s * lin for s, sh in zip(lengths, shard)]
+    for i in lead:
+        work[i] = first * ring(lengths[i], first) + lengths[i] * lin
+    order = [i for i in sorted(range(len(lengths)), key=lambda i: (-work[i], -lengths[i], i)) if i not in lead]
+    scale = cp / first if lead else 1.0
+    g_work = [0.0] * n + ([scale * sum(work[i] for i in lead)] if lead else [])
+    g_tok = [0] * n + ([sum(lengths[i] for i in lead)] if lead else [])
+    where = [-1] * len(lengths)
     for i in order:
         room = [b for b in range(n) if g_tok[b] + lengths[i] <= cp * cap]
+        if lead and not shard[i] and g_tok[n] + lengths[i] <= first * cap:
+            room.append(n)
         b = min(room, key=lambda b: (g_work[b], b))
-        where[i], g_work[b], g_tok[b] = b, g_work[b] + work[i], g_tok[b] + lengths[i]
+        where[i], g_tok[b] = b, g_tok[b] + lengths[i]
+        g_work[b] += work[i] * (scale if b == n else 1.0)
     load, tok = [0.0] * world, [0] * world
     out: list[tuple[int, ...]] = [()] * len(lengths)
     for i, s in enumerate(lengths):
-        if shard[i]:
+        if i in lead:
+            out[i] = tuple(range(first))
+            for r, t in zip(out[i], zigzag_counts(s, first)):
+                load[r] += work[i] / first
+                tok[r] += t
+        elif shard[i]:
             out[i] = tuple(range(first + where[i] * cp, first + (where[i] + 1) * cp))
             for r in out[i]:
                 load[r] += work[i] / cp
                 tok[r] += -(-s // cp)
     for i in order:
         if not out[i]:
-            fits = [r for r in range(first + where[i] * cp, first + (where[i] + 1) * cp) if tok[r] + lengths[i] <= cap]
-            r = min(fits, key=lambda r: (load[r], r))
-            out[i] = (r,)
-            load[r] += work[i]
-            tok[r] += lengths[i]
+            ranks = range(first) if where[i] == n else range(first + where[i] * cp, first + (where[i] + 1) * cp)
+            r = min((r for r in ranks if tok[r] + lengths[i] <= cap), key=lambda r: (load[r], r))
+            out[i], load[r], tok[r] = (r,), load[r] + work[i], tok[r] + lengths[i]
     return out
 
 

@@ -10,59 +10,16 @@ import pytest
 
 from zeppelin_megatron.planner import CostModel, PlanError, PlannerOptions, load_cluster, load_model, plan_step
 from zeppelin_megatron.planner import packed_search
-from zeppelin_megatron.planner.packed import CHARGES, packed_groups, sharded_ms
+from zeppelin_megatron.planner.packed import CHARGES, packed_groups
 from zeppelin_megatron.planner.packed_search import fill_splits
 from zeppelin_megatron.planner.predict import predict
-from zeppelin_megatron.planner.zigzag import zigzag_counts
 from zeppelin_megatron.sim.lengths import sample_steps
+
+from .test_packed import _reference_groups
 
 
 def _cost(spec: str, **kw: int) -> CostModel:
     return CostModel(model=load_model(None), cluster=load_cluster(spec, **kw))
-
-
-def _reference_fill(lengths: list[int], cost: CostModel, cp: int, first: int, lead: list[int],
-                    shard_from: int) -> list[tuple[int, ...]]:
-    """packed_groups(..., head_parallel=True, shard_from=..., first=..., lead=...) as plain scans over every group
-    and rank each time: what the heaps must match."""
-    world, cap = cost.cluster.world_size, cost.cluster.tokens_per_gpu
-    n = (world - first) // cp
-    shard = [(s >= shard_from or s > cap) and i not in lead for i, s in enumerate(lengths)]
-    share = max(1, sum(lengths) // world)
-    lin = cost.linear_ms(share) / share
-    work = [(cp * sharded_ms(cost, s, cp) if sh else cost.local_ms(s)) + s * lin for s, sh in zip(lengths, shard)]
-    for i in lead:
-        work[i] = first * sharded_ms(cost, lengths[i], first) + lengths[i] * lin
-    order = [i for i in sorted(range(len(lengths)), key=lambda i: (-work[i], -lengths[i], i)) if i not in lead]
-    g_work = [0.0] * n + [cp / first * sum(work[i] for i in lead)]  # group n: the leading one, per-rank scale
-    g_tok = [0] * n + [sum(lengths[i] for i in lead)]
-    where = [-1] * len(lengths)
-    for i in order:
-        room = [b for b in range(n) if g_tok[b] + lengths[i] <= cp * cap]
-        if not shard[i] and g_tok[n] + lengths[i] <= first * cap:
-            room.append(n)
-        b = min(room, key=lambda b: (g_work[b], b))
-        where[i], g_tok[b] = b, g_tok[b] + lengths[i]
-        g_work[b] += work[i] * (cp / first if b == n else 1.0)
-    load, tok = [0.0] * world, [0] * world
-    out: list[tuple[int, ...]] = [()] * len(lengths)
-    for i, s in enumerate(lengths):
-        if i in lead:
-            out[i] = tuple(range(first))
-            for r, t in zip(out[i], zigzag_counts(s, first)):
-                load[r] += work[i] / first
-                tok[r] += t
-        elif shard[i]:
-            out[i] = tuple(range(first + where[i] * cp, first + (where[i] + 1) * cp))
-            for r in out[i]:
-                load[r] += work[i] / cp
-                tok[r] += -(-s // cp)
-    for i in order:
-        if not out[i]:
-            ranks = range(first) if where[i] == n else range(first + where[i] * cp, first + (where[i] + 1) * cp)
-            r = min((r for r in ranks if tok[r] + lengths[i] <= cap), key=lambda r: (load[r], r))
-            out[i], load[r], tok[r] = (r,), load[r] + work[i], tok[r] + lengths[i]
-    return out
 
 
 @pytest.mark.parametrize("spec,first,cp", [("1x8", 2, 1), ("1x8", 2, 2), ("2x8", 4, 4), ("2x8", 2, 1)])
@@ -76,7 +33,8 @@ def test_filled_lead_packing_matches_plain_scans(spec: str, first: int, cp: int)
         shard_from = rng.choice([6000, 20_000, 10 ** 9]) if cp > 1 else 10 ** 9  # cp = 1 shards nothing
         lengths = [min(s, cost.cluster.tokens_per_gpu) for s in lengths]
         try:
-            want = _reference_fill(lengths, cost, cp, first, lead, shard_from)
+            want = _reference_groups(lengths, cost, cp, head_parallel=True, shard_from=shard_from, first=first,
+                                     lead=lead)
         except ValueError:  # min() of no room: the packing must refuse too
             with pytest.raises(PlanError):
                 packed_groups(lengths, cost, cp, head_parallel=True, shard_from=shard_from, first=first, lead=lead)

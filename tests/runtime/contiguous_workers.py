@@ -35,15 +35,22 @@ def spans(plan: StepPlan, rank: int) -> list[tuple[int, int] | None]:
     return [p.span for p in prog.rings if p.position is not None] + [c.span for c in prog.local_chunks]
 
 
-def check_inplace_refused(group: ZeppelinGroup, plan: StepPlan) -> None:
-    """A ring's output is saved as a view of ``out``: changing ``out`` in place before backward raises."""
+def _engine(group: ZeppelinGroup, plan: StepPlan, seed: int) -> tuple[AttentionEngine, tuple[torch.Tensor, ...]]:
+    """A float64 reference-kernel engine for this rank and its ``(q, k, v, dout)`` in the attention layout (Hq 4,
+    Hkv 2, D 4)."""
     rank, cpu, d, hq, hkv = group.rank, torch.device("cpu"), 4, 4, 2
-    data = global_data(plan, hq, hkv, d, seed=3)
+    data = global_data(plan, hq, hkv, d, seed=seed)
     att = plan.attention_layout[rank]
     e = lambda h: torch.zeros(0, h, d, dtype=torch.float64)  # noqa: E731
-    q, k, v, dout = (gather(att, [x[i] for x in data], e(hkv if i in (1, 2) else hq)) for i in range(4))
+    qkvd = tuple(gather(att, [x[i] for x in data], e(hkv if i in (1, 2) else hq)) for i in range(4))
     eng = AttentionEngine(plan, group, kernel=get_kernel("reference", cpu, torch.float64), scale=0.3, routes=(),
                           hkv=hkv, head_dim=d, dtype=torch.float64, device=cpu, hq=hq)
+    return eng, qkvd
+
+
+def check_inplace_refused(group: ZeppelinGroup, plan: StepPlan) -> None:
+    """A ring's output is saved as a view of ``out``: changing ``out`` in place before backward raises."""
+    eng, (q, k, v, dout) = _engine(group, plan, seed=3)
     out, saved = eng.forward(q, k, v)
     views = [key for key in saved if isinstance(key, tuple) and key[0] == "out_view"]
     if not views:  # no member ring with contiguous rows here: nothing saved as a view
@@ -83,15 +90,9 @@ def check_whole(group: ZeppelinGroup, plan: StepPlan) -> bool:
     """A rank whose program is one local call over its whole buffer (``RankProgram.whole_chunk``) returns the
     kernel's output itself (saved as it is returned, no zero-filled ``out``) and its gradients; changing the
     output in place before backward raises. -> whether this rank took that path."""
-    rank, cpu, d, hq, hkv = group.rank, torch.device("cpu"), 4, 4, 2
-    if lower(plan).ranks[rank].whole_chunk is None:
+    if lower(plan).ranks[group.rank].whole_chunk is None:
         return False
-    data = global_data(plan, hq, hkv, d, seed=5)
-    att = plan.attention_layout[rank]
-    e = lambda h: torch.zeros(0, h, d, dtype=torch.float64)  # noqa: E731
-    q, k, v, dout = (gather(att, [x[i] for x in data], e(hkv if i in (1, 2) else hq)) for i in range(4))
-    eng = AttentionEngine(plan, group, kernel=get_kernel("reference", cpu, torch.float64), scale=0.3, routes=(),
-                          hkv=hkv, head_dim=d, dtype=torch.float64, device=cpu, hq=hq)
+    eng, (q, k, v, dout) = _engine(group, plan, seed=5)
     out, saved = eng.forward(q, k, v)
     assert saved[("local", 0)][0] is out and ("whole", 0) in saved
     dq, dk, dv = eng.backward(dout, q, k, v, saved)
