@@ -169,8 +169,8 @@ _DESCRIPTIONS: dict[str, str] = {
     "zeppelin-no-led-packing": "Zeppelin without led packed candidates (the longest documents on a leading group "
                                "of nodes, the rest packed after it; PlannerOptions(packed_leads=False))",
     "zeppelin-no-filled-lead": "Zeppelin without filled-lead packed candidates (the longest documents on a ring "
-                               "over 2, 4, ... ranks of a node that also take whole documents; "
-                               "PlannerOptions(packed_fill=False))",
+                               "over 2, 4, ... ranks of a node or 1, 2, 4, ... whole nodes, that also take whole "
+                               "documents; PlannerOptions(packed_fill=False))",
     "zeppelin-no-packed-absorb": "Zeppelin's packings without rings absorbing whole documents from their group's "
                                  "busiest rank (PlannerOptions(packed_absorb=False))",
     "zeppelin-grouped": "Zeppelin also trying TE-CP-a2a+p2p-style whole-node CP groups as candidates "
