@@ -229,7 +229,6 @@ class RankProgram:
         return tuple(n for _, n in sorted((s, n) for c in self.local_chunks for s, n in zip(c.seqs, c.lens)))
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class StepProgram:
     """Every rank's program for one plan, the transfers they share, and the two remaps."""

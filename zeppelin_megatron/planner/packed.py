@@ -381,6 +381,11 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
     on Llama-7B: about 6.4 s a step, far above a 2.5 s plan, so that packing is never built."""
     cap = cost.cluster.tokens_per_gpu
     per_token = min(cost.linear_ms(r.tokens) / r.tokens for r in cost.profile.linear)
+
+    def on_ring(s: int) -> float:  # the cheapest ring of s over a group, and its busiest position's tokens
+        return min(ring_floor(cost, ranks, [s], options.head_parallel, charges)[0]
+                   for ranks in _group_shapes(cost, cp)) + per_token * ring_max_tokens(s, cp)
+
     bound = 0.0
     seen_shard = seen_whole = False
     for s in longest:
@@ -390,15 +395,12 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
             if seen_shard:
                 continue
             seen_shard = True
-            total = min(ring_floor(cost, ranks, [s], options.head_parallel, charges)[0]
-                        for ranks in _group_shapes(cost, cp))
-            bound = max(bound, total + per_token * ring_max_tokens(s, cp))
+            bound = max(bound, on_ring(s))
         else:
             seen_whole = True
             whole = max(cost.local_ms(s), cost.call_overhead_ms) + per_token * s
             if absorb and cp >= 2 and s >= 2 * cp:
-                whole = min(whole, min(ring_floor(cost, ranks, [s], options.head_parallel, charges)[0]
-                                       for ranks in _group_shapes(cost, cp)) + per_token * ring_max_tokens(s, cp))
+                whole = min(whole, on_ring(s))
             bound = max(bound, whole)
         if seen_whole and seen_shard:
             break

@@ -130,20 +130,30 @@ def _led(lengths: Sequence[int], top: list[int], lead: Assignment, cost: CostMod
     chosen = set(top)
     rest = [i for i in range(len(lengths)) if i not in chosen]
     found: list[tuple[float, int, list[Assignment]]] = []
+    lowest = _lowest(lengths, cost, options, best_ms, found)
 
     def merged(sub: list[Assignment], cp: int) -> float | None:
         full = [lead] * len(lengths)
         for i, a in zip(rest, sub):
             full[i] = a
-        floor = packed_floor(lengths, full, cost, options)
-        if floor < best_ms and (not found or floor < found[0][0]):
-            found[:] = [(floor, cp, full)]
-        return floor
+        return lowest(full, cp)
 
     _sweep([lengths[i] for i in rest], cost, options, best_ms, lead.ranks[-1] + 1, merged, threshold="only",
            done=lambda: bool(found) and found[0][0] <= bound * (1 + 1e-12),
            bar=lambda: found[0][0] if found else math.inf)
     return found[0] if found else None
+
+
+def _lowest(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, best_ms: float,
+            found: list[tuple[float, int, list[Assignment]]]) -> Emit:
+    """An ``emit`` for :func:`_sweep` that returns a packing's :func:`~.packed.packed_floor` and keeps in ``found``
+    the one with the lowest floor below ``best_ms`` (ties: the first, the smaller ``cp``)."""
+    def emit(assignments: list[Assignment], cp: int) -> float | None:
+        floor = packed_floor(lengths, assignments, cost, options)
+        if floor < best_ms and (not found or floor < found[0][0]):
+            found[:] = [(floor, cp, assignments)]
+        return floor
+    return emit
 
 
 def _filled(lengths: Sequence[int], top: list[int], k: int, cost: CostModel, options: PlannerOptions,
@@ -154,14 +164,8 @@ def _filled(lengths: Sequence[int], top: list[int], k: int, cost: CostModel, opt
     ``cp``, threshold packings, :func:`_sweep` with ``threshold="only"``, and ``cp = 1``: every other sequence
     whole); ``None`` when none is below ``best_ms``."""
     found: list[tuple[float, int, list[Assignment]]] = []
-
-    def filled(assignments: list[Assignment], cp: int) -> float | None:
-        floor = packed_floor(lengths, assignments, cost, options)
-        if floor < best_ms and (not found or floor < found[0][0]):
-            found[:] = [(floor, cp, assignments)]
-        return floor
-
-    _sweep(lengths, cost, options, best_ms, k, filled, threshold="only", lead=top,
+    emit = _lowest(lengths, cost, options, best_ms, found)
+    _sweep(lengths, cost, options, best_ms, k, emit, threshold="only", lead=top,
            bar=lambda: found[0][0] if found else math.inf)
     return found[0] if found else None
 
@@ -243,25 +247,33 @@ def lead_splits(lengths: Sequence[int], cost: CostModel) -> list[tuple[int, list
     ``8`` (not offered)."""
     cl = cost.cluster
     world, gpn, cap = cl.world_size, cl.gpus_per_node, cl.tokens_per_gpu
-    share = max(1, sum(lengths) // world)
-    lin = cost.linear_ms(share) / share
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    work = [cost.local_ms(lengths[i]) + lengths[i] * lin for i in order]
-    total = sum(work)
-    cum, acc = [], 0.0
-    for w in work:
-        acc += w
-        cum.append(acc / total)
+    order, cum = _by_work(lengths, cost)
+    share = [c / cum[-1] for c in cum]
     out = []
     for k in range(gpn, world // 2 + 1, gpn):
         target = k / world
-        n = min(range(1, len(order)), key=lambda m: (abs(cum[m - 1] - target), m), default=0)
+        n = min(range(1, len(order)), key=lambda m: (abs(share[m - 1] - target), m), default=0)
         while n and lengths[order[n - 1]] < 2 * k:
             n -= 1
         top = order[:n]
-        if 2 <= n <= LEAD_MAX and max(map(sum, zip(*(zigzag_counts(lengths[i], k) for i in top)))) <= cap:
+        if 2 <= n <= LEAD_MAX and _peak([lengths[i] for i in top], k) <= cap:
             out.append((k, top))
     return out
+
+
+def _by_work(lengths: Sequence[int], cost: CostModel) -> tuple[list[int], list[float]]:
+    """The sequences longest first (ties: the lower index) and their cumulative work, each weighed as the packing
+    weighs a whole one (``local_ms(s) + lin * s``, ``lin`` the linear ms per token at the batch's per-rank
+    share): what :func:`lead_splits` and :func:`fill_splits` size their leads by."""
+    share = max(1, sum(lengths) // cost.cluster.world_size)
+    lin = cost.linear_ms(share) / share
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    return order, list(accumulate(cost.local_ms(lengths[i]) + lengths[i] * lin for i in order))
+
+
+def _peak(top: Sequence[int], k: int) -> int:
+    """The tokens of the busiest rank of a ring over ``k`` ranks holding sequences of lengths ``top`` (zigzag)."""
+    return max(map(sum, zip(*(zigzag_counts(s, k) for s in top))))
 
 
 def lead_floor(top: Sequence[int], k: int, cost: CostModel, options: PlannerOptions) -> float:
@@ -271,8 +283,7 @@ def lead_floor(top: Sequence[int], k: int, cost: CostModel, options: PlannerOpti
     ranks hold nothing else)."""
     per_token = min(cost.linear_ms(r.tokens) / r.tokens for r in cost.profile.linear)
     total = ring_floor(cost, tuple(range(k)), list(top), options.head_parallel, CHARGES)[0]
-    tokens = max(map(sum, zip(*(zigzag_counts(s, k) for s in top))))
-    return cost.model.layers * (total + per_token * tokens)
+    return cost.model.layers * (total + per_token * _peak(top, k))
 
 
 def fill_splits(lengths: Sequence[int], cost: CostModel) -> list[tuple[int, list[int]]]:
@@ -286,10 +297,7 @@ def fill_splits(lengths: Sequence[int], cost: CostModel) -> list[tuple[int, list
     and the next ones while their share stays at most 0.5 (eight at most)."""
     cl = cost.cluster
     world, gpn, cap = cl.world_size, cl.gpus_per_node, cl.tokens_per_gpu
-    share = max(1, sum(lengths) // world)
-    lin = cost.linear_ms(share) / share
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    cum = list(accumulate(cost.local_ms(lengths[i]) + lengths[i] * lin for i in order))
+    order, cum = _by_work(lengths, cost)
     sizes = [k for k in (2 ** j for j in range(1, 8)) if k < min(gpn, world)]
     sizes += [k for k in (gpn * 2 ** j for j in range(8)) if k <= world // 2]
     out: list[tuple[int, list[int]]] = []
@@ -298,6 +306,6 @@ def fill_splits(lengths: Sequence[int], cost: CostModel) -> list[tuple[int, list
         while n and lengths[order[n - 1]] < 2 * k:
             n -= 1
         top = order[:n]
-        if top and max(map(sum, zip(*(zigzag_counts(lengths[i], k) for i in top)))) <= cap:
+        if top and _peak([lengths[i] for i in top], k) <= cap:
             out.append((k, top))
     return out

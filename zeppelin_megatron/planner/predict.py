@@ -122,9 +122,10 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
     by_length: dict[int, float] = {}  # batches repeat lengths
     per_token = local_copy_ms_per_token(cost, charges)  # the engine's copies around local calls
     windowed = {i for x in plan.remap_slots for i in x.seqs}  # hidden by the exchanges (remap_windows.py)
-    # without a remap a rank with no ring runs its local sequences as one call on its buffers: no copies
-    ringed = ({r for k in range(len(plan.rings)) for r in participants(plan, k, True)}  # members and relays
-              if per_token and _no_remap(plan) else None)
+    # without a remap (identical layouts) a rank in no ring, as member or relay, runs its local sequences as one
+    # call on its buffers (lowering.RankProgram.whole_chunk, for plan_step's layouts): no copies
+    ringed = ({r for k in range(len(plan.rings)) for r in participants(plan, k, True)}
+              if per_token and plan.linear_layout == plan.attention_layout else None)
     for i, s in enumerate(plan.sequences):
         if s.placement == "local" and i not in windowed:
             t = by_length.get(s.length)
@@ -251,9 +252,3 @@ def attention_time(prediction: Prediction) -> list[float]:
     """Per-rank attention time of a step: kernel compute plus ring waits not hidden."""
     return [a + e for a, e in zip(prediction.attention_ms, prediction.exposed_comm_ms)]
 
-
-def _no_remap(plan: StepPlan) -> bool:
-    """The linear layout is the attention layout (no remap runs): a rank without a ring then runs its local
-    sequences as one call on its whole buffer (:attr:`~.lowering.RankProgram.whole_chunk`, for ``plan_step``'s
-    layouts, whose local rows are one range in order), which the engine runs without row copies."""
-    return plan.linear_layout is plan.attention_layout or plan.linear_layout == plan.attention_layout
