@@ -102,16 +102,19 @@ def check_whole(group: ZeppelinGroup, plan: StepPlan) -> bool:
     return True
 
 
-def run_whole(rank: int, world: int) -> None:
-    """2x2: a plan with every sequence local and no remap (every rank one whole call) and a packed ``plan_step``
-    plan with a ring and ringless ranks: exact in float64 and float32 against per-sequence SDPA, the lowered
-    trace, and the whole path taken where ``whole_chunk`` says (on some rank of each plan)."""
-    assert world == 4
-    group = ZeppelinGroup(process_group=None, gpus_per_node=2)
-    cost = CostModel(model=load_model(None), cluster=load_cluster("2x2", tokens_per_gpu=96))
+def run_whole(rank: int, world: int, spec: str = "2x2") -> None:
+    """``spec`` (nodes x GPUs, ``world`` ranks): a plan with every sequence local and no remap (every rank one whole
+    call) and the default ``plan_step`` plan of a batch with one long sequence (on 2x2 a packed plan with a ring
+    and ringless ranks): exact in float64 (GQA, Hq 4 / Hkv 2) and float32 (MHA) against per-sequence SDPA, the
+    lowered trace, and the whole path taken where ``whole_chunk`` says (every rank of the all-local plan)."""
+    nodes, gpn = map(int, spec.split("x"))
+    assert world == nodes * gpn
+    group = ZeppelinGroup(process_group=None, gpus_per_node=gpn)
+    cost = CostModel(model=load_model(None), cluster=load_cluster(spec, tokens_per_gpu=96 if world >= 4 else 200))
     local = plan_step([60, 50, 41, 30, 23, 17, 10, 5, 3], cost, PlannerOptions(placements=("local",), remap=False))
     packed = plan_step([150, 40, 37, 33, 29, 21, 11, 9, 5], cost)
-    assert packed.origin == "packed" and packed.rings and packed.linear_layout == packed.attention_layout
+    if spec == "2x2":
+        assert packed.origin == "packed" and packed.rings and packed.linear_layout == packed.attention_layout
     for plan in (local, packed):
         took = check_whole(group, plan)
         assert took or plan is packed

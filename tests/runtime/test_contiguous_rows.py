@@ -74,5 +74,7 @@ def test_whole_chunk_is_the_one_local_call_over_the_buffer() -> None:
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
-def test_whole_local_ranks_world_4() -> None:
-    spawn(4, contiguous_workers.run_whole)
+@pytest.mark.parametrize("spec", ["1x2", "2x2", "2x3", "2x4"])
+def test_whole_local_ranks(spec: str) -> None:
+    nodes, gpn = map(int, spec.split("x"))
+    spawn(nodes * gpn, contiguous_workers.run_whole, spec)
