@@ -192,46 +192,51 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
     share = max(1, sum(lengths) // (world - (0 if led else first)))
     lin_per_token = cost.linear_ms(share) / share
     ring_work = sharded_ms if head_parallel else _ring_ms
-    work = [(cp * ring_work(cost, s, cp) if sh else cost.local_ms(s)) + s * lin_per_token
+    local_ms = cost.local_ms
+    work = [(cp * ring_work(cost, s, cp) if sh else local_ms(s)) + s * lin_per_token
             for s, sh in zip(lengths, shard)]
     for i in led:
         work[i] = first * ring_work(cost, lengths[i], first) + lengths[i] * lin_per_token
     order = [i for _, _, i in sorted(zip([-w for w in work], [-s for s in lengths], range(len(lengths))))
              if i not in led]
     # groups by (work, index): the least-loaded group with room, ties to the lower group; a filled leading
-    # group is group n_groups, its work scaled by cp / first (per-rank load against a CP group's)
+    # group is group n_groups, its work scaled by cp / first (per-rank load against a CP group's). Entries are
+    # unique (one per group), so the pop order does not depend on how the heap is arranged (heapreplace).
     heap = [(0.0, b) for b in range(n_groups)]
     g_tok = [0] * n_groups
     where = [-1] * len(lengths)
     scale = cp / first if led else 1.0
+    room, lead_room = cp * cap, first * cap
     if led:
         g_tok.append(sum(lengths[i] for i in led))
         heap.append((scale * sum(work[i] for i in led), n_groups))
         heapq.heapify(heap)
+    pop, push, replace = heapq.heappop, heapq.heappush, heapq.heapreplace
     for i in order:
         s = lengths[i]
         skipped = []
-        while heap and (g_tok[heap[0][1]] + s > cp * cap if heap[0][1] < n_groups else
-                        shard[i] or g_tok[n_groups] + s > first * cap):
-            skipped.append(heapq.heappop(heap))
+        while heap and (g_tok[heap[0][1]] + s > room if heap[0][1] < n_groups else
+                        shard[i] or g_tok[n_groups] + s > lead_room):
+            skipped.append(pop(heap))
         if not heap:
             raise PlanError(f"sequence {i} ({s} tokens) fits in no group of {cp * cap} tokens (cp = {cp})")
-        w, b = heapq.heappop(heap)
+        w, b = heap[0]
         where[i] = b
         g_tok[b] += s
-        heapq.heappush(heap, (w + (work[i] if b < n_groups else scale * work[i]), b))
+        replace(heap, (w + (work[i] if b < n_groups else scale * work[i]), b))
         for item in skipped:
-            heapq.heappush(heap, item)
+            push(heap, item)
     load = [0.0] * world
     tok = [0] * world  # what room is checked against: a sharded sequence's ceil(s / cp) per rank
     groups: list[tuple[int, ...]] = [()] * len(lengths)
+    for i in led:
+        s = lengths[i]
+        groups[i] = tuple(range(first))
+        for r, t in zip(groups[i], zigzag_counts(s, first)):
+            load[r] += work[i] / first
+            tok[r] += t
     for i, s in enumerate(lengths):
-        if i in led:
-            groups[i] = tuple(range(first))
-            for r, t in zip(groups[i], zigzag_counts(s, first)):
-                load[r] += work[i] / first
-                tok[r] += t
-        elif shard[i]:
+        if shard[i]:
             ranks = tuple(range(first + where[i] * cp, first + (where[i] + 1) * cp))
             groups[i] = ranks
             for r in ranks:
@@ -247,16 +252,16 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
         s, h = lengths[i], rank_heaps[where[i]]
         skipped = []
         while h and tok[h[0][1]] + s > cap:
-            skipped.append(heapq.heappop(h))
+            skipped.append(pop(h))
         if not h:
             raise PlanError(f"sequence {i} ({s} tokens) fits on no GPU of group {where[i]} ({cap} tokens per GPU)")
-        w, r = heapq.heappop(h)
+        w, r = h[0]
         groups[i] = (r,)
         tok[r] += s
         load[r] += work[i]
-        heapq.heappush(h, (w + work[i], r))
+        replace(h, (w + work[i], r))
         for item in skipped:
-            heapq.heappush(h, item)
+            push(h, item)
     if absorb:
         _absorb(lengths, cost.cluster.tokens_per_gpu, groups, work, load, tok)
     return groups
@@ -295,11 +300,12 @@ def _absorb(lengths: Sequence[int], cap: int, groups: list[tuple[int, ...]], wor
                 s = lengths[i]
                 if s < 2 * n:
                     continue
+                est = max(load[top] - work[i], second) + work[i] / n
+                if not (est < load[top] - 1e-9 and (best is None or (est, i) < best)):
+                    continue  # no better than the best so far: its room need not be checked
                 if any(tok[r] - (s if r == top else 0) + t > cap for r, t in zip(ring, zigzag_counts(s, n))):
                     continue
-                est = max(load[top] - work[i], second) + work[i] / n
-                if est < load[top] - 1e-9 and (best is None or (est, i) < best):
-                    best = (est, i)
+                best = (est, i)
             if best is None:
                 break
             i = best[1]

@@ -188,7 +188,8 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
     allowed = set(options.placements)
     led = set(lead)
     rest = [s for i, s in enumerate(lengths) if i not in led] if led else lengths
-    longest = sorted(rest, reverse=True)[:QUICK]
+    descending = sorted(rest, reverse=True)
+    longest = descending[:QUICK]
     if not longest:
         return
     rising, last = False, math.inf  # the threshold packings' floors over cp: tried until they rise
@@ -202,8 +203,8 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
         # Zeppelin's rings (a filled lead's ring, and its absorbing)
         variants: list[tuple[bool, int | None]] = [] if only and size > 1 else [(only, None)]
         if options.head_parallel:
-            if not only:
-                variants.append((True, None))
+            if not only and any(s > cap or split_pays(cost, s, size) for s in descending):
+                variants.append((True, None))  # nothing sharded: both work models make WLB-LLM's packing
             top = longest[0]
             if (split_pays(cost, top, size) or top > cap) and quick_floor(longest[:1], cost, size, options) >= best_ms:
                 continue  # the longest sequence is sharded in every packing of this cp, and that alone loses
