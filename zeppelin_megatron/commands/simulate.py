@@ -123,7 +123,7 @@ _COLORS = {"linear": "#9bc53d", "attention": "#3b7dd8", "local": "#5bc0eb", "rin
 
 
 def _timeline(res: Any, path: str, title: str) -> None:
-    """Gantt chart of ``res.events`` (one layer): compute in blues/greens, waits in reds."""
+    """Gantt chart of ``res.events`` (the step's first layer): compute in blues/greens, waits in reds."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -227,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
         sp = plan_with(first, batches[0], cluster, cost, **options.get(first, {}))
         from ..sim.charges import charges_for
         res = simulate(sp.plan, cost, attention_comm=sp.attention_comm, engine=args.engine, charges=charges_for(first))
-        _timeline(res, args.timeline, f"{first}, step 0, one layer ({res.layer_ms:.1f} ms): {title}")
+        _timeline(res, args.timeline, f"{first}, step 0, first layer ({res.first_layer_ms:.1f} ms; "
+                                         f"{res.layer_ms:.1f} a layer over the step): {title}")
         print(f"wrote {args.timeline}")
     return 0
