@@ -17,7 +17,7 @@ from zeppelin_megatron.planner.grouped import pack_sizes
 from zeppelin_megatron.planner.cost_heads import head_ring_time, head_widths
 from zeppelin_megatron.planner.packed_search import best_packed
 from zeppelin_megatron.planner.packed import (
-    head_parallel_threshold, packed_assignments, packed_floor, packed_groups, quick_floor,
+    head_parallel_threshold, packed_assignments, packed_floor, packed_groups, quick_floor, share_threshold,
     sharded_ms, split_pays,
 )
 from zeppelin_megatron.planner.predict import predict
@@ -239,17 +239,20 @@ def test_head_parallel_threshold_is_where_sharding_starts_to_pay(model: str | No
 
 
 def _exhaustive_packed(lengths: list[int], cost: CostModel, plan: StepPlan) -> StepPlan:
-    """best_packed without its shortcuts (no skipped cp, the threshold packing at every cp, no floors): every
-    uniform packing, and per leading group of lead_splits its rest's threshold packing with the lowest floor over
-    every cp (the one best_packed keeps), finished; the lowest charged prediction kept (ties: the plan, then the
-    lower floor, the smaller cp)."""
+    """best_packed without its shortcuts (no skipped cp, the threshold and share packings at every cp, no
+    floors): every uniform packing, and per leading group of lead_splits its rest's threshold packing with the
+    lowest floor over every cp (the one best_packed keeps), finished; the lowest charged prediction kept (ties:
+    the plan, then the lower floor, the smaller cp)."""
     from zeppelin_megatron.planner.packed_search import fill_splits, lead_splits
     from zeppelin_megatron.planner.partition_context import Assignment
     options = PlannerOptions()
     finish = lambda a: api._candidate(lengths, a, cost, replace(options, remap=False)).evolve(origin="packed")  # noqa: E731
     cands, seen = [], set()
+    must = share_threshold(lengths, cost, cost.cluster.world_size)
     for cp in pack_sizes(lengths, cost.cluster):
-        for hp, shard_from in ((False, None), (True, None), (True, head_parallel_threshold(lengths, cost, cp))):
+        t = head_parallel_threshold(lengths, cost, cp)
+        shares = [(True, must)] if t is not None and must is not None and must > t else []
+        for hp, shard_from in [(False, None), (True, None), (True, t)] + shares:
             a = packed_assignments(lengths, cost, cp, head_parallel=hp, shard_from=shard_from, absorb=hp)
             if a is None or tuple(a) in seen:
                 continue
@@ -366,10 +369,13 @@ def test_floors_bound_the_finished_prediction(spec: str, tokens: int, model: str
             lengths = long_tailed_batch(tokens, seed)
             longest = sorted(lengths, reverse=True)[:packed.QUICK]
             for cp in pack_sizes(lengths, cost.cluster):
-                # every packing best_packed makes: plain or head-parallel work, and sharding from the threshold;
-                # with head-parallel work, rings absorbing whole sequences (quick_floor told so)
-                for shard_from, absorb in {(x, y) for x in (None, head_parallel_threshold(lengths, cost, cp))
-                                           for y in {False, head_parallel}}:
+                # every packing best_packed makes: plain or head-parallel work, and sharding from the threshold or
+                # the share threshold; with head-parallel work, rings absorbing whole sequences (quick_floor told
+                # so); one CP group over every rank at cp = P (quick_floor told so too)
+                one = cp == cost.cluster.world_size
+                froms = (None, head_parallel_threshold(lengths, cost, cp),
+                         share_threshold(lengths, cost, cost.cluster.world_size))
+                for shard_from, absorb in {(x, y) for x in froms for y in {False, head_parallel}}:
                     a = packed_assignments(lengths, cost, cp, head_parallel=head_parallel, shard_from=shard_from,
                                            absorb=absorb)
                     if a is None:
@@ -378,7 +384,7 @@ def test_floors_bound_the_finished_prediction(spec: str, tokens: int, model: str
                     assert plan.linear_layout == plan.attention_layout and plan.linear == "attention"
                     for charges in ("zeppelin", "none"):  # best_packed compares under the engine's charges
                         floor = packed_floor(lengths, a, cost, options, charges)
-                        assert quick_floor(longest, cost, cp, options, charges, shard_from, absorb) <= floor + 1e-6
+                        assert quick_floor(longest, cost, cp, options, charges, shard_from, absorb, one) <= floor + 1e-6
                         got = predict(plan, cost, charges=charges).step_ms
                         assert floor <= got + 1e-6, (spec, seed, cp, charges, shard_from)
 

@@ -69,10 +69,10 @@ from .grouped import rank_floors, ring_floor
 from .options import PlannerOptions
 from .partition_context import Assignment
 from .plan import PlanError
-from .zigzag import ring_max_tokens, zigzag_counts
+from .zigzag import zigzag_counts
 
-__all__ = ["split_pays", "sharded_ms", "head_parallel_threshold", "packed_groups", "packed_assignments",
-           "packed_floor", "quick_floor", "CHARGES", "QUICK"]
+__all__ = ["split_pays", "sharded_ms", "head_parallel_threshold", "share_threshold", "packed_groups",
+           "packed_assignments", "packed_floor", "quick_floor", "CHARGES", "QUICK"]
 
 
 CHARGES = "zeppelin"
@@ -125,6 +125,21 @@ def head_parallel_threshold(lengths: Sequence[int], cost: CostModel, cp: int) ->
         else:
             lo = mid + 1
     return xs[lo] if lo < len(xs) else None
+
+
+def share_threshold(lengths: Sequence[int], cost: CostModel, ranks: int) -> int | None:
+    """The shortest of ``lengths`` whose work kept whole (``local_ms(s) + lin * s``, as :func:`packed_groups`
+    weighs it, ``lin`` the linear ms per token at the batch's share of ``ranks``) exceeds the mean work per rank
+    over ``ranks``; ``None`` when none does. Kept whole, such a document alone loads its GPU above the
+    balanced level, so it must be sharded; every shorter one can stay whole (FlexSP shards only those). Example
+    (Llama-13B TP 2 on 8 x 8 H100s, 32 ranks; batch 0 of docs/BENCHMARKS.md's arxiv-64k, 86 documents): the mean
+    is 89.6 ms of work a layer, which the 7 documents from 32 584 tokens on exceed; the threshold packing at ``cp
+    = 4`` shards the 65 from 4 355 tokens on."""
+    share = max(1, sum(lengths) // ranks)
+    lin = cost.linear_ms(share) / share
+    mean = sum(cost.local_ms(s) + lin * s for s in lengths) / ranks
+    over = [s for s in lengths if cost.local_ms(s) + lin * s > mean]
+    return min(over) if over else None
 
 
 def split_pays(cost: CostModel, s: int, g: int) -> bool:
@@ -373,7 +388,8 @@ def packed_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost
 
 
 def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: PlannerOptions,
-                charges: str = CHARGES, shard_from: int | None = None, absorb: bool = False) -> float:
+                charges: str = CHARGES, shard_from: int | None = None, absorb: bool = False,
+                one_group: bool = False) -> float:
     """A lower bound on :func:`packed_floor` of the packing with CP size ``cp``, without packing: ``longest``
     are some of the batch's sequences, longest first (the caller passes the first few). A sequence the
     packing shards (``split_pays``, over one GPU, or from ``shard_from`` on) puts at least its ring's
@@ -383,33 +399,37 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
     (``p``: the profile's least ms per token). Stops after the longest sharded and the longest whole sequence
     (later ones are shorter). ``absorb`` (the packing's rings may absorb whole sequences, :func:`_absorb`): a
     sequence kept whole of at least ``2 cp`` tokens puts the lesser of the two (whole, or on a ring of its group).
-    Example: the batch's longest sequence, 123 936 tokens, sharded over ``cp = 8``
-    on Llama-7B: about 6.4 s a step, far above a 2.5 s plan, so that packing is never built."""
+    ``one_group``: the packing has one CP group (``cp`` is all the ranks packed over), so every sharded sequence of
+    ``longest`` shares its ring, which puts at least their ring's floor and their zigzag tokens together on its
+    ranks (a ring's floor and tokens only grow with the sequences it holds). Example: the batch's longest
+    sequence, 123 936 tokens, sharded over ``cp = 8`` on Llama-7B: about 6.4 s a step, far above a 2.5 s plan, so
+    that packing is never built."""
     cap = cost.cluster.tokens_per_gpu
     per_token = min(cost.linear_ms(r.tokens) / r.tokens for r in cost.profile.linear)
 
-    def on_ring(s: int) -> float:  # the cheapest ring of s over a group, and its busiest position's tokens
-        return min(ring_floor(cost, ranks, [s], options.head_parallel, charges)[0]
-                   for ranks in _group_shapes(cost, cp)) + per_token * ring_max_tokens(s, cp)
+    def on_ring(ss: Sequence[int]) -> float:  # the cheapest ring of ss over a group, and its busiest position's tokens
+        peak = max(map(sum, zip(*(zigzag_counts(s, cp) for s in ss))))
+        return min(ring_floor(cost, ranks, list(ss), options.head_parallel, charges)[0]
+                   for ranks in _group_shapes(cost, cp)) + per_token * peak
 
     bound = 0.0
-    seen_shard = seen_whole = False
+    sharded: list[int] = []
+    seen_whole = False
     for s in longest:
         if s > cap and (cp == 1 or s < 2 * cp):
             return math.inf  # packed_groups cannot place it: no packing
         if s > cap or (s >= shard_from if shard_from is not None else split_pays(cost, s, cp)):
-            if seen_shard:
-                continue
-            seen_shard = True
-            bound = max(bound, on_ring(s))
-        else:
+            sharded.append(s)
+        elif not seen_whole:  # later whole ones are shorter
             seen_whole = True
             whole = max(cost.local_ms(s), cost.call_overhead_ms) + per_token * s
             if absorb and cp >= 2 and s >= 2 * cp:
-                whole = min(whole, on_ring(s))
+                whole = min(whole, on_ring([s]))
             bound = max(bound, whole)
-        if seen_whole and seen_shard:
+        if seen_whole and sharded and not one_group:
             break
+    if sharded:
+        bound = max(bound, on_ring(sharded if one_group else sharded[:1]))
     return cost.model.layers * bound
 
 

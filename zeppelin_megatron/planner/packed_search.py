@@ -4,8 +4,10 @@ Three families of candidates, each a placement without a remap (the linear layou
 
 * *Uniform* packings (:func:`~.packed.packed_groups` over every rank): per CP size ``cp`` of
   :func:`~.grouped.pack_sizes`, WLB-LLM's packing (plain rings' work), the same shards weighed by Zeppelin's
-  rings, and the threshold packing (every document from :func:`~.packed.head_parallel_threshold` on
-  sharded).
+  rings (where any document is sharded), the threshold packing (every document from
+  :func:`~.packed.head_parallel_threshold` on sharded) and, where the threshold packing is tried, the share
+  packing (only the documents from :func:`~.packed.share_threshold` on sharded: those that kept whole would
+  load a GPU above the mean work per rank).
 * *Led* packings (:func:`lead_splits`): the ``n`` longest documents share one ring over a leading group of
   ``k`` ranks (whole nodes, any multiple of the node size up to ``P / 2``; powers of two only until
   2026-11-27), every other document is packed
@@ -49,7 +51,8 @@ from .cost_model import CostModel
 from .grouped import ring_floor
 from .options import PlannerOptions
 from .packed import (
-    CHARGES, QUICK, head_parallel_threshold, packed_assignments, packed_floor, quick_floor, split_pays,
+    CHARGES, QUICK, head_parallel_threshold, packed_assignments, packed_floor, quick_floor, share_threshold,
+    split_pays,
 )
 from .partition_context import Assignment
 from .plan import StepPlan
@@ -193,6 +196,7 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
     if not longest:
         return
     rising, last = False, math.inf  # the threshold packings' floors over cp: tried until they rise
+    must: int | None = None  # share_threshold of the rest, once
     cp = 1
     while cp <= ranks:
         size, cp = cp, 2 * cp
@@ -211,8 +215,14 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
             shard_from = None if rising or threshold == "without" else head_parallel_threshold(rest, cost, size)
             if shard_from is not None:
                 variants.append((True, shard_from))
-        quick = {v: quick_floor(longest, cost, size, options, shard_from=v[1], absorb=v[0] and options.packed_absorb)
-                 for v in variants}  # Zeppelin's work model packs with absorbing rings (packed._absorb)
+                if options.packed_share and not only:  # shard only what, kept whole, would overload its GPU
+                    if must is None:
+                        must = share_threshold(rest, cost, ranks) or 0
+                    if must > shard_from:
+                        variants.append((True, must))
+        # Zeppelin's work model packs with absorbing rings (packed._absorb)
+        quick = {v: quick_floor(longest, cost, size, options, shard_from=v[1], absorb=v[0] and options.packed_absorb,
+                                one_group=size == ranks) for v in variants}
         shards = True
         for head_parallel, shard_from in variants:
             if quick[(head_parallel, shard_from)] >= min(best_ms, bar()):
@@ -226,7 +236,7 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
             if shard_from is None:
                 shards = any(a.placement != "local" for a in assignments)
             floor = emit(assignments, size)
-            if floor is not None and shard_from is not None:  # a led packing's rest: until the floor stops falling
+            if floor is not None and shard_from is not None and shard_from != must:  # until the floor stops falling
                 rising, last = floor >= last if only else floor > last, floor
             if done():
                 return
