@@ -3,15 +3,16 @@
 Run: python benchmarks/ratio_guard.py            (compare with benchmarks/ratio_guard.json; exit 1 on a regression)
      python benchmarks/ratio_guard.py --write    (record the current ratios: after a change that is meant to move them)
 
-docs/BENCHMARKS.md's tables (``simulate_tables.py``, 60 configurations, about 8 minutes on two cores) are
-too slow for every CI run; this guard simulates :data:`CONFIGS`, twelve of them (every model, every length
-distribution, every cluster size 16-128 GPUs at least twice), one step each with seed 0, the same way
-(:func:`simulate_tables.run_config`: the same batches, plans and simulator, every peer of
-:data:`simulate_tables.PEERS`), in about 40 s. ``tests/sim/test_ratio_guard.py`` runs it in the default
-suite and fails when a configuration's ``Zeppelin / best peer`` rises more than :data:`TOLERANCE` above the
-recorded value (a slower Zeppelin, or a peer made faster: either must be recorded on purpose, with
-``--write``, in the commit that explains it), or when a strategy that planned the configuration no longer
-does. A ratio that falls is reported, not failed: record it to tighten the guard.
+docs/BENCHMARKS.md's tables (``simulate_tables.py``, 60 configurations, about an hour on two cores since the
+simulator chains every layer) are too slow for every CI run; this guard simulates :data:`CONFIGS`, twelve of them
+(every model, every length distribution, every cluster size 16-128 GPUs at least twice), one step each with seed
+0, the same way (:func:`simulate_tables.run_config`: the same batches, plans and simulator, every peer of
+:data:`simulate_tables.PEERS`), in about 5.5 minutes on one core (about 40 s before the simulator chained every
+layer, 2026-11-27: the peers that pick their settings by simulation simulate every candidate so).
+``tests/sim/test_ratio_guard.py`` runs it in the default suite and fails when a configuration's ``Zeppelin / best
+peer`` rises more than :data:`TOLERANCE` above the recorded value (a slower Zeppelin, or a peer made faster: either
+must be recorded on purpose, with ``--write``, in the commit that explains it), or when a strategy that planned the
+configuration no longer does. A ratio that falls is reported, not failed: record it to tighten the guard.
 
 Every number is simulated (cost model calibrated on H100 kernel timings; network bandwidths nominal), as in
 docs/BENCHMARKS.md, of which these are one-step samples (the tables average two steps, so the values differ).

@@ -53,6 +53,7 @@ def test_compare_flags_a_rise_a_loss_and_a_missing_record() -> None:
 
 
 def test_simulated_ratios_do_not_regress() -> None:
-    """The guard itself (about 55 s on two cores): every configuration simulated as recorded."""
+    """The guard itself (about 5.5 minutes on one core since layers are chained): every configuration simulated
+    as recorded."""
     bad, _ = guard.compare(guard.load_record(), guard.measure())
     assert not bad, "simulated Zeppelin / best peer regressed (benchmarks/ratio_guard.py):\n" + "\n".join(bad)
