@@ -69,7 +69,6 @@ class FluidNetwork:
                 raise ValueError(f"resource {res!r} has capacity {cap}, expected > 0")
             self._index[res] = len(self._cap)
             self._cap.append(float(cap))
-        self._names = list(capacity)
         self._users: list[set[Flow]] = [set() for _ in self._cap]
         self.now = 0.0
         self._pending: list[tuple[float, int, Flow]] = []   # in latency: (active_at, seq, flow)
@@ -77,13 +76,7 @@ class FluidNetwork:
         self._order: dict[Flow, int] = {}
         self._seq = 0
         self._dirty: set[int] = set()
-        self._through = [0.0] * len(self._cap)
         self._done_seq: dict[Flow, int] = {}
-
-    @property
-    def bytes_through(self) -> dict[Hashable, float]:
-        """Bytes started over each resource so far."""
-        return {self._names[i]: b for i, b in enumerate(self._through) if b}
 
     # -- public ----------------------------------------------------------------
     def start(self, flow: Flow) -> None:
@@ -91,8 +84,6 @@ class FluidNetwork:
             flow._res = tuple(self._index[r] for r in flow.resources)
         except KeyError as exc:
             raise KeyError(f"flow uses unknown resource {exc.args[0]!r}") from None
-        for i in flow._res:
-            self._through[i] += flow.nbytes
         self._order[flow] = self._seq
         heapq.heappush(self._pending, (self.now + flow.latency_ms, self._seq, flow))
         self._seq += 1

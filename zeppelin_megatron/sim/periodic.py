@@ -77,9 +77,9 @@ class LayerLog:
 
     def __init__(self, comp: list[int]) -> None:
         self.comp = comp
-        self.size = [0] * (max(comp, default=-1) + 1)
-        for c in comp:
-            self.size[c] += 1
+        self.members: list[list[int]] = [[] for _ in range(max(comp, default=-1) + 1)]  # component -> its ranks
+        for r, c in enumerate(comp):
+            self.members[c].append(r)
         self._starts: dict[tuple[int, int], list[float]] = {}        # (rank, layer) -> compute starts
         self._hops: dict[tuple[int, int], dict[tuple, list[float]]] = {}  # (comp, layer) -> hop -> [start, end]
         self._open: dict[tuple[int, int], int] = {}                  # (comp, layer) -> hops not ended
@@ -99,14 +99,15 @@ class LayerLog:
         self._hops[key][hop][1] = now
         self._open[key] -= 1
 
-    def rank_done(self, rank: int, layer: int, now: float, ranks: list[int]) -> float | None:
-        """Record ``rank``'s finish of ``layer``; ``ranks``: its component's ranks. Returns the settled
-        component's ``delta`` when this was the component's last rank to finish ``layer`` and layers
-        ``layer - 2 .. layer`` are shifts of one another (module docstring)."""
+    def rank_done(self, rank: int, layer: int, now: float) -> float | None:
+        """Record ``rank``'s finish of ``layer``. Returns the settled component's ``delta`` when this was the
+        component's last rank to finish ``layer`` and layers ``layer - 2 .. layer`` are shifts of one another
+        (module docstring)."""
         c = self.comp[rank]
+        ranks = self.members[c]
         self._finish[(rank, layer)] = now
         self._done[(c, layer)] = self._done.get((c, layer), 0) + 1
-        if self._done[(c, layer)] < self.size[c]:
+        if self._done[(c, layer)] < len(ranks):
             return None
         self._forget(c, ranks, layer - 3)  # no later test compares it
         if layer < 2 or any(self._open.get((c, m), 0) for m in (layer - 2, layer - 1, layer)):

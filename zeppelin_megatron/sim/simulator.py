@@ -238,9 +238,6 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, engine: str = "r
 
     # components that interact with no other rank, and the layer each settles at (periodic.py)
     component = components(program, cost)
-    members: list[list[int]] = [[] for _ in range(max(component, default=-1) + 1)]
-    for r, c in enumerate(component):
-        members[c].append(r)
     log = LayerLog(component)
     settled: dict[int, tuple[int, float]] = {}  # component -> (layer, delta)
     at_layer_end: list[list[tuple[float, float, float]]] = [[] for _ in range(world)]  # (finish, compute, waited)
@@ -253,7 +250,6 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, engine: str = "r
     compute = [0.0] * world
     waited = [0.0] * world
     finish = [0.0] * world
-    first_end = [0.0] * world
     events: list[Event] = []
 
     def busy(r: int, ms: float, kind: str, label: str) -> None:
@@ -273,10 +269,8 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, engine: str = "r
             return  # its component's remaining layers are extrapolated
         while ops:
             if pc[r] == len(ops):  # the rank's layer is done: the next one starts now
-                if layer[r] == 0:
-                    first_end[r] = now
                 at_layer_end[r].append((now, compute[r], waited[r]))
-                delta = log.rank_done(r, layer[r], now, members[component[r]])
+                delta = log.rank_done(r, layer[r], now)
                 if delta is not None and layer[r] + 1 < n_layers:
                     settled[component[r]] = (layer[r], delta)
                     return
@@ -365,7 +359,7 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, engine: str = "r
                     events.append(Event(r, kind, since, t, label))
             run(r)
     for c, (at, delta) in settled.items():  # layer ``at`` repeats: each later one adds delta and its work
-        for r in members[c]:
+        for r in log.members[c]:
             end, comp_ms, wait_ms = at_layer_end[r][at]
             prev = at_layer_end[r][at - 1]
             more = n_layers - 1 - at
@@ -391,7 +385,8 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, engine: str = "r
     nic_b = sum(nic_out.values())
     comp = tuple(scale * c for c in compute)
     return SimResult(
-        step_ms=step, layer_ms=step / layers, first_layer_ms=max(first_end, default=0.0), layers=layers,
+        step_ms=step, layer_ms=step / layers, layers=layers,
+        first_layer_ms=max((ends[0][0] for ends in at_layer_end if ends), default=0.0),
         finish_ms=tuple(scale * f for f in finish),
         compute_ms=comp, wait_ms=tuple(scale * w for w in waited),
         exposed_comm_ms=max(0.0, step - max(comp, default=0.0)), nic_util=util,
