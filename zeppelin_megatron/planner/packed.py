@@ -71,8 +71,8 @@ from .partition_context import Assignment
 from .plan import PlanError
 from .zigzag import zigzag_counts
 
-__all__ = ["split_pays", "sharded_ms", "head_parallel_threshold", "share_threshold", "packed_groups",
-           "packed_assignments", "packed_floor", "quick_floor", "CHARGES", "QUICK"]
+__all__ = ["split_pays", "sharded_ms", "head_parallel_threshold", "share_threshold", "linear_per_token", "whole_work",
+           "packed_groups", "packed_assignments", "packed_floor", "quick_floor", "CHARGES", "QUICK"]
 
 
 CHARGES = "zeppelin"
@@ -135,11 +135,24 @@ def share_threshold(lengths: Sequence[int], cost: CostModel, ranks: int) -> int 
     (Llama-13B TP 2 on 8 x 8 H100s, 32 ranks; batch 0 of docs/BENCHMARKS.md's arxiv-64k, 86 documents): the mean
     is 89.6 ms of work a layer, which the 7 documents from 32 584 tokens on exceed; the threshold packing at ``cp
     = 4`` shards the 65 from 4 355 tokens on."""
-    share = max(1, sum(lengths) // ranks)
-    lin = cost.linear_ms(share) / share
-    mean = sum(cost.local_ms(s) + lin * s for s in lengths) / ranks
-    over = [s for s in lengths if cost.local_ms(s) + lin * s > mean]
+    work = whole_work(lengths, cost, ranks)
+    mean = sum(work) / ranks
+    over = [s for s, w in zip(lengths, work) if w > mean]
     return min(over) if over else None
+
+
+def linear_per_token(lengths: Sequence[int], cost: CostModel, ranks: int) -> float:
+    """The linear modules' ms per token at the batch's share of ``ranks`` (``linear_ms(share) / share``, ``share =
+    sum(lengths) // ranks``, at least 1): what the packings weigh a sequence's tokens by."""
+    share = max(1, sum(lengths) // ranks)
+    return cost.linear_ms(share) / share
+
+
+def whole_work(lengths: Sequence[int], cost: CostModel, ranks: int) -> list[float]:
+    """Each sequence's work kept whole, as :func:`packed_groups` weighs it: ``local_ms(s) + lin * s``, ``lin``
+    from :func:`linear_per_token` over ``ranks``."""
+    lin = linear_per_token(lengths, cost, ranks)
+    return [cost.local_ms(s) + lin * s for s in lengths]
 
 
 def split_pays(cost: CostModel, s: int, g: int) -> bool:
@@ -204,8 +217,7 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
     if bad is not None:
         raise PlanError(f"sequence {bad} ({lengths[bad]} tokens) does not fit one GPU ({cap} tokens) and cannot "
                         f"be sharded over cp = {cp}")
-    share = max(1, sum(lengths) // (world - (0 if led else first)))
-    lin_per_token = cost.linear_ms(share) / share
+    lin_per_token = linear_per_token(lengths, cost, world - (0 if led else first))
     ring_work = sharded_ms if head_parallel else _ring_ms
     local_ms = cost.local_ms
     work = [(cp * ring_work(cost, s, cp) if sh else local_ms(s)) + s * lin_per_token

@@ -52,7 +52,7 @@ from .grouped import ring_floor
 from .options import PlannerOptions
 from .packed import (
     CHARGES, QUICK, head_parallel_threshold, packed_assignments, packed_floor, quick_floor, share_threshold,
-    split_pays,
+    split_pays, whole_work,
 )
 from .partition_context import Assignment
 from .plan import StepPlan
@@ -276,10 +276,9 @@ def _by_work(lengths: Sequence[int], cost: CostModel) -> tuple[list[int], list[f
     """The sequences longest first (ties: the lower index) and their cumulative work, each weighed as the packing
     weighs a whole one (``local_ms(s) + lin * s``, ``lin`` the linear ms per token at the batch's per-rank
     share): what :func:`lead_splits` and :func:`fill_splits` size their leads by."""
-    share = max(1, sum(lengths) // cost.cluster.world_size)
-    lin = cost.linear_ms(share) / share
+    work = whole_work(lengths, cost, cost.cluster.world_size)
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    return order, list(accumulate(cost.local_ms(lengths[i]) + lengths[i] * lin for i in order))
+    return order, list(accumulate(work[i] for i in order))
 
 
 def _peak(top: Sequence[int], k: int) -> int:
