@@ -43,8 +43,8 @@ MAIN = ("zeppelin", "zeppelin-grouped") + PEERS + ("lower-bound",)
 ``--zeppelin-grouped on``), a column of its own: not the default, so not what ``Z / best peer`` uses."""
 ABLATION = ("te-cp", "te-cp-routing", "zeppelin-partition-only", "zeppelin-no-routing", "zeppelin-no-remap",
             "zeppelin-remap-always", "zeppelin-no-head-parallel", "zeppelin-no-remap-overlap", "zeppelin-no-packed",
-            "zeppelin-no-threshold-packing", "zeppelin-no-share-packing", "zeppelin-no-led-packing",
-            "zeppelin-no-filled-lead",
+            "zeppelin-no-threshold-packing", "zeppelin-no-share-packing", "zeppelin-no-wide-groups",
+            "zeppelin-no-led-packing", "zeppelin-no-filled-lead",
             "zeppelin-no-packed-absorb",
             "zeppelin",
             "zeppelin-no-inter",

@@ -16,6 +16,7 @@ from zeppelin_megatron.planner import api, packed
 from zeppelin_megatron.planner.grouped import pack_sizes
 from zeppelin_megatron.planner.cost_heads import head_ring_time, head_widths
 from zeppelin_megatron.planner.packed_search import best_packed
+from zeppelin_megatron.planner.packed_wide import wide_spans
 from zeppelin_megatron.planner.packed import (
     head_parallel_threshold, packed_assignments, packed_floor, packed_groups, quick_floor, share_threshold,
     sharded_ms, split_pays,
@@ -251,9 +252,12 @@ def _exhaustive_packed(lengths: list[int], cost: CostModel, plan: StepPlan) -> S
     must = share_threshold(lengths, cost, cost.cluster.world_size)
     for cp in pack_sizes(lengths, cost.cluster):
         t = head_parallel_threshold(lengths, cost, cp)
-        shares = [(True, must)] if t is not None and must is not None and must > t else []
-        for hp, shard_from in [(False, None), (True, None), (True, t)] + shares:
-            a = packed_assignments(lengths, cost, cp, head_parallel=hp, shard_from=shard_from, absorb=hp)
+        shares = [(True, must, ())] if t is not None and must is not None and must > t else []
+        world = cost.cluster.world_size
+        spans = wide_spans(lengths, cost, cp, world, t) if t is not None and 4 * cp <= world else ()
+        wides = [(True, t, spans)] if spans else []
+        for hp, shard_from, wide in [(False, None, ()), (True, None, ()), (True, t, ())] + shares + wides:
+            a = packed_assignments(lengths, cost, cp, head_parallel=hp, shard_from=shard_from, absorb=hp, wide=wide)
             if a is None or tuple(a) in seen:
                 continue
             seen.add(tuple(a))

@@ -80,6 +80,10 @@ class PlannerOptions:
     shards only the documents from :func:`~.packed.share_threshold` on (those that kept whole would exceed a
     rank's mean work: FlexSP's choice of what to shard), where that is above the threshold packing's length
     (ablation: ``False``)."""
+    packed_wide: bool = True
+    """Among the packed candidates (with ``packed`` and head-parallel rings on), per CP size also the threshold
+    packing with wide groups (:func:`~.packed.wide_count` groups of twice the CP size, first, for the documents
+    a CP group alone would load above the mean work per rank; ablation: ``False``)."""
     packed_leads: bool = True
     """Among the packed candidates (with ``packed`` and head-parallel rings on), also the led packings
     (:mod:`.packed_search`: the longest documents on a leading group of nodes, the rest packed after it;
@@ -111,7 +115,7 @@ class PlannerOptions:
             raise PlanError(f"remap_overlap is {self.remap_overlap!r}, expected True or False")
         if not isinstance(self.packed, bool):
             raise PlanError(f"packed is {self.packed!r}, expected True or False")
-        for name in ("packed_threshold", "packed_share", "packed_leads", "packed_fill", "packed_absorb"):
+        for name in ("packed_threshold", "packed_share", "packed_wide", "packed_leads", "packed_fill", "packed_absorb"):
             if not isinstance(getattr(self, name), bool):
                 raise PlanError(f"{name} is {getattr(self, name)!r}, expected True or False")
         if not isinstance(self.grouped, bool):

@@ -42,11 +42,7 @@ does not pay. The plan keeps its uncharged ``predicted``, as every plan does. Tr
 ``"auto"`` (the default) or ``False`` (a forced token-balanced layout, ``remap=True``, has no packed
 candidate) and every placement a candidate uses is allowed.
 
-Simulated (one step each, seed 0, 1M tokens, at cb45f30; picked by the uncharged prediction, as the first
-version did): Llama-13B TP 2 github-64k 16 GPUs 5528 -> 5190 ms (``cp = 1``; ``wlb-llm`` 5148), Llama-7B
-github-64k 32 2818 -> 2685 (``cp = 2``; ``wlb-llm`` 2605), Llama-13B arxiv-128k 32 9710 -> 8518
-(``cp = 8``), 13B github-64k 128 1864 -> 1334 (``cp = 4``); one pick against the simulator: Llama-3B
-github-64k 128 471 -> 502 (predicted 494 -> 487). docs/planner.md, "Packed candidates".
+What the packings bought, simulated, as they came in: docs/planner.md, "Packed candidates".
 
 Example (Llama-7B, 1 node x 4 GPUs, ``cp = 2``, lengths ``[9000, 3000, 3000, 1000]``): only 9000 pays to
 shard over 2 GPUs; the heaviest, it goes to group 0 (ranks 0-1) and is sharded there; both 3000s go to group 1
@@ -169,7 +165,7 @@ def split_pays(cost: CostModel, s: int, g: int) -> bool:
 
 def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_parallel: bool = False,
                   shard_from: int | None = None, first: int = 0, lead: Sequence[int] = (),
-                  absorb: bool = False) -> list[tuple[int, ...]]:
+                  absorb: bool = False, wide: Sequence[tuple[int, int]] = ()) -> list[tuple[int, ...]]:
     """Ranks of each sequence under the packing with CP size ``cp`` (module docstring): ``(r,)`` for a
     whole one, the group's ``cp`` ranks in order for a sharded one.
 
@@ -190,11 +186,18 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
     (their load reached the others'), ranks 2-7 five or four each (FlexSP's shape: one pair, six single GPUs;
     with 40000 instead the pair takes none). ``absorb``: after placing, each group's ring takes whole
     sequences off the group's busiest rank while that lowers the group's busiest load (:func:`_absorb`); default
-    off (WLB-LLM's packing keeps every whole sequence whole).
+    off (WLB-LLM's packing keeps every whole sequence whole). ``wide``: ``(sequence, z)`` pairs
+    (:func:`~.packed_wide.wide_spans`): each such sequence is sharded over a *span* of ``z`` consecutive ranks (a
+    multiple of ``cp``: whole CP groups), laid from rank ``first`` on, widest first; its work (its ring over ``z``
+    ranks) loads every CP group it covers by ``cp / z`` of it before the others are packed, which then fill those
+    groups like any other (a rank holds its span's ring and its group's). Example (the packing above with ``wide =
+    [(0, 4)]`` and ``cp = 2``): 9000 is sharded over ranks 0-3, both CP groups start at half its work; the 3000s go
+    to groups 0 and 1 (ranks 0 and 2), 1000 to group 0's less-loaded rank 1: ``[(0, 1, 2, 3), (0,), (2,), (1,)]``.
 
     Raises :class:`PlanError` (naming the sequence, its tokens and the limit) when ``cp`` does not divide
-    the ranks packed over, a sequence too long for one GPU cannot be sharded (``cp = 1`` or ``s < 2 cp``), or a
-    sequence fits in no group (``cp * tokens_per_gpu`` tokens) or on no GPU of its group."""
+    the ranks packed over, a sequence too long for one GPU cannot be sharded (``cp = 1`` or ``s < 2 cp``), a
+    span is malformed (:func:`_spans`), or a sequence fits in no group (``cp * tokens_per_gpu`` tokens) or on no
+    GPU of its group."""
     cluster = cost.cluster
     world, cap = cluster.world_size, cluster.tokens_per_gpu
     if not 0 <= first < world:
@@ -207,12 +210,13 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
     if led and (first < 2 or min(lengths[i] for i in led) < 2 * first):
         raise PlanError(f"a leading group of {first} ranks needs first >= 2 and at least {2 * first} tokens per "
                         f"sequence it holds (zigzag), got sequences of {[lengths[i] for i in sorted(led)]}")
+    spans = _spans(lengths, cp, first, world, led, wide)
     if shard_from is None:
         shard = [split_pays(cost, s, cp) or s > cap for s in lengths]
     else:  # a plain ring that pays (split_pays) pays head-parallel too: no such sequence is below shard_from
         shard = [s >= shard_from or s > cap for s in lengths]
-    for i in led:
-        shard[i] = False  # not sharded over a CP group: over the leading one (below)
+    for i in led | spans.keys():
+        shard[i] = False  # not sharded over a CP group: over the leading one or its span (below)
     bad = next((i for i, (s, sh) in enumerate(zip(lengths, shard)) if sh and (cp == 1 or s < 2 * cp)), None)
     if bad is not None:
         raise PlanError(f"sequence {bad} ({lengths[bad]} tokens) does not fit one GPU ({cap} tokens) and cannot "
@@ -224,19 +228,28 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
             for s, sh in zip(lengths, shard)]
     for i in led:
         work[i] = first * ring_work(cost, lengths[i], first) + lengths[i] * lin_per_token
+    for i, ranks in spans.items():
+        work[i] = len(ranks) * ring_work(cost, lengths[i], len(ranks)) + lengths[i] * lin_per_token
     order = [i for _, _, i in sorted(zip([-w for w in work], [-s for s in lengths], range(len(lengths))))
-             if i not in led]
+             if i not in led and i not in spans]
     # groups by (work, index): the least-loaded group with room, ties to the lower group; a filled leading
     # group is group n_groups, its work scaled by cp / first (per-rank load against a CP group's). Entries are
     # unique (one per group), so the pop order does not depend on how the heap is arranged (heapreplace).
-    heap = [(0.0, b) for b in range(n_groups)]
+    # A span's sequence loads each CP group it covers with its work per rank times cp, and its tokens there.
+    g_work = [0.0] * n_groups
     g_tok = [0] * n_groups
+    for i, ranks in spans.items():
+        for r, t in zip(ranks, zigzag_counts(lengths[i], len(ranks))):
+            g_work[(r - first) // cp] += work[i] / len(ranks)
+            g_tok[(r - first) // cp] += t
+    heap = [(w, b) for b, w in enumerate(g_work)]
     where = [-1] * len(lengths)
     scale = cp / first if led else 1.0
     room, lead_room = cp * cap, first * cap
     if led:
         g_tok.append(sum(lengths[i] for i in led))
         heap.append((scale * sum(work[i] for i in led), n_groups))
+    if led or spans:
         heapq.heapify(heap)
     pop, push, replace = heapq.heappop, heapq.heappush, heapq.heapreplace
     for i in order:
@@ -256,11 +269,10 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
     load = [0.0] * world
     tok = [0] * world  # what room is checked against: a sharded sequence's ceil(s / cp) per rank
     groups: list[tuple[int, ...]] = [()] * len(lengths)
-    for i in led:
-        s = lengths[i]
-        groups[i] = tuple(range(first))
-        for r, t in zip(groups[i], zigzag_counts(s, first)):
-            load[r] += work[i] / first
+    for i, ranks in [(i, tuple(range(first))) for i in led] + list(spans.items()):
+        groups[i] = ranks
+        for r, t in zip(ranks, zigzag_counts(lengths[i], len(ranks))):
+            load[r] += work[i] / len(ranks)
             tok[r] += t
     for i, s in enumerate(lengths):
         if shard[i]:
@@ -292,6 +304,24 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
     if absorb:
         _absorb(lengths, cost.cluster.tokens_per_gpu, groups, work, load, tok)
     return groups
+
+
+def _spans(lengths: Sequence[int], cp: int, first: int, world: int, led: set[int],
+           wide: Sequence[tuple[int, int]]) -> dict[int, tuple[int, ...]]:
+    """The ranks of each wide span (:func:`packed_groups`' ``wide``): ``(sequence, z)`` pairs, laid from rank
+    ``first`` on, largest ``z`` first (ties: the given order), each over ``z`` consecutive ranks. Raises
+    :class:`PlanError` for a ``z`` that is not a multiple of ``cp`` above it, a sequence under ``2 z`` tokens, one in
+    the lead or twice, or spans over more than the ranks packed."""
+    out: dict[int, tuple[int, ...]] = {}
+    at = first
+    for i, z in sorted(wide, key=lambda x: -x[1]):
+        if z <= cp or z % cp or lengths[i] < 2 * z or i in led or i in out or at + z > world:
+            raise PlanError(f"wide span of {z} ranks for sequence {i} ({lengths[i]} tokens): needs a multiple of "
+                            f"cp = {cp} above it, at least {2 * z} tokens, a sequence in no other span or lead, and "
+                            f"room in the {world - first} ranks from {first}")
+        out[i] = tuple(range(at, at + z))
+        at += z
+    return out
 
 
 def _absorb(lengths: Sequence[int], cap: int, groups: list[tuple[int, ...]], work: Sequence[float],
@@ -348,7 +378,7 @@ def _absorb(lengths: Sequence[int], cap: int, groups: list[tuple[int, ...]], wor
 
 def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int, *, head_parallel: bool = False,
                        shard_from: int | None = None, first: int = 0, lead: Sequence[int] = (),
-                       absorb: bool = False) -> list[Assignment] | None:
+                       absorb: bool = False, wide: Sequence[tuple[int, int]] = ()) -> list[Assignment] | None:
     """:func:`packed_groups` as the partitioner's :class:`Assignment` list (``local``, ``intra_node`` or
     ``inter_node`` by the group's nodes), or ``None`` when the packing fails (:class:`PlanError`) or leaves
     a rank over ``tokens_per_gpu`` (the packing checks a sharded sequence's room per group: its zigzag
@@ -356,7 +386,7 @@ def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int, *, head
     3 + 3 on the first; such a packing is no candidate)."""
     try:
         groups = packed_groups(lengths, cost, cp, head_parallel=head_parallel, shard_from=shard_from, first=first,
-                               lead=lead, absorb=absorb)
+                               lead=lead, absorb=absorb, wide=wide)
     except PlanError:
         return None
     cl = cost.cluster
@@ -401,7 +431,7 @@ def packed_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost
 
 def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: PlannerOptions,
                 charges: str = CHARGES, shard_from: int | None = None, absorb: bool = False,
-                one_group: bool = False) -> float:
+                one_group: bool = False, spans: Sequence[tuple[int, int]] = ()) -> float:
     """A lower bound on :func:`packed_floor` of the packing with CP size ``cp``, without packing: ``longest``
     are some of the batch's sequences, longest first (the caller passes the first few). A sequence the
     packing shards (``split_pays``, over one GPU, or from ``shard_from`` on) puts at least its ring's
@@ -413,18 +443,20 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
     sequence kept whole of at least ``2 cp`` tokens puts the lesser of the two (whole, or on a ring of its group).
     ``one_group``: the packing has one CP group (``cp`` is all the ranks packed over), so every sharded sequence of
     ``longest`` shares its ring, which puts at least their ring's floor and their zigzag tokens together on its
-    ranks (a ring's floor and tokens only grow with the sequences it holds). Example: the batch's longest
+    ranks (a ring's floor and tokens only grow with the sequences it holds). ``spans``: ``(s, z)`` for each sequence
+    on a wide span (:func:`packed_groups`' ``wide``; not among ``longest``), which puts its ring's floor over ``z``
+    ranks and its zigzag tokens there. Example: the batch's longest
     sequence, 123 936 tokens, sharded over ``cp = 8`` on Llama-7B: about 6.4 s a step, far above a 2.5 s plan, so
     that packing is never built."""
     cap = cost.cluster.tokens_per_gpu
     per_token = min(cost.linear_ms(r.tokens) / r.tokens for r in cost.profile.linear)
 
-    def on_ring(ss: Sequence[int]) -> float:  # the cheapest ring of ss over a group, and its busiest position's tokens
-        peak = max(map(sum, zip(*(zigzag_counts(s, cp) for s in ss))))
+    def on_ring(ss: Sequence[int], g: int = cp) -> float:  # the cheapest ring of ss over g ranks, its busiest tokens
+        peak = max(map(sum, zip(*(zigzag_counts(s, g) for s in ss))))
         return min(ring_floor(cost, ranks, list(ss), options.head_parallel, charges)[0]
-                   for ranks in _group_shapes(cost, cp)) + per_token * peak
+                   for ranks in _group_shapes(cost, g)) + per_token * peak
 
-    bound = 0.0
+    bound = max((on_ring([s], z) for s, z in spans), default=0.0)
     sharded: list[int] = []
     seen_whole = False
     for s in longest:

@@ -33,6 +33,12 @@ Three families of candidates, each a placement without a remap (the linear layou
   them on ranks 0-1): charged prediction 3645 ms against 3666 without filled leads. FlexSP's plan for
   Llama-13B TP 2 arxiv-64k on 16 GPUs (8 ranks) has that shape too: one Ulysses pair and six single GPUs
   (simulated 7009 ms; Zeppelin 7125 -> 7031 with filled leads).
+* *Wide* packings (:mod:`.packed_wide`, 2026-11-27): per CP size from 2 on, the threshold packing with spans for
+  the longest documents a CP group alone would load above the mean (:func:`~.packed_wide.wide_spans`: rings over
+  ``2 cp, 4 cp, ...`` ranks that the packing fills around). They are bounded before the threshold is searched
+  (a CP size whose longest document alone loses is then still tried with spans), and *deferred*: made and judged
+  after the other candidates, against the best of them, lowest bound first (:func:`_span_floor`), so fewer are
+  made.
 
 Every candidate is bounded from below before it is finished (:func:`~.packed.quick_floor` before packing,
 the leading ring's :func:`~.grouped.ring_floor` before packing the rest, :func:`~.packed.packed_floor` after);
@@ -54,6 +60,7 @@ from .packed import (
     CHARGES, QUICK, head_parallel_threshold, packed_assignments, packed_floor, quick_floor, share_threshold,
     split_pays, whole_work,
 )
+from .packed_wide import WideBasis, wide_basis, wide_spans
 from .partition_context import Assignment
 from .plan import StepPlan
 from .predict import predict
@@ -62,6 +69,8 @@ from .zigzag import zigzag_counts
 __all__ = ["best_packed", "lead_splits", "fill_splits"]
 
 Emit = Callable[[list[Assignment], int], "float | None"]
+Deferred = tuple[float, int, int, tuple[tuple[int, int], ...]]
+"""A wide packing not yet made: its :func:`~.packed.quick_floor`, ``cp``, ``shard_from`` and spans."""
 
 
 def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, plan: StepPlan,
@@ -95,8 +104,9 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
         floors.append((floor, cp, assignments))
         return floor
 
-    _sweep(lengths, cost, options, best_ms, 0, keep,
-           threshold="with" if options.packed_threshold else "without")
+    deferred: list[Deferred] = []
+    _sweep(lengths, cost, options, best_ms, 0, keep, threshold="with" if options.packed_threshold else "without",
+           defer=deferred if options.head_parallel and options.packed_wide else None)
     fills = fill_splits(lengths, cost) if options.head_parallel and options.packed_fill else []
     if options.head_parallel and options.packed_leads:
         for k, top in lead_splits(lengths, cost):
@@ -118,6 +128,19 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
         if floor >= best_ms:
             break  # a candidate's prediction (rounded to 1e-6 ms) is above best_ms - 1e-6: no win; floors ascend
         cand = finish(assignments)
+        ms = predict(cand, cost, charges=CHARGES).step_ms
+        if ms < best_ms - 1e-6:
+            best, best_ms = cand, ms
+    for quick, cp, shard_from, spans in sorted(deferred):  # judged against the best so far: fewer made
+        if quick >= best_ms:
+            break
+        made = packed_assignments(lengths, cost, cp, head_parallel=True, shard_from=shard_from,
+                                  absorb=options.packed_absorb, wide=spans)
+        if (made is None or any(a.placement not in options.placements for a in made)
+                or tuple(made) in seen or packed_floor(lengths, made, cost, options) >= best_ms):
+            continue
+        seen.add(tuple(made))
+        cand = finish(made)
         ms = predict(cand, cost, charges=CHARGES).step_ms
         if ms < best_ms - 1e-6:
             best, best_ms = cand, ms
@@ -176,7 +199,7 @@ def _filled(lengths: Sequence[int], top: list[int], k: int, cost: CostModel, opt
 def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, best_ms: float, first: int,
            emit: Emit, *, threshold: Literal["with", "without", "only"] = "with",
            done: Callable[[], bool] = lambda: False, bar: Callable[[], float] = lambda: math.inf,
-           lead: Sequence[int] = ()) -> None:
+           lead: Sequence[int] = (), defer: list[Deferred] | None = None) -> None:
     """The packings of ``lengths`` over ranks ``first .. P-1`` per CP size (powers of two dividing the
     ``P - first`` ranks whose GPUs hold the longest document), passed to ``emit(assignments, cp)``,
     which returns the candidate's floor (``None``: not kept). Per ``cp``: WLB-LLM's packing (plain rings'
@@ -197,6 +220,7 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
         return
     rising, last = False, math.inf  # the threshold packings' floors over cp: tried until they rise
     must: int | None = None  # share_threshold of the rest, once
+    basis: WideBasis | None = None  # what wide_spans needs, once
     cp = 1
     while cp <= ranks:
         size, cp = cp, 2 * cp
@@ -207,15 +231,33 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
         # Zeppelin's rings (a filled lead's ring, and its absorbing)
         variants: list[tuple[bool, int | None]] = [] if only and size > 1 else [(only, None)]
         if options.head_parallel:
-            if not only and any(s > cap or split_pays(cost, s, size) for s in descending):
-                variants.append((True, None))  # nothing sharded: both work models make WLB-LLM's packing
             top = longest[0]
-            if (split_pays(cost, top, size) or top > cap) and quick_floor(longest[:1], cost, size, options) >= best_ms:
-                continue  # the longest sequence is sharded in every packing of this cp, and that alone loses
+            # the longest sequence is sharded in every packing of this cp, and that alone loses: only wide spans
+            # (packed_wide.wide_spans, bounded before the threshold is searched) can still win
+            narrow = not ((split_pays(cost, top, size) or top > cap)
+                          and quick_floor(longest[:1], cost, size, options) >= best_ms)
+            wide = False
+            if defer is not None and size >= 2 and 4 * size <= ranks:
+                if basis is None:
+                    basis = wide_basis(rest, cost, ranks)
+                spans = wide_spans(rest, cost, size, ranks, 0, basis)
+                wide = bool(spans) and _span_floor(rest, descending, spans, cost, size, options, None) < best_ms
+            if not (narrow or wide):
+                continue
+            if not narrow:
+                variants = []
+            elif not only and any(s > cap or split_pays(cost, s, size) for s in descending):
+                variants.append((True, None))  # nothing sharded: both work models make WLB-LLM's packing
             shard_from = None if rising or threshold == "without" else head_parallel_threshold(rest, cost, size)
             if shard_from is not None:
-                variants.append((True, shard_from))
-                if options.packed_share and not only:  # shard only what, kept whole, would overload its GPU
+                if narrow:
+                    variants.append((True, shard_from))
+                if wide and defer is not None:  # what a CP group alone would load above the mean: wider spans
+                    spans = wide_spans(rest, cost, size, ranks, shard_from, basis)
+                    if spans:
+                        defer.append((_span_floor(rest, descending, spans, cost, size, options, shard_from),
+                                      size, shard_from, spans))
+                if narrow and options.packed_share and not only:  # shard only what, kept whole, would overload its GPU
                     if must is None:
                         must = share_threshold(rest, cost, ranks) or 0
                     if must > shard_from:
@@ -240,6 +282,32 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
                 rising, last = floor >= last if only else floor > last, floor
             if done():
                 return
+
+
+def _span_floor(lengths: Sequence[int], descending: Sequence[int], spans: Sequence[tuple[int, int]], cost: CostModel,
+                cp: int, options: PlannerOptions, shard_from: int | None) -> float:
+    """A lower bound on :func:`~.packed.packed_floor` of the wide packing of ``lengths`` (``descending``: them sorted,
+    longest first) with CP size ``cp`` and ``spans``: :func:`~.packed.quick_floor` of the sequences not on a span
+    with the spans' rings; ``shard_from=None`` (the threshold not yet searched): of the longest sequence not on a span
+    only, the lesser of it sharded and kept whole."""
+    taken = [lengths[i] for i, _ in spans]
+    rest = _without(descending, taken)[:QUICK]
+    on = list(zip(taken, (z for _, z in spans)))
+    if shard_from is not None:
+        return quick_floor(rest, cost, cp, options, shard_from=shard_from, absorb=options.packed_absorb, spans=on)
+    if not rest:
+        return quick_floor([], cost, cp, options, spans=on)
+    s = rest[0]
+    return min(quick_floor([s], cost, cp, options, shard_from=z, absorb=options.packed_absorb, spans=on)
+               for z in ((s, s + 1) if s >= 2 * cp else (s + 1,)))  # sharded (where it can be) or whole
+
+
+def _without(descending: Sequence[int], taken: Sequence[int]) -> list[int]:
+    """``descending`` with one occurrence of each of ``taken`` removed."""
+    out = list(descending)
+    for s in taken:
+        out.remove(s)
+    return out
 
 
 LEAD_MAX = 8
