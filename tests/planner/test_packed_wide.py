@@ -5,6 +5,7 @@ fills around."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from zeppelin_megatron.commands.simulate import setup
 from zeppelin_megatron.planner import CostModel, PlanError, PlannerOptions, load_cluster, load_model, plan_step
@@ -111,3 +112,32 @@ def test_plan_step_takes_wide_spans() -> None:
     sim_wide = simulate(wide, cost, keep_events=False, charges="zeppelin").step_ms
     sim_plain = simulate(plain, cost, keep_events=False, charges="zeppelin").step_ms
     assert sim_wide < 0.97 * sim_plain
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.integers(1, 20_000), min_size=1, max_size=60), cp=st.sampled_from([1, 2, 4]),
+       n_spans=st.integers(0, 3), head_parallel=st.booleans())
+def test_packed_groups_places_every_sequence_once(lengths: list[int], cp: int, n_spans: int,
+                                                  head_parallel: bool) -> None:
+    """Random batches on 2 x 8 GPUs, up to three spans of 2 cp or 4 cp ranks over the longest sequences that allow
+    them: every sequence on one rank or on consecutive ranks (its span's, or a CP group's, or a ring's that absorbed
+    it), the spans where laid, every token placed once; a packing that fails says why (PlanError)."""
+    cost = CostModel(model=load_model(None), cluster=load_cluster("2x8"))
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    spans = [(i, z) for i, z in zip(order[:n_spans], (4 * cp, 2 * cp, 2 * cp)) if cp > 0 and lengths[i] >= 2 * z]
+    try:
+        groups = packed_groups(lengths, cost, cp, head_parallel=head_parallel, shard_from=4000, absorb=head_parallel,
+                               wide=spans)
+    except PlanError as e:
+        assert "fits" in str(e) or "cannot be sharded" in str(e) or "wide span" in str(e)
+        return
+    at = 0
+    for i, z in sorted(spans, key=lambda x: -x[1]):
+        assert groups[i] == tuple(range(at, at + z))
+        at += z
+    held = [0] * 16
+    for s, g in zip(lengths, groups):
+        assert g and g == tuple(range(g[0], g[0] + len(g))) and 0 <= g[0] and g[-1] < 16
+        for r, t in zip(g, zigzag_counts(s, len(g)) if len(g) > 1 else [s]):
+            held[r] += t
+    assert sum(held) == sum(lengths)

@@ -289,7 +289,10 @@ def _span_floor(lengths: Sequence[int], descending: Sequence[int], spans: Sequen
     """A lower bound on :func:`~.packed.packed_floor` of the wide packing of ``lengths`` (``descending``: them sorted,
     longest first) with CP size ``cp`` and ``spans``: :func:`~.packed.quick_floor` of the sequences not on a span
     with the spans' rings; ``shard_from=None`` (the threshold not yet searched): of the longest sequence not on a span
-    only, the lesser of it sharded and kept whole."""
+    only, the lesser of it sharded and kept whole. :func:`_sweep` takes the latter with the spans searched from no
+    threshold, which are the threshold's spans and any span of a sequence below the threshold after them (the
+    search goes longest first); with none such, as on every batch of docs/BENCHMARKS.md (a span's sequence loads a
+    CP group above the mean, far above the threshold), it bounds the packing the threshold then makes."""
     taken = [lengths[i] for i, _ in spans]
     rest = _without(descending, taken)[:QUICK]
     on = list(zip(taken, (z for _, z in spans)))
