@@ -15,7 +15,7 @@ from typing import Literal, Mapping
 
 from ..planner.cost_model import CostModel
 
-__all__ = ["Link", "Leg", "Traffic", "Op", "LayerProgram", "hop", "pairs_transfer"]
+__all__ = ["Link", "Leg", "Traffic", "Op", "LayerProgram", "hop", "nic_ports", "pairs_transfer"]
 
 Link = Literal["nvl", "nic"]
 
@@ -61,6 +61,16 @@ class LayerProgram:
     ops: list[list[Op]]
     transfers: dict[tuple, Traffic]
     local_queue: list[list[float]] = field(default_factory=list)
+
+
+def nic_ports(cost: CostModel, leg: Leg) -> tuple[tuple[str, int, int], tuple[str, int, int]]:
+    """The NIC ports a network leg goes out of and into: ``("nic_out", node, nic)`` of its source GPU's NIC and
+    ``("nic_in", node, nic)`` of its destination's (``cluster.gpu_nic``: GPUs that share a NIC share its ports).
+    The one mapping of a hop to its ports: the simulator's flows, its byte counts and :mod:`.periodic`'s
+    components use it. Example (8 GPUs and 8 NICs per node): ``Leg(3, 11, b, "nic")`` -> ``(("nic_out", 0, 3),
+    ("nic_in", 1, 3))``."""
+    cl = cost.cluster
+    return ("nic_out", cl.node_of(leg.src), cl.nic_of(leg.src)), ("nic_in", cl.node_of(leg.dst), cl.nic_of(leg.dst))
 
 
 def hop(cost: CostModel, src: int, dst: int, nbytes: float) -> Leg:

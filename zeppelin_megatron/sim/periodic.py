@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .layer_ops import nic_ports
+
 if TYPE_CHECKING:
     from ..planner.cost_model import CostModel
     from .layer_ops import LayerProgram
@@ -54,15 +56,13 @@ def components(program: "LayerProgram", cost: "CostModel") -> list[int]:
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)
 
-    cl = cost.cluster
     port_user: dict[tuple[str, int, int], int] = {}
     for t in program.transfers.values():
         for chain in t.chains:
             for hop in chain:
                 union(hop.src, hop.dst)
                 if hop.link != "nvl":
-                    for port in (("out", cl.node_of(hop.src), cl.nic_of(hop.src)),
-                                 ("in", cl.node_of(hop.dst), cl.nic_of(hop.dst))):
+                    for port in nic_ports(cost, hop):
                         union(port_user.setdefault(port, hop.src), hop.src)
     roots: dict[int, int] = {}
     return [roots.setdefault(find(r), len(roots)) for r in range(world)]

@@ -35,6 +35,7 @@ from ..planner.cost_model import CostModel
 from ..planner.plan import StepPlan
 from .network import EPS_MS, Flow, FluidNetwork
 from .periodic import LayerLog, components
+from .layer_ops import nic_ports
 from .program import Leg, LayerProgram, build_layer_program, plain_rings
 
 __all__ = ["Event", "SimResult", "simulate", "simulate_program", "link_capacities"]
@@ -118,13 +119,11 @@ def _flow(cost: CostModel, hop: Leg, tag: object) -> Flow:
     cl = cost.cluster
     if hop.link == "nvl":
         return Flow(hop.nbytes, (("nvl_out", hop.src), ("nvl_in", hop.dst)), cl.nvlink_latency_us * 1e-3, tag)
-    res = (("nic_out", cl.node_of(hop.src), cl.nic_of(hop.src)), ("nic_in", cl.node_of(hop.dst), cl.nic_of(hop.dst)))
-    return Flow(hop.nbytes, res, cl.nic_latency_us * 1e-3, tag)
+    return Flow(hop.nbytes, nic_ports(cost, hop), cl.nic_latency_us * 1e-3, tag)
 
 
 def _layer_bytes(program: LayerProgram, cost: CostModel) -> tuple[float, dict[tuple[int, int], float]]:
     """Bytes one layer moves: over NVLink in all, and out of each ``(node, nic)``."""
-    cl = cost.cluster
     nvl = 0.0
     nic: dict[tuple[int, int], float] = {}
     for t in program.transfers.values():
@@ -133,8 +132,8 @@ def _layer_bytes(program: LayerProgram, cost: CostModel) -> tuple[float, dict[tu
                 if hop.link == "nvl":
                     nvl += hop.nbytes
                 else:
-                    port = (cl.node_of(hop.src), cl.nic_of(hop.src))
-                    nic[port] = nic.get(port, 0.0) + hop.nbytes
+                    _, node, k = nic_ports(cost, hop)[0]
+                    nic[(node, k)] = nic.get((node, k), 0.0) + hop.nbytes
     return nvl, nic
 
 
