@@ -121,3 +121,35 @@ def run_whole(rank: int, world: int, spec: str = "2x2") -> None:
         check_trace(group, plan, routing=False)
         for dtype, hq, hkv in ((torch.float64, 4, 2), (torch.float32, 4, 4)):
             check_attention(group, plan, dtype=dtype, routing=True, hq=hq, hkv=hkv, seed=7)
+
+
+def wide_plan(head_parallel: bool) -> StepPlan:
+    """A packed plan with a wide span on 2 x 4 GPUs (96 tokens each): 160 tokens sharded over ranks 0-3 (the span),
+    the other sequences packed at ``cp = 2`` from 50 tokens on (rings (0, 1), (2, 3), (4, 5), (6, 7)), so ranks
+    0-3 hold two rings each; finished without a remap as ``best_packed`` finishes a candidate."""
+    from dataclasses import replace
+
+    from zeppelin_megatron.planner import api
+    from zeppelin_megatron.planner.packed import packed_assignments
+    cost = CostModel(model=load_model(None), cluster=load_cluster("2x4", tokens_per_gpu=96))
+    lengths = [160, 110, 90, 70, 60, 50, 30, 20, 11, 7]
+    assignments = packed_assignments(lengths, cost, 2, head_parallel=True, shard_from=50, absorb=True, wide=[(0, 4)])
+    assert assignments is not None
+    options = PlannerOptions(head_parallel=head_parallel, remap=False)
+    return api._candidate(lengths, assignments, cost, replace(options, remap=False)).evolve(origin="packed")
+
+
+def run_wide(rank: int, world: int) -> None:
+    """Wide-span packed plans (:func:`wide_plan`, head-parallel and plain rings): a rank in two rings of different
+    sizes, the lowered trace, and exactness in float64 (GQA, Hq 4 / Hkv 2) and float32 (MHA) against per-sequence
+    SDPA, forward and backward."""
+    assert world == 8
+    group = ZeppelinGroup(process_group=None, gpus_per_node=4)
+    for hp in (True, False):
+        plan = wide_plan(hp)
+        sizes = {len(r.ranks) for r in plan.rings}
+        assert sizes == {2, 4} and sum(0 in r.ranks for r in plan.rings) == 2, [r.ranks for r in plan.rings]
+        assert hp == any(r.a2a > 1 for r in plan.rings)
+        check_trace(group, plan, routing=False)
+        for dtype, hq, hkv in ((torch.float64, 4, 2), (torch.float32, 4, 4)):
+            check_attention(group, plan, dtype=dtype, routing=True, hq=hq, hkv=hkv, seed=11)

@@ -78,3 +78,9 @@ def test_whole_chunk_is_the_one_local_call_over_the_buffer() -> None:
 def test_whole_local_ranks(spec: str) -> None:
     nodes, gpn = map(int, spec.split("x"))
     spawn(nodes * gpn, contiguous_workers.run_whole, spec)
+
+
+def test_wide_span_plans_world_8() -> None:
+    """A packed plan with a wide span (planner/packed_wide.py: a ring over 4 ranks beside rings over 2 on the same
+    ranks), head-parallel and plain, exact on gloo at world size 8 (2 x 4)."""
+    spawn(8, contiguous_workers.run_wide)
