@@ -3,7 +3,7 @@
 Run: python benchmarks/ratio_guard.py            (compare with benchmarks/ratio_guard.json; exit 1 on a regression)
      python benchmarks/ratio_guard.py --write    (record the current ratios: after a change that is meant to move them)
 
-docs/BENCHMARKS.md's tables (``simulate_tables.py``, 60 configurations, about an hour on two cores since the
+docs/BENCHMARKS.md's tables (``simulate_tables.py``, 60 configurations, 25-40 minutes on two cores since the
 simulator chains every layer) are too slow for every CI run; this guard simulates :data:`CONFIGS`, twelve of them
 (every model, every length distribution, every cluster size 16-128 GPUs at least twice), one step each with seed
 0, the same way (:func:`simulate_tables.run_config`: the same batches, plans and simulator, every peer of

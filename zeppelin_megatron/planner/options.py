@@ -81,9 +81,9 @@ class PlannerOptions:
     rank's mean work: FlexSP's choice of what to shard), where that is above the threshold packing's length
     (ablation: ``False``)."""
     packed_wide: bool = True
-    """Among the packed candidates (with ``packed`` and head-parallel rings on), per CP size also the threshold
-    packing with wide groups (:func:`~.packed.wide_count` groups of twice the CP size, first, for the documents
-    a CP group alone would load above the mean work per rank; ablation: ``False``)."""
+    """Among the packed candidates (with ``packed`` and head-parallel rings on), per CP size from 2 on also the
+    threshold packing with wide spans (:func:`~.packed_wide.wide_spans`: the documents a CP group alone would load
+    above the mean work per rank on rings over 2, 4, ... times the CP size, packed around; ablation: ``False``)."""
     packed_leads: bool = True
     """Among the packed candidates (with ``packed`` and head-parallel rings on), also the led packings
     (:mod:`.packed_search`: the longest documents on a leading group of nodes, the rest packed after it;

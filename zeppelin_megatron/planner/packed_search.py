@@ -70,7 +70,7 @@ __all__ = ["best_packed", "lead_splits", "fill_splits"]
 
 Emit = Callable[[list[Assignment], int], "float | None"]
 Deferred = tuple[float, int, int, tuple[tuple[int, int], ...]]
-"""A wide packing not yet made: its :func:`~.packed.quick_floor`, ``cp``, ``shard_from`` and spans."""
+"""A wide packing not yet made: its bound (:func:`_span_floor`), ``cp``, ``shard_from`` and spans."""
 
 
 def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, plan: StepPlan,
@@ -79,10 +79,13 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
     where that is below ``plan``'s by more than rounding (ties keep the earlier: ``plan``, then the lower floor,
     the smaller ``cp``). ``finish`` turns assignments into a finished plan whose linear layout is its attention
     layout. ``plan`` unchanged when ``options.remap`` is ``True`` (token-balanced layout forced) or ``plan`` has
-    no prediction. Led packings only with head-parallel rings on (their leading ring is run head-parallel).
+    no prediction. Led, filled-lead and wide packings only with head-parallel rings on (their wider rings run
+    head-parallel). Wide packings (:mod:`.packed_wide`) are made after every other candidate is judged, lowest
+    :func:`_span_floor` first, and judged against the best of them (ties keep the others).
 
     Per CP size, smallest first: a ``cp`` whose longest document is sharded in every packing and alone puts
-    the floor at the step to beat is skipped whole (no threshold searched); the threshold packing
+    the floor at the step to beat is skipped whole (no threshold searched) unless its wide spans' bound is
+    below that step (then only its wide packing is offered); the threshold packing
     (``shard_from``) is tried until its :func:`packed_floor` rises from one ``cp`` to the next (its rings'
     costs then grow faster than the balance gains; on 120 plans, Llama-3B / 7B / 13B shapes at 16-128 GPUs,
     five length distributions, two batches each, stopping there changed none)."""
@@ -124,15 +127,20 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
                 chosen = _filled(lengths, top, k, cost, options, best_ms)
                 if chosen is not None:
                     keep(chosen[2], chosen[1], chosen[0])
-    for floor, _cp, assignments in sorted(floors, key=lambda x: (x[0], x[1])):  # the likeliest winner first
-        if floor >= best_ms:
-            break  # a candidate's prediction (rounded to 1e-6 ms) is above best_ms - 1e-6: no win; floors ascend
+    def judge(assignments: Sequence[Assignment]) -> None:
+        """Finish a candidate and keep it where its predicted step is below the best so far."""
+        nonlocal best, best_ms
         cand = finish(assignments)
         ms = predict(cand, cost, charges=CHARGES).step_ms
         if ms < best_ms - 1e-6:
             best, best_ms = cand, ms
-    for quick, cp, shard_from, spans in sorted(deferred):  # judged against the best so far: fewer made
-        if quick >= best_ms:
+
+    for floor, _cp, assignments in sorted(floors, key=lambda x: (x[0], x[1])):  # the likeliest winner first
+        if floor >= best_ms:
+            break  # a candidate's prediction (rounded to 1e-6 ms) is above best_ms - 1e-6: no win; floors ascend
+        judge(assignments)
+    for bound, cp, shard_from, spans in sorted(deferred):  # judged against the best so far: fewer made
+        if bound >= best_ms:
             break
         made = packed_assignments(lengths, cost, cp, head_parallel=True, shard_from=shard_from,
                                   absorb=options.packed_absorb, wide=spans)
@@ -140,10 +148,7 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
                 or tuple(made) in seen or packed_floor(lengths, made, cost, options) >= best_ms):
             continue
         seen.add(tuple(made))
-        cand = finish(made)
-        ms = predict(cand, cost, charges=CHARGES).step_ms
-        if ms < best_ms - 1e-6:
-            best, best_ms = cand, ms
+        judge(made)
     return best
 
 

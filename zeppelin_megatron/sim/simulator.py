@@ -33,9 +33,9 @@ from typing import Any
 
 from ..planner.cost_model import CostModel
 from ..planner.plan import StepPlan
+from .layer_ops import nic_ports
 from .network import EPS_MS, Flow, FluidNetwork
 from .periodic import LayerLog, components
-from .layer_ops import nic_ports
 from .program import Leg, LayerProgram, build_layer_program, plain_rings
 
 __all__ = ["Event", "SimResult", "simulate", "simulate_program", "link_capacities"]

@@ -168,8 +168,8 @@ _DESCRIPTIONS: dict[str, str] = {
                                      "head-parallel threshold on (PlannerOptions(packed_threshold=False))",
     "zeppelin-no-share-packing": "Zeppelin without the packed candidates that shard only the documents that kept "
                                  "whole would exceed a rank's mean work (PlannerOptions(packed_share=False))",
-    "zeppelin-no-wide-groups": "Zeppelin without the packed candidates whose longest documents get groups of twice "
-                               "the CP size (PlannerOptions(packed_wide=False))",
+    "zeppelin-no-wide-groups": "Zeppelin without the packed candidates whose longest documents get wide spans, rings "
+                               "over 2, 4, ... times the CP size (PlannerOptions(packed_wide=False))",
     "zeppelin-no-led-packing": "Zeppelin without led packed candidates (the longest documents on a leading group "
                                "of nodes, the rest packed after it; PlannerOptions(packed_leads=False))",
     "zeppelin-no-filled-lead": "Zeppelin without filled-lead packed candidates (the longest documents on a ring "
