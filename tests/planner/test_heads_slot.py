@@ -106,9 +106,12 @@ def test_timeline_gap_is_the_wait_for_the_blocks_last_lane() -> None:
 
 def test_simulated_call_overlaps_the_all_to_all() -> None:
     """Ulysses over the 4 GPUs of a node, one local sequence per rank (equal tokens, so every rank posts at
-    once). In the step -1 slot the call runs while the heads all-to-all flows: the layer is shorter by
-    exactly the all-to-all's time than with the calls after the ring (no charges: kernels and transfers
-    only); each call starts when its rank posts the all-to-all, and no wait is left after it."""
+    once). In the step -1 slot the call runs while the heads all-to-all flows: each call starts when its rank
+    posts the all-to-all, and no wait is left after it. After the ring it runs while the tokens all-to-all
+    flows (the lowering waits that one last): no wait for it is left after the call. One block's heads and
+    tokens all-to-alls carry the same bytes (forward q, k, v and backward dout against forward out and
+    backward dq, dk, dv, all in the training dtype), so the two layers are equally long (no charges: kernels
+    and transfers only), and shorter by one all-to-all than the ring's own time with the call after it."""
     cost = _cost(1, 4)
     plan = _plan([(8192, (0, 1, 2, 3), 4)], 1, 4, local=tuple((2500, r) for r in range(4)))
     slots = replace(plan, local_slots=tuple(LocalSlot(r, 0, -1, (1 + r,)) for r in range(4)))
@@ -117,7 +120,7 @@ def test_simulated_call_overlaps_the_all_to_all() -> None:
     assert local > h
     after = simulate(plan, cost, charges="none")
     inside = simulate(slots, cost, charges="none")
-    assert after.layer_ms - inside.layer_ms == pytest.approx(h, rel=1e-9)
+    assert after.layer_ms == pytest.approx(inside.layer_ms, rel=1e-12)
     for r in range(4):
         ev = [e for e in inside.events if e.rank == r]
         lin, call, kernel = ev[0], ev[1], ev[2]
@@ -127,3 +130,63 @@ def test_simulated_call_overlaps_the_all_to_all() -> None:
         bare = [e for e in after.events if e.rank == r]
         heads = next(e for e in bare if "to heads" in e.label)
         assert heads.end - heads.start == pytest.approx(h, rel=1e-9)
+        kernel, call, lin = bare[2], bare[3], bare[4]
+        assert (kernel.kind, call.kind, lin.kind) == ("attention", "local", "linear")
+        assert call.start == kernel.end and lin.start == call.end  # the tokens all-to-all ended under the call
+        assert not [e for e in bare if "to tokens" in e.label]
+        assert lin.start - heads.start == pytest.approx(h + (kernel.end - kernel.start) + local, rel=1e-9)
+
+
+def test_lowering_posts_heads_first_and_waits_tokens_last() -> None:
+    """lowering.py's example: Ulysses ring 0 over ranks (0, 1) with rank 0's local sequence in its step -1 slot,
+    a plain ring 1 over (0, 2), a Ulysses ring 2 over (0, 3) (1 x 4 GPUs): rank 0 posts both heads all-to-alls
+    first and waits both tokens ones last, so ring 2's heads and ring 0's tokens all-to-alls flow under ring 1;
+    backward alike. The other ranks, in one ring each, keep the bracket of their ring."""
+    plan = _plan([(64, (0, 1), 2), (40, (0, 2), 1), (24, (0, 3), 2)], 1, 4, local=((5, 0),),
+                 slots=(LocalSlot(0, 0, -1, (3,)),))
+    assert [(r.ranks, r.a2a) for r in plan.rings] == [((0, 1), 2), ((0, 2), 1), ((0, 3), 2)]
+    low = lower(plan)
+    ring1 = [("Post", "kv"), ("diag", 0), ("Wait", "kv"), ("late", 1)]
+    assert _kinds(low.ranks[0].forward) == [
+        ("Post", "heads"), ("Post", "heads"), ("Local", -1), ("Wait", "heads"), ("diag", 0), ("Post", "tokens"),
+        *ring1, ("Wait", "heads"), ("diag", 0), ("Post", "tokens"), ("Wait", "tokens"), ("Wait", "tokens")]
+    rings = [op.transfer.ring for op in low.ranks[0].forward if isinstance(op, (Post, Wait))
+             and op.transfer.kind in ("heads", "tokens")]
+    assert rings == [0, 2, 0, 0, 2, 2, 0, 2]
+    back = _kinds(low.ranks[0].backward)
+    assert back[:4] == [("Post", "heads"), ("Post", "heads"), ("Local", -1), ("Wait", "heads")]
+    assert back[-5:] == [("Wait", "heads"), ("diag", 0), ("Post", "tokens"), ("Wait", "tokens"), ("Wait", "tokens")]
+    for r, kinds in ((1, "heads"), (3, "heads")):
+        assert _kinds(low.ranks[r].forward) == [("Post", kinds), ("Wait", kinds), ("diag", 0), ("Post", "tokens"),
+                                                ("Wait", "tokens")]
+
+
+def _shared_order(program: object, other: int, transfers: dict) -> list[object]:
+    """The transfers of ``program`` (posts in op order) that have a message between its rank and ``other``."""
+    me: int = program.rank  # type: ignore[attr-defined]
+    out = []
+    for op in program.forward + program.backward:  # type: ignore[attr-defined]
+        t = transfers[op.transfer] if isinstance(op, Post) else None
+        if t is not None and any({h.sender, h.receiver} == {me, other} for h in t.hops(1)):
+            out.append(op.transfer)
+    return out
+
+
+@pytest.mark.parametrize("spec,seed,packed", [("2x4", 0, False), ("4x8", 1, False), ("2x8", 5, True),
+                                              ("4x8", 1, True)])
+def test_two_ranks_post_their_shared_transfers_in_one_order(spec: str, seed: int, packed: bool) -> None:
+    """NCCL matches point-to-point calls between two ranks by order: on plans of long-tailed batches (16k tokens a
+    GPU; ranks in a head-parallel ring and another ring, the partitioner's routed rings with a relay on 2 x 4,
+    packed plans with wide spans), every pair of ranks posts the transfers they exchange messages in (K/V,
+    accumulators, all-to-alls; relays' hops included) in the same order."""
+    from zeppelin_megatron.planner import PlannerOptions, load_cluster, plan_step
+    from zeppelin_megatron.planner.workloads import long_tailed_batch
+
+    cluster = load_cluster(spec)
+    cost = CostModel(model=load_model(None), cluster=cluster)
+    plan = plan_step(long_tailed_batch(cluster.world_size * (1 << 14), seed), cost, PlannerOptions(packed=packed))
+    low = lower(plan)
+    assert any(len(r.rings) >= 2 and any(p.a2a > 1 for p in r.rings) for r in low.ranks)
+    pairs = {(h.sender, h.receiver) for t in low.transfers.values() for h in t.hops(1)}
+    for a, b in sorted(pairs):
+        assert _shared_order(low.ranks[a], b, low.transfers) == _shared_order(low.ranks[b], a, low.transfers)

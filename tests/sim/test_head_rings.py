@@ -283,8 +283,9 @@ def test_zeppelin_hybrid_is_charged_no_less_than_te_a2a_p2p(spec: str, lens: lis
                                                              gqa: bool) -> None:
     """The same CP group (TE's a2a+p2p plan: consecutive blocks of ``a`` ranks, zigzag over ``a p``) run as
     Zeppelin's head-parallel ring of width ``a``. Uncharged, the two programs give the same layer (same
-    structure: the heads all-to-all = TE's all-to-all in, the lane rings = TE's rings, the kernels). With
-    each side's charges:
+    structure: the heads all-to-all = TE's all-to-all in, the lane rings = TE's rings, the kernels), except
+    that where a rank also holds a local sequence (2 x 8: 17 tokens) Zeppelin's lowering waits the tokens
+    all-to-all after that call, so the layer is shorter. With each side's charges:
 
     * bytes: heads = TE's in (``held (2 q + kv) / a`` per pair); tokens > TE's out on a ring of several blocks
       (fp32 dq, dk, dv), = on one block (one call's gradients, sent in the model dtype as TE's); each lane K/V
@@ -307,7 +308,11 @@ def test_zeppelin_hybrid_is_charged_no_less_than_te_a2a_p2p(spec: str, lens: lis
                    attention_layout=te.attention_layout, linear_layout=te.linear_layout)
     assert [(r.ranks, r.a2a) for r in zep.rings] == [(r.ranks, a) for r in te.rings]
     z_none = simulate(zep, cost, charges="none").layer_ms
-    assert z_none == pytest.approx(simulate(te, cost, attention_comm="a2a_p2p", charges="none").layer_ms, rel=1e-9)
+    t_none = simulate(te, cost, attention_comm="a2a_p2p", charges="none").layer_ms
+    if any(s.placement == "local" for s in te.sequences):  # Zeppelin's tokens all-to-all flows under the local call
+        assert z_none < t_none
+    else:
+        assert z_none == pytest.approx(t_none, rel=1e-9)
     zp, tp = build_layer_program(zep, cost), build_layer_program(te, cost, "a2a_p2p")
     ring_ranks = zep.rings[0].ranks
     zt, tt = zp.transfers, tp.transfers

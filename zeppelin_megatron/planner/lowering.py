@@ -17,6 +17,9 @@ A rank's attention work for one layer (:class:`RankProgram`), forward:
   ``local_slots`` put at this step (members), :class:`Wait` for the transfer;
 * one :class:`LocalCall` for the rank's local sequences in no slot.
 
+Head-parallel rings' all-to-alls bracket all of that: every ``heads`` :class:`Post` comes first
+(ring order), every ``tokens`` :class:`Wait` last (below).
+
 Backward walks the same rings and steps; each step also moves the dK/dV
 accumulators (``kind="acc"`` transfers, ``g`` of them: after ``g`` hops each
 accumulator is home): post K/V ``j``, the step's call, wait accumulator
@@ -28,11 +31,22 @@ Head-parallel rings (``ring.a2a > 1``, :mod:`.head_parallel`): the ring's ops ar
 the output gradient) and of its ``tokens`` all-to-all (after: output rows back; backward: dq, dk,
 dv), and its steps run over its ``blocks`` (lane ``l`` of block ``b`` sends to lane ``l`` of
 ``b + 1``); the calls' rows are rows of the rank's head buffer (:class:`RingPart`). A ring of one
-block (Ulysses) has one ``diag`` call and no K/V or accumulator transfer. A local slot at step
-``-1`` puts its :class:`LocalCall` between ``Post`` and ``Wait`` of ``heads`` (forward and
-backward): it runs while the all-to-all is in flight and the block's other lanes arrive.
+block (Ulysses) has one ``diag`` call and no K/V or accumulator transfer. What a ``heads``
+all-to-all sends (q, k, v; backward: the output gradient) is there before any call, and what a
+``tokens`` one returns is needed only after the layer's attention, so a rank posts all its ``heads``
+all-to-alls first and waits all its ``tokens`` ones last (each list in ring order): a ring's ``heads``
+all-to-all flows while the rank's earlier rings run, its ``tokens`` one while its later rings and
+its local sequences after the rings run. Every rank derives its order from the one ring order, so
+two ranks post the transfers they share in the same order (NCCL matches point-to-point calls by
+order). A local slot at step ``-1`` puts its :class:`LocalCall` right before ``Wait`` of ``heads``
+(forward and backward): it runs while the all-to-all is in flight and the block's other lanes arrive.
 Example: a Ulysses ring 0 over ranks ``(0, 1)`` and ``LocalSlot(0, 0, -1, (2,))``: rank 0's forward
 is ``Post(heads 0), LocalCall(seq 2), Wait(heads 0), RingCall(diag), Post(tokens 0), Wait(tokens 0)``.
+With a plain ring 1 over ``(0, 2)`` after it and a Ulysses ring 2 over ``(0, 3)`` after that
+(1 x 4 GPUs), rank 0's forward is ``Post(heads 0), Post(heads 2), LocalCall(seq 2),
+Wait(heads 0), RingCall(diag of 0), Post(tokens 0), <ring 1's steps>, Wait(heads 2), RingCall(diag
+of 2), Post(tokens 2), Wait(tokens 0), Wait(tokens 2)``: ring 2's ``heads`` and ring 0's ``tokens``
+all-to-alls run under ring 1.
 The row arithmetic of a rank's buffers is :mod:`.lowering_parts`; the remap's is :mod:`.lowering_remap`.
 
 Remap (:class:`RemapExchange`, per rank :func:`rank_remap`): ``to_attention`` before attention,
@@ -351,6 +365,8 @@ def _rank_program(plan: StepPlan, rank: int, routing: bool, sh: _Shared) -> Rank
     fwd: list[RankOp] = []
     bwd: list[RankOp] = []
     transfers: dict[TransferId, Transfer] = {}
+    heads_posts: list[RankOp] = []  # every head-parallel ring's heads all-to-all: posted first
+    tokens_waits: list[RankOp] = []  # and its tokens all-to-all: waited last
     for k in sh.rings_of.get(rank, ()):
         ring = plan.rings[k]
         if k not in sh.transfers:
@@ -365,10 +381,14 @@ def _rank_program(plan: StepPlan, rank: int, routing: bool, sh: _Shared) -> Rank
                         a2a=ring.a2a, lane=lane if ring.a2a > 1 else None)
         rings.append(part)
         transfers.update({t.id: t for t in kv + acc + a2a})
-        # a slot at step -1 runs inside the heads all-to-all (after its Post, before its Wait)
+        # a slot at step -1 runs inside the heads all-to-all (after its Post, before its Wait); the Post is
+        # the rank's first op and the tokens all-to-all's Wait its last (module docstring)
         in_heads: list[RankOp] = [LocalCall(chunk=slot_of[(k, -1)], ring=k, step=-1)] if (k, -1) in slot_of else []
-        to_heads: list[RankOp] = [Post(a2a[0].id)] + in_heads + [Wait(a2a[0].id)] if a2a else []
-        to_tokens: list[RankOp] = [Post(a2a[1].id), Wait(a2a[1].id)] if a2a else []
+        to_heads: list[RankOp] = in_heads + [Wait(a2a[0].id)] if a2a else []
+        to_tokens: list[RankOp] = [Post(a2a[1].id)] if a2a else []
+        if a2a:
+            heads_posts.append(Post(a2a[0].id))
+            tokens_waits.append(Wait(a2a[1].id))
         fwd += to_heads
         bwd += to_heads
         calls: list[RingCall | None] = list(_ring_calls(part)) if pos is not None else [None] * g
@@ -387,6 +407,8 @@ def _rank_program(plan: StepPlan, rank: int, routing: bool, sh: _Shared) -> Rank
     if rest:  # the sequences in no slot, after the rings
         fwd.append(LocalCall(chunk=len(mine)))
         bwd.append(LocalCall(chunk=len(mine)))
+    fwd = heads_posts + fwd + tokens_waits
+    bwd = heads_posts + bwd + tokens_waits
     tokens = plan.tokens(rank, "attention")
     alone = sh.whole is None and not rings and len(chunks) == 1 and chunks[0].span == (0, tokens)
     return RankProgram(rank=rank, rings=tuple(rings), local_chunks=chunks, forward=tuple(fwd), backward=tuple(bwd),

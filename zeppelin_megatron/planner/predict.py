@@ -27,9 +27,14 @@ Per layer, forward + backward, for each rank ``r``:
 
 * A head-parallel ring (``ring.a2a = a > 1``, :mod:`.cost_heads`) of ``m`` blocks costs
   ``heads + copies + diag + (m-1) * max(off, comm) + first_late + tokens`` (the lane's steps over
-  ``1/a`` of the heads, its lane hop, the two all-to-alls and the copies around them); its all-to-alls are exposed
-  communication that local work does not fill (nothing runs between a ``Post`` and ``Wait`` of
-  one), so they count as the rank's own time in the rule above and as ``exposed_comm_ms``.
+  ``1/a`` of the heads, its lane hop, the two all-to-alls and the copies around them); its all-to-alls count
+  whole, as the rank's own time in the rule above (local work does not fill them) and as ``exposed_comm_ms``.
+  That is an upper bound: the lowering posts a rank's ``heads`` all-to-alls first and waits its ``tokens``
+  ones last (:mod:`.lowering`), so the engine and the simulator run them under the rank's other rings, its
+  ``-1`` slots and its local sequences after the rings. A timeline of that in this prediction (with floors
+  to match, :func:`~.grouped.ring_floor`) was tried: Zeppelin / best peer 0.9305 -> 0.9299 on
+  docs/BENCHMARKS.md's 60 configurations (simulated), for 15% more planning time on ``plan_speed.py``'s
+  batches (the floors of ranks in several rings lose the all-to-alls, so more candidates are finished).
 * Local sequences in :attr:`~.plan.StepPlan.remap_slots` run while an exchange is in flight, within
   the rank's estimated wait there (:mod:`.remap_windows`): they cost nothing above the remap.
 * Linear modules: ``linear_ms(tokens in the linear layout)``; with them, the remap's row gathers
