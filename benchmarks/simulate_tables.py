@@ -44,6 +44,7 @@ MAIN = ("zeppelin", "zeppelin-grouped") + PEERS + ("lower-bound",)
 ABLATION = ("te-cp", "te-cp-routing", "zeppelin-partition-only", "zeppelin-no-routing", "zeppelin-no-remap",
             "zeppelin-remap-always", "zeppelin-no-head-parallel", "zeppelin-no-remap-overlap", "zeppelin-no-packed",
             "zeppelin-no-threshold-packing", "zeppelin-no-share-packing", "zeppelin-no-wide-groups",
+            "zeppelin-no-ring-parts",
             "zeppelin-no-led-packing", "zeppelin-no-filled-lead",
             "zeppelin-no-packed-absorb",
             "zeppelin",

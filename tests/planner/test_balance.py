@@ -153,7 +153,10 @@ def test_worked_example_of_docs() -> None:
     assert packed.origin == "packed" and packed.linear == "attention"
     assert [(s.ranks, s.a2a) for s in packed.sequences[:2]] == [(tuple(range(8)), 4)] * 2
     assert [s.ranks for s in packed.sequences[2:]] == [(r,) for r in range(8)]
-    assert packed.predicted.step_ms == pytest.approx(2323.73, abs=0.01)
+    assert [s.part for s in packed.sequences[:2]] == [0, 1]  # its ring in two parts (ring_parts.py)
+    assert packed.predicted.step_ms == pytest.approx(2295.55, abs=0.01)
+    whole = plan_step(lengths, cost, PlannerOptions(packed_absorb=False, ring_parts=False))
+    assert whole.predicted.step_ms == pytest.approx(2323.73, abs=0.01)
     # by default the packing's ring absorbs the short ones, one by one from the busiest rank: all ten on it
     absorbed = plan_step(lengths, cost)
     assert absorbed.origin == "packed" and absorbed.linear == "attention"

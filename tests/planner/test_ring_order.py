@@ -85,8 +85,8 @@ def test_planned_rings_are_a_deterministic_permutation_and_round_trip() -> None:
     for seed in (0, 3):
         lengths = long_tailed_batch(1 << 20, seed)
         plan = plan_step(lengths, cost)
-        groups = {s.ranks for s in plan.sequences if s.placement != "local"}
-        assert sorted(r.ranks for r in plan.rings) == sorted(groups)
+        groups = {(s.ranks, s.a2a, s.part) for s in plan.sequences if s.placement != "local"}
+        assert sorted((r.ranks, r.a2a, r.part) for r in plan.rings) == sorted(groups)
         again = StepPlan.from_json(plan.to_json())
         assert again == plan and again.rings == plan.rings
         again = plan_step(list(lengths), CostModel(model=load_model(None), cluster=load_cluster("8x8")))

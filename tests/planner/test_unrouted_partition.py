@@ -28,7 +28,7 @@ def _slow_nic_cost() -> CostModel:
 def test_remap_bound_plans_the_unrouted_partition_too(monkeypatch: pytest.MonkeyPatch) -> None:
     cost = _slow_nic_cost()
     lengths = sample_steps("prolong-64k", 1, 1 << 20, 0)[0]
-    opts = PlannerOptions(packed=False)  # the partitioner's plans alone (a packed candidate wins this batch)
+    opts = PlannerOptions(packed=False, ring_parts=False)  # the partitioner's plans alone (a packed one wins here)
     routed_only = api._finish(lengths, partition(lengths, cost, opts), cost, opts)
     assert routed_only.predicted is not None
     assert routed_only.predicted.remap_ms > REMAP_BOUND * routed_only.predicted.step_ms  # the remap dominates

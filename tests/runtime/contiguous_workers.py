@@ -153,3 +153,60 @@ def run_wide(rank: int, world: int) -> None:
         check_trace(group, plan, routing=False)
         for dtype, hq, hkv in ((torch.float64, 4, 2), (torch.float32, 4, 4)):
             check_attention(group, plan, dtype=dtype, routing=True, hq=hq, hkv=hkv, seed=11)
+
+
+PARTS_SPECS = {2: "1x2", 4: "2x2", 6: "2x3", 8: "2x4"}
+"""World size -> the nodes x GPUs :func:`parts_plan` and :func:`run_parts` use."""
+
+
+def parts_plan(spec: str, engine: bool) -> StepPlan:
+    """Head-parallel rings in parts (planner/ring_parts.py) on ``spec``: over every rank of node 0 a Ulysses ring
+    in two parts (37 + 9 tokens, then 23), with a step ``-1`` slot of a local sequence in part 0 on rank 0 and one
+    in part 1 on the last rank of the node; on two nodes also a hybrid ring over all ranks (blocks of one node) in
+    three parts (41, 29 + 19, 21), so node 0's ranks are in five rings, and local sequences after the rings.
+    Odd lengths throughout. ``engine``: the layout in engine order (views), else zigzag (gathers)."""
+    import sys
+    from pathlib import Path
+
+    from zeppelin_megatron.planner.api import engine_order
+    from zeppelin_megatron.planner.plan import LocalSlot, SequencePlan
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from zigzag_plans import zigzag_plan
+
+    nodes, gpn = map(int, spec.split("x"))
+    node0 = tuple(range(gpn))
+    items: list[tuple[int, tuple[int, ...], int]] = [(37, node0, gpn), (9, node0, gpn), (23, node0, gpn)]
+    part = [0, 0, 1]
+    if nodes > 1:
+        every = tuple(range(nodes * gpn))
+        items += [(41, every, gpn), (29, every, gpn), (19, every, gpn), (21, every, gpn)]
+        part += [0, 1, 1, 2]
+    last = gpn - 1
+    local = ((5, 0), (7, last), (3, last), (11, nodes * gpn - 1))
+    base = zigzag_plan(items, nodes, gpn, local=local)
+    n = len(items)
+    seqs = tuple(SequencePlan(s.length, s.placement, s.ranks, s.a2a, part[i]) if i < n else s
+                 for i, s in enumerate(base.sequences))
+    plan = base.evolve(sequences=seqs)
+    index = {(r.ranks, r.part): k for k, r in enumerate(plan.rings)}
+    slots = (LocalSlot(0, index[(node0, 0)], -1, (n,)), LocalSlot(last, index[(node0, 1)], -1, (n + 1,)))
+    plan = plan.evolve(local_slots=slots).validated()
+    return engine_order(plan) if engine else plan
+
+
+def run_parts(rank: int, world: int) -> None:
+    """:func:`parts_plan` at this world size: several rings over the same ranks at one width, the lowered trace, and
+    exactness in float64 (GQA) and float32 (MHA) against per-sequence SDPA, forward and backward, with rows in
+    engine order and in zigzag order."""
+    spec = PARTS_SPECS[world]
+    nodes, gpn = map(int, spec.split("x"))
+    group = ZeppelinGroup(process_group=None, gpus_per_node=gpn)
+    hq, hkv = (6, 3) if gpn == 3 else (4, 2)
+    for engine in (True, False):
+        plan = parts_plan(spec, engine)
+        assert sorted(r.part for r in plan.rings if r.ranks == tuple(range(gpn))) == [0, 1]
+        assert nodes == 1 or sorted(r.part for r in plan.rings if len(r.ranks) == world) == [0, 1, 2]
+        check_trace(group, plan, routing=False, hq=hq, hkv=hkv)
+        for dtype, kv in ((torch.float64, hkv), (torch.float32, hq)):
+            check_attention(group, plan, dtype=dtype, routing=True, hq=hq, hkv=kv, seed=13)

@@ -84,3 +84,11 @@ def test_wide_span_plans_world_8() -> None:
     """A packed plan with a wide span (planner/packed_wide.py: a ring over 4 ranks beside rings over 2 on the same
     ranks), head-parallel and plain, exact on gloo at world size 8 (2 x 4)."""
     spawn(8, contiguous_workers.run_wide)
+
+
+@pytest.mark.parametrize("world", [2, 4, 6, 8])
+def test_ring_parts_exact(world: int) -> None:
+    """Head-parallel rings in parts (planner/ring_parts.py: several rings over the same ranks at the same width,
+    Ulysses and hybrid, with step -1 slots in parts) exact on gloo at world sizes 2, 4, 6, 8 (1x2, 2x2, 2x3, 2x4):
+    float64 GQA and float32 MHA against per-sequence SDPA, outputs and gradients, and the lowered trace."""
+    spawn(world, contiguous_workers.run_parts)

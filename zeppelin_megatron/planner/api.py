@@ -18,6 +18,8 @@ from .packed_search import best_packed
 from .partition import partition
 from .partition_context import Assignment
 from .plan import PlanError, SequencePlan, StepPlan
+from .predict import predict
+from .ring_parts import split_rings
 from .zigzag import ring_ranges
 
 __all__ = ["plan_step", "check_lengths", "engine_order", "REMAP_CHOICES"]
@@ -111,6 +113,10 @@ def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOption
     if options.grouped:  # opt-in
         plan = best_plan(lengths, cost_model, options, plan,
                          lambda a: _candidate(lengths, a, cost_model, no_remap).evolve(origin="grouped"))
+    if options.ring_parts and options.head_parallel:  # the chosen plan's head-parallel rings in two parts, where faster
+        parted = split_rings(plan, cost_model)
+        if parted is not plan:
+            plan = parted.evolve(predicted=predict(parted, cost_model))
     return _final(plan)
 
 

@@ -113,11 +113,17 @@ def lane_heads(hq: int, hkv: int, a2a: int, lane: int) -> tuple[tuple[int, int],
 
 def check_head_parallel(plan: "StepPlan") -> None:
     """Every sequence's ``a2a``: 1 for local ones; for split ones a divisor of its rank count whose
-    blocks each lie in one node (the all-to-all runs over NVLink). Raises :class:`PlanError`
-    naming the sequence, the value and the limit."""
+    blocks each lie in one node (the all-to-all runs over NVLink); its ``part``: an integer >= 0, 0 for
+    local ones (:mod:`.ring_parts`). Raises :class:`PlanError` naming the sequence, the value and the limit."""
     gpn = plan.gpus_per_node
     for i, s in enumerate(plan.sequences):
         a = s.a2a
+        if s.part != 0:
+            where = f"sequence {i} (length {s.length}, {s.placement} on ranks {list(s.ranks)})"
+            if not isinstance(s.part, int) or isinstance(s.part, bool) or s.part < 0:
+                raise PlanError(f"{where}: part is {s.part!r}, expected an integer >= 0")
+            if s.placement == "local":
+                raise PlanError(f"{where}: part is {s.part}, but a local sequence is in no ring (part must be 0)")
         if a == 1:
             continue
         where = f"sequence {i} (length {s.length}, {s.placement} on ranks {list(s.ranks)})"

@@ -84,6 +84,11 @@ class PlannerOptions:
     """Among the packed candidates (with ``packed`` and head-parallel rings on), per CP size from 2 on also the
     threshold packing with wide spans (:func:`~.packed_wide.wide_spans`: the documents a CP group alone would load
     above the mean work per rank on rings over 2, 4, ... times the CP size, packed around; ablation: ``False``)."""
+    ring_parts: bool = True
+    """Split a head-parallel ring of several sequences into two parts run one after the other where the
+    rank's timeline predicts it faster (:mod:`.ring_parts`: the second part's ``heads`` all-to-all flows under
+    the first part's calls, the first part's ``tokens`` one under the second's), on the chosen plan; ablation:
+    ``False``."""
     packed_leads: bool = True
     """Among the packed candidates (with ``packed`` and head-parallel rings on), also the led packings
     (:mod:`.packed_search`: the longest documents on a leading group of nodes, the rest packed after it;
@@ -115,7 +120,8 @@ class PlannerOptions:
             raise PlanError(f"remap_overlap is {self.remap_overlap!r}, expected True or False")
         if not isinstance(self.packed, bool):
             raise PlanError(f"packed is {self.packed!r}, expected True or False")
-        for name in ("packed_threshold", "packed_share", "packed_wide", "packed_leads", "packed_fill", "packed_absorb"):
+        for name in ("packed_threshold", "packed_share", "packed_wide", "packed_leads", "packed_fill", "packed_absorb",
+                     "ring_parts"):
             if not isinstance(getattr(self, name), bool):
                 raise PlanError(f"{name} is {getattr(self, name)!r}, expected True or False")
         if not isinstance(self.grouped, bool):

@@ -144,13 +144,14 @@ class StepPlan:
     def rings(self) -> tuple[Ring, ...]:
         """Rings in the engine's global queue order (:func:`ring_order`): inter-node, then
         intra-node, by ranks, except that a ring whose members are free starts early. Sequences on the
-        same ranks with different ``a2a`` (head-parallel block width) are different rings."""
-        groups: dict[tuple[tuple[int, ...], int], list[int]] = {}
+        same ranks with different ``a2a`` (head-parallel block width) or ``part`` (:mod:`.ring_parts`) are
+        different rings."""
+        groups: dict[tuple[tuple[int, ...], int, int], list[int]] = {}
         for i, s in enumerate(self.sequences):
             if s.placement != "local":
-                groups.setdefault((s.ranks, s.a2a), []).append(i)
-        rings = [Ring(ranks, self.sequences[seqs[0]].placement, tuple(seqs), a2a)
-                 for (ranks, a2a), seqs in groups.items()]
+                groups.setdefault((s.ranks, s.a2a, s.part), []).append(i)
+        rings = [Ring(ranks, self.sequences[seqs[0]].placement, tuple(seqs), a2a, part)
+                 for (ranks, a2a, part), seqs in groups.items()]
         return ring_order(rings, [s.length for s in self.sequences])
 
     @cached_property

@@ -41,7 +41,8 @@ def plan_to_dict(plan: "StepPlan") -> dict[str, Any]:
         "gpus_per_node": plan.gpus_per_node,
         "sequences": [
             {"length": s.length, "placement": s.placement, "ranks": list(s.ranks),
-             **({"a2a": s.a2a} if s.a2a != 1 else {})} for s in plan.sequences
+             **({"a2a": s.a2a} if s.a2a != 1 else {}), **({"part": s.part} if s.part else {})}
+            for s in plan.sequences
         ],
         "attention_layout": [[list(r) for r in rs] for rs in plan.attention_layout],
         "linear_layout": [[list(r) for r in rs] for rs in plan.linear_layout],
@@ -91,7 +92,8 @@ def _plan_to_json(plan: "StepPlan") -> str:
         return "[" + ",".join("[" + ",".join(f"[{q},{a},{b}]" for q, a, b in rs) + "]" for rs in lay) + "]"
 
     seqs = ",".join(f'{{"length":{s.length},"placement":"{s.placement}","ranks":[{",".join(map(str, s.ranks))}]'
-                    + (f',"a2a":{s.a2a}}}' if s.a2a != 1 else "}") for s in plan.sequences)
+                    + (f',"a2a":{s.a2a}' if s.a2a != 1 else "") + (f',"part":{s.part}}}' if s.part else "}")
+                    for s in plan.sequences)
     rest = _tail(plan)
     head = (f'{{"schema":{json.dumps(PLAN_SCHEMA)},"nodes":{int(plan.nodes)},'
             f'"gpus_per_node":{int(plan.gpus_per_node)},"sequences":[{seqs}],'
@@ -133,7 +135,8 @@ def plan_from_json(
         if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
             raise PlanError(f"{where}.ranks must be integers, got {ranks!r}")
         a2a = _int(s, "a2a", where) if "a2a" in s else 1
-        sequences.append(SequencePlan(_int(s, "length", where), placement, tuple(ranks), a2a))
+        part = _int(s, "part", where) if "part" in s else 0
+        sequences.append(SequencePlan(_int(s, "length", where), placement, tuple(ranks), a2a, part))
     att = _layout(doc, "attention_layout")
     lin = _layout(doc, "linear_layout")
     predicted = None

@@ -49,7 +49,9 @@ def check_linear(linear: object, linear_layout: object, attention_layout: object
 @dataclass(frozen=True, slots=True)
 class SequencePlan:
     """Sequence of ``length`` tokens: ``placement`` and its ``ranks`` (ring order when split);
-    ``a2a``: block width of a head-parallel ring (:mod:`.head_parallel`; 1: a plain ring or local).
+    ``a2a``: block width of a head-parallel ring (:mod:`.head_parallel`; 1: a plain ring or local);
+    ``part``: which part of its ring (:mod:`.ring_parts`): split sequences on the same ranks at the same
+    width form one ring per part, run one after the other, each with its own transfers (0 for local ones).
 
     Example: ``SequencePlan(4096, "intra_node", (0, 1, 2, 3), a2a=4)``: one all-to-all over
     heads among ranks 0-3 (Ulysses), then one causal call per rank on its quarter of the heads.
@@ -59,17 +61,19 @@ class SequencePlan:
     placement: Placement
     ranks: tuple[int, ...]
     a2a: int = 1
+    part: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Ring:
-    """Split sequences that share one rank tuple and block width ``a2a``; executed as one ring
+    """Split sequences that share one rank tuple, block width ``a2a`` and ``part``; executed as one ring
     (``a2a > 1``: head-parallel, :mod:`.head_parallel`, a ring of :attr:`blocks` blocks)."""
 
     ranks: tuple[int, ...]
     placement: Placement
     seqs: tuple[int, ...]
     a2a: int = 1
+    part: int = 0
 
     @property
     def blocks(self) -> int:

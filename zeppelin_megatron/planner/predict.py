@@ -29,6 +29,9 @@ Per layer, forward + backward, for each rank ``r``:
   ``heads + copies + diag + (m-1) * max(off, comm) + first_late + tokens`` (the lane's steps over
   ``1/a`` of the heads, its lane hop, the two all-to-alls and the copies around them); its all-to-alls count
   whole, as the rank's own time in the rule above (local work does not fill them) and as ``exposed_comm_ms``.
+  The parts of one ring (:mod:`.ring_parts`: head-parallel rings over the same ranks at the same width) are
+  timed together, by :func:`~.ring_parts.parts_time`: a later part's ``heads`` all-to-all under the calls
+  before it, an earlier part's ``tokens`` under those after it; what no call covers counts as above.
   That is an upper bound: the lowering posts a rank's ``heads`` all-to-alls first and waits its ``tokens``
   ones last (:mod:`.lowering`), so the engine and the simulator run them under the rank's other rings, its
   ``-1`` slots and its local sequences after the rings. A timeline of that in this prediction (with floors
@@ -75,6 +78,7 @@ from .lowering import participants
 from .plan import Prediction, StepPlan
 from .remap_cost import coupled_ms, remap_layer_ms, remap_ranks
 from .remap_windows import staying_rows
+from .ring_parts import parts_time
 from .routing import Route
 from .zigzag import next_position
 
@@ -98,11 +102,25 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
     intra_b = [0.0] * world
     inter_b = [0.0] * world
     fixed = [0.0] * world  # head-parallel all-to-alls: neither kernel time nor a wait local work fills
+    # ring parts (ring_parts.py): head-parallel rings over the same ranks at the same width, in queue order
+    parts: dict[tuple[tuple[int, ...], int], list[list[int]]] = {}
+    for ring in plan.rings:
+        if ring.a2a > 1:
+            parts.setdefault((ring.ranks, ring.a2a), []).append([plan.sequences[i].length for i in ring.seqs])
+    seen: set[tuple[tuple[int, ...], int]] = set()
     for ring in plan.rings:
         g = len(ring.ranks)
         lengths = [plan.sequences[i].length for i in ring.seqs]
         if ring.a2a > 1:
             h = head_ring_time(cost, ring.ranks, lengths, ring.a2a, charges)
+            total, a2a_ms = h.total, h.a2a_ms
+            family = parts[(ring.ranks, ring.a2a)]
+            if len(family) > 1 and (ring.ranks, ring.a2a) in seen:  # a later part: its own time, in the first's
+                total, a2a_ms = h.own, 0.0
+            elif len(family) > 1:  # the first part carries the parts' timeline, less the later parts' own times
+                seen.add((ring.ranks, ring.a2a))
+                total, a2a_ms = parts_time(cost, ring.ranks, family, ring.a2a, charges)
+                total -= sum(head_ring_time(cost, ring.ranks, ls, ring.a2a, charges).own for ls in family[1:])
             m = ring.blocks
             for p, src in enumerate(ring.ranks):
                 b, lane = divmod(p, ring.a2a)
@@ -110,9 +128,9 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
                 side = intra_b if cl.node_of(src) == cl.node_of(dst) else inter_b
                 side[src] += (m - 1) * h.lane_bytes
                 intra_b[src] += h.a2a_bytes
-                ring_total[src] += h.total
-                ring_own[src] += h.own + h.a2a_ms
-                fixed[src] += h.a2a_ms
+                ring_total[src] += total
+                ring_own[src] += h.own + a2a_ms
+                fixed[src] += a2a_ms
             continue
         routes = plan.routes_for(ring.ranks)
         total, own, nbytes = ring_time(cost, ring.ranks, lengths, routes, charges)

@@ -25,7 +25,8 @@ def ring_order(rings: Sequence[Ring], lengths: Sequence[int]) -> tuple[Ring, ...
     attention work ``w = sum(s^2) // g`` (token^2; integers, so every machine orders alike):
     repeatedly take the ring that can start earliest (the latest estimated free time of
     its members); ties: inter-node before intra-node, then lower ranks (the order a plain
-    sort would give); its members are then busy until ``start + w``. A ring whose members
+    sort would give), then the lower part (:mod:`.ring_parts`: a ring's parts in order); its members are then
+    busy until ``start + w``. A ring whose members
     are free thus never queues behind rings it shares no rank with.
 
     A head-parallel ring (``Ring.a2a > 1``) is ordered by the same estimate: its members compute the
@@ -37,15 +38,15 @@ def ring_order(rings: Sequence[Ring], lengths: Sequence[int]) -> tuple[Ring, ...
     where the sorted order ``A, B, C`` chains all three (``B`` waits for ``A``, ``C`` for ``B``).
     """
     work = [sum(lengths[i] ** 2 for i in r.seqs) // len(r.ranks) for r in rings]
-    heap = [(0, 0 if r.placement == "inter_node" else 1, r.ranks, k) for k, r in enumerate(rings)]
+    heap = [(0, 0 if r.placement == "inter_node" else 1, r.ranks, r.part, k) for k, r in enumerate(rings)]
     heapq.heapify(heap)
     free: dict[int, int] = {}
     out: list[Ring] = []
     while heap:
-        start, kind, ranks, k = heapq.heappop(heap)
+        start, kind, ranks, part, k = heapq.heappop(heap)
         now = max(free.get(r, 0) for r in ranks)
         if now > start:  # its members got busier since it was queued: requeue at its real start
-            heapq.heappush(heap, (now, kind, ranks, k))
+            heapq.heappush(heap, (now, kind, ranks, part, k))
             continue
         out.append(rings[k])
         for r in ranks:

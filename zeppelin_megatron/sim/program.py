@@ -332,6 +332,8 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
         for tid, t in lowered.transfers.items():
             ring = plan.rings[tid.ring]
             key = ("ring", ring.ranks, tid.step) if ring.a2a == 1 else ("ring", ring.ranks, ring.a2a, tid.kind)
+            if ring.part:  # parts of one rank tuple (planner/ring_parts.py): each its own transfers
+                key += (("part", ring.part),)
             if tid.kind in ("heads", "tokens"):  # a head-parallel ring's all-to-alls: one NVLink flow per message
                 per_token = a2a_token_bytes(shape_of(cost, ring.a2a), charges, ring.blocks)[tid.kind == "tokens"]
                 keys[tid] = add(Traffic(key, "group", [[hop(cost, m.src, m.dst, m.tokens * per_token)]

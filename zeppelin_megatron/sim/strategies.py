@@ -170,6 +170,9 @@ _DESCRIPTIONS: dict[str, str] = {
                                  "whole would exceed a rank's mean work (PlannerOptions(packed_share=False))",
     "zeppelin-no-wide-groups": "Zeppelin without the packed candidates whose longest documents get wide spans, rings "
                                "over 2, 4, ... times the CP size (PlannerOptions(packed_wide=False))",
+    "zeppelin-no-ring-parts": "Zeppelin without ring parts (a head-parallel ring of several documents always one "
+                              "ring: its all-to-alls never overlap a second part's calls; PlannerOptions(ring_parts="
+                              "False))",
     "zeppelin-no-led-packing": "Zeppelin without led packed candidates (the longest documents on a leading group "
                                "of nodes, the rest packed after it; PlannerOptions(packed_leads=False))",
     "zeppelin-no-filled-lead": "Zeppelin without filled-lead packed candidates (the longest documents on a ring "
@@ -207,6 +210,7 @@ _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
     "zeppelin-no-threshold-packing": _zeppelin(packed_threshold=False),
     "zeppelin-no-share-packing": _zeppelin(packed_share=False),
     "zeppelin-no-wide-groups": _zeppelin(packed_wide=False),
+    "zeppelin-no-ring-parts": _zeppelin(ring_parts=False),
     "zeppelin-no-led-packing": _zeppelin(packed_leads=False),
     "zeppelin-no-filled-lead": _zeppelin(packed_fill=False),
     "zeppelin-no-packed-absorb": _zeppelin(packed_absorb=False),
