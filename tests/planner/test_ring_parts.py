@@ -129,3 +129,32 @@ def test_plan_step_splits_where_it_pays_and_the_ablation_does_not() -> None:
             theirs = [op.transfer for op in low.ranks[b].forward + low.ranks[b].backward if isinstance(op, Post)
                       and any({h.sender, h.receiver} == {a, b} for h in low.transfers[op.transfer].hops(1))]
             assert mine == theirs
+
+
+def test_plan_summary_names_the_parts() -> None:
+    """``zeppelin plan``'s ring line says how many rings are parts of how many (nothing when none is)."""
+    from zeppelin_megatron.commands.plan import _head_line
+
+    cost = _cost()
+    whole = zigzag_plan([(32768, NODE, 8), (24576, NODE, 8)], 1, 8)
+    assert _head_line(whole) == "rings: 1 (0 plain, 1 Ulysses, 0 head-parallel hybrid; block widths [8])"
+    assert _head_line(split_rings(whole, cost)) == ("rings: 2 (0 plain, 2 Ulysses, 0 head-parallel hybrid; "
+                                                    "block widths [8]; 2 of them parts of 1 ring)")
+
+
+def test_step_metrics_count_the_sequences_in_parts() -> None:
+    """The training log line and the scalars count the split sequences of rings run in parts (none: the line as
+    before)."""
+    from zeppelin_megatron.megatron.metrics import format_step, plan_metrics, scalars, step_metrics
+
+    cost = _cost()
+    whole = zigzag_plan([(32768, NODE, 8), (24576, NODE, 8)], 1, 8)
+    parted = split_rings(whole, cost)
+    lines = []
+    for plan, n in ((whole, 0), (parted, 2)):
+        plan = plan.evolve(predicted=predict(plan, cost))
+        m = step_metrics(1, [plan_metrics(plan)])
+        assert m.in_parts == n and scalars(m)["zeppelin/ring_part_sequences"] == n
+        lines.append(format_step(m))
+    assert "split: 0 ring, 2 all-to-all, 0 hybrid)" in lines[0]
+    assert "split: 0 ring, 2 all-to-all, 0 hybrid, 2 in ring parts)" in lines[1]

@@ -136,12 +136,16 @@ def _window_line(plan: StepPlan) -> str:
 
 
 def _head_line(plan: StepPlan) -> str:
-    """How the rings run: ``rings: 5 (3 plain, 1 Ulysses, 1 head-parallel hybrid)``."""
+    """How the rings run: ``rings: 5 (3 plain, 1 Ulysses, 1 head-parallel hybrid; block widths [4, 8])``, and
+    where a ring runs in parts (planner/ring_parts.py) ``...; 2 of them parts of 1 ring)``."""
     rings = plan.rings
     uly = sum(1 for r in rings if r.a2a > 1 and r.blocks == 1)
     hybrid = sum(1 for r in rings if r.a2a > 1 and r.blocks > 1)
+    parted = {(r.ranks, r.a2a) for r in rings if r.part}
+    parts = sum(1 for r in rings if (r.ranks, r.a2a) in parted)
+    tail = f"; {parts} of them parts of {len(parted)} ring{'s' * (len(parted) > 1)}" if parted else ""
     return (f"rings: {len(rings)} ({len(rings) - uly - hybrid} plain, {uly} Ulysses, {hybrid} head-parallel hybrid; "
-            f"block widths {sorted({r.a2a for r in rings if r.a2a > 1})})")
+            f"block widths {sorted({r.a2a for r in rings if r.a2a > 1})}{tail})")
 
 
 def plot_plan(plan: StepPlan, path: str | Path) -> None:

@@ -11,7 +11,8 @@ Numbers (all from the plans' cost-model predictions, except ``measured_ms``):
 
 * ``local`` / ``intra_node`` / ``inter_node``: sequences of the step per placement;
   ``ulysses`` / ``hybrid``: of the split ones, those run head-parallel (all-to-all over heads in one
-  node; all-to-all in each node and a ring across nodes), the rest run as zigzag rings;
+  node; all-to-all in each node and a ring across nodes), the rest run as zigzag rings; ``in_parts``: of
+  those, the ones in a head-parallel ring run as two rings whose all-to-alls overlap (planner/ring_parts.py);
   ``remapped``: micro-steps whose linear modules run on a layout of their own (a remap every layer);
   ``windowed``: local sequences run while a remap is in flight (``StepPlan.remap_slots``);
   ``packed``: micro-steps whose plan is a packed candidate (``StepPlan.origin``: attention + linear
@@ -65,6 +66,8 @@ class PlanMetrics:
     routed_hops: int
     windowed: int = 0
     packed: bool = False
+    in_parts: int = 0
+    """Split sequences in head-parallel rings run in parts (planner/ring_parts.py)."""
     predicted_ms: float
     attention_max_ms: float
     attention_mean_ms: float
@@ -84,6 +87,7 @@ def plan_metrics(plan: StepPlan) -> PlanMetrics:
     tokens = [plan.tokens(r, "linear") for r in range(plan.world_size)]
     kinds = {"local": 0, "intra_node": 0, "inter_node": 0}
     ulysses = hybrid = 0
+    parted = {(r.ranks, r.a2a) for r in plan.rings if r.part}  # rings run in parts (planner/ring_parts.py)
     for s in plan.sequences:
         kinds[s.placement] += 1
         if s.a2a > 1:
@@ -101,6 +105,7 @@ def plan_metrics(plan: StepPlan) -> PlanMetrics:
         routed_hops=len(plan.routing),
         windowed=sum(len(x.seqs) for x in plan.remap_slots),
         packed=plan.origin == "packed",
+        in_parts=sum(len(r.seqs) for r in plan.rings if (r.ranks, r.a2a) in parted),
         predicted_ms=pred.step_ms,
         attention_max_ms=max(att),
         attention_mean_ms=sum(att) / len(att),
@@ -129,6 +134,7 @@ class StepMetrics:
     routed_hops: int
     windowed: int = 0
     packed: int = 0
+    in_parts: int = 0
     predicted_ms: float
     measured_ms: float | None
     attention_imbalance: float
@@ -166,6 +172,7 @@ def step_metrics(iteration: int, plans: Sequence[PlanMetrics], measured_ms: floa
         routed_hops=sum(p.routed_hops for p in plans),
         windowed=sum(p.windowed for p in plans),
         packed=sum(p.packed for p in plans),
+        in_parts=sum(p.in_parts for p in plans),
         predicted_ms=sum(p.predicted_ms for p in plans),
         measured_ms=measured_ms,
         attention_imbalance=_ratio(sum(p.attention_max_ms for p in plans), sum(p.attention_mean_ms for p in plans)),
@@ -190,6 +197,7 @@ def scalars(m: StepMetrics) -> dict[str, float]:
         "zeppelin/routed_hops": float(m.routed_hops),
         "zeppelin/remap_window_sequences": float(m.windowed),
         "zeppelin/packed_micro_steps": float(m.packed),
+        "zeppelin/ring_part_sequences": float(m.in_parts),
         "zeppelin/predicted_ms": m.predicted_ms,
         "zeppelin/attention_imbalance": m.attention_imbalance,
         "zeppelin/token_imbalance": m.token_imbalance,
@@ -207,15 +215,16 @@ def scalars(m: StepMetrics) -> dict[str, float]:
 
 def format_step(m: StepMetrics) -> str:
     """One log line, e.g. ``zeppelin step 12 | seqs 246 (230 local / 12 intra / 4 inter; split: 9 ring,
-    5 all-to-all, 2 hybrid), tokens ..., remap 1 of 1 micro-steps (4 seqs in remap windows), packed 0 of 1,
-    routed hops 3 |
+    5 all-to-all, 2 hybrid[, 4 in ring parts]), tokens ..., remap 1 of 1 micro-steps (4 seqs in remap windows),
+    packed 0 of 1, routed hops 3 |
     ...``."""
     measured = "n/a" if m.measured_ms is None else f"{m.measured_ms:.1f} ms"
     ratio = m.measured_over_predicted
     rings = m.intra_node + m.inter_node - m.ulysses - m.hybrid
     return (
         f"zeppelin step {m.iteration} | seqs {m.sequences} ({m.local} local / {m.intra_node} intra / "
-        f"{m.inter_node} inter; split: {rings} ring, {m.ulysses} all-to-all, {m.hybrid} hybrid), "
+        f"{m.inter_node} inter; split: {rings} ring, {m.ulysses} all-to-all, {m.hybrid} hybrid"
+        + (f", {m.in_parts} in ring parts" if m.in_parts else "") + "), "
         f"tokens {m.tokens}, micro-steps {m.micro_steps}, remap {m.remapped} of {m.micro_steps} "
         f"({m.windowed} seqs in remap windows), packed {m.packed} of {m.micro_steps}, "
         f"routed hops {m.routed_hops} | "
