@@ -29,15 +29,16 @@ Per layer, forward + backward, for each rank ``r``:
   ``heads + copies + diag + (m-1) * max(off, comm) + first_late + tokens`` (the lane's steps over
   ``1/a`` of the heads, its lane hop, the two all-to-alls and the copies around them); its all-to-alls count
   whole, as the rank's own time in the rule above (local work does not fill them) and as ``exposed_comm_ms``.
-  The parts of one ring (:mod:`.ring_parts`: head-parallel rings over the same ranks at the same width) are
-  timed together, by :func:`~.ring_parts.parts_time`: a later part's ``heads`` all-to-all under the calls
-  before it, an earlier part's ``tokens`` under those after it; what no call covers counts as above.
   That is an upper bound: the lowering posts a rank's ``heads`` all-to-alls first and waits its ``tokens``
   ones last (:mod:`.lowering`), so the engine and the simulator run them under the rank's other rings, its
   ``-1`` slots and its local sequences after the rings. A timeline of that in this prediction (with floors
-  to match, :func:`~.grouped.ring_floor`) was tried: Zeppelin / best peer 0.9305 -> 0.9299 on
-  docs/BENCHMARKS.md's 60 configurations (simulated), for 15% more planning time on ``plan_speed.py``'s
+  to match, :func:`~.grouped.ring_floor`) was tried before ring parts: Zeppelin / best peer 0.9305 -> 0.9299
+  on docs/BENCHMARKS.md's 60 configurations (simulated), for 15% more planning time on ``plan_speed.py``'s
   batches (the floors of ranks in several rings lose the all-to-alls, so more candidates are finished).
+  The exception: the parts of one ring (:mod:`.ring_parts`: head-parallel rings over the same ranks at the
+  same width) are timed together by :func:`~.ring_parts.parts_time`, a later part's ``heads`` all-to-all
+  under the calls before it, an earlier part's ``tokens`` under those after it; what no call covers counts
+  as above. Parts are made on the chosen plan, after every floor is used, so no floor needs them.
 * Local sequences in :attr:`~.plan.StepPlan.remap_slots` run while an exchange is in flight, within
   the rank's estimated wait there (:mod:`.remap_windows`): they cost nothing above the remap.
 * Linear modules: ``linear_ms(tokens in the linear layout)``; with them, the remap's row gathers

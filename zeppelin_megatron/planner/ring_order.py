@@ -25,9 +25,9 @@ def ring_order(rings: Sequence[Ring], lengths: Sequence[int]) -> tuple[Ring, ...
     attention work ``w = sum(s^2) // g`` (token^2; integers, so every machine orders alike):
     repeatedly take the ring that can start earliest (the latest estimated free time of
     its members); ties: inter-node before intra-node, then lower ranks (the order a plain
-    sort would give), then the lower part (:mod:`.ring_parts`: a ring's parts in order); its members are then
-    busy until ``start + w``. A ring whose members
-    are free thus never queues behind rings it shares no rank with.
+    sort would give), then the lower part (:mod:`.ring_parts`: a ring's parts run in order); its
+    members are then busy until ``start + w``. A ring whose members are free thus never queues
+    behind rings it shares no rank with.
 
     A head-parallel ring (``Ring.a2a > 1``) is ordered by the same estimate: its members compute the
     same flops, over ``1/a`` of the heads each, so the order does not depend on the block widths (the
