@@ -11,6 +11,7 @@ from ..lengths_io import read_lengths
 from ..planner import PlanError, PlannerOptions, Prediction, StepPlan
 from ..planner.options import REMAP_CHOICES, REMAP_WORDS, Remap
 from ..planner.predict import attention_time
+from ..planner.ring_parts import parted
 from ..planner.setup import build_planning
 from .checks import (
     check_cluster_spec,
@@ -141,9 +142,9 @@ def _head_line(plan: StepPlan) -> str:
     rings = plan.rings
     uly = sum(1 for r in rings if r.a2a > 1 and r.blocks == 1)
     hybrid = sum(1 for r in rings if r.a2a > 1 and r.blocks > 1)
-    parted = {(r.ranks, r.a2a) for r in rings if r.part}
-    parts = sum(1 for r in rings if (r.ranks, r.a2a) in parted)
-    tail = f"; {parts} of them parts of {len(parted)} ring{'s' * (len(parted) > 1)}" if parted else ""
+    families = parted(rings)
+    parts = sum(1 for r in rings if (r.ranks, r.a2a) in families)
+    tail = f"; {parts} of them parts of {len(families)} ring{'s' * (len(families) > 1)}" if families else ""
     return (f"rings: {len(rings)} ({len(rings) - uly - hybrid} plain, {uly} Ulysses, {hybrid} head-parallel hybrid; "
             f"block widths {sorted({r.a2a for r in rings if r.a2a > 1})}{tail})")
 

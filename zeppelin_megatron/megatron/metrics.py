@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 from ..planner.plan import StepPlan
 from ..planner.predict import attention_time
+from ..planner.ring_parts import parted
 
 __all__ = [
     "PlanMetrics",
@@ -87,7 +88,7 @@ def plan_metrics(plan: StepPlan) -> PlanMetrics:
     tokens = [plan.tokens(r, "linear") for r in range(plan.world_size)]
     kinds = {"local": 0, "intra_node": 0, "inter_node": 0}
     ulysses = hybrid = 0
-    parted = {(r.ranks, r.a2a) for r in plan.rings if r.part}  # rings run in parts (planner/ring_parts.py)
+    families = parted(plan.rings)  # rings run in parts (planner/ring_parts.py)
     for s in plan.sequences:
         kinds[s.placement] += 1
         if s.a2a > 1:
@@ -105,7 +106,7 @@ def plan_metrics(plan: StepPlan) -> PlanMetrics:
         routed_hops=len(plan.routing),
         windowed=sum(len(x.seqs) for x in plan.remap_slots),
         packed=plan.origin == "packed",
-        in_parts=sum(len(r.seqs) for r in plan.rings if (r.ranks, r.a2a) in parted),
+        in_parts=sum(len(r.seqs) for r in plan.rings if (r.ranks, r.a2a) in families),
         predicted_ms=pred.step_ms,
         attention_max_ms=max(att),
         attention_mean_ms=sum(att) / len(att),

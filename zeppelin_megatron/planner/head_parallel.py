@@ -46,6 +46,7 @@ from .zigzag import chunk_range
 
 if TYPE_CHECKING:
     from .plan import StepPlan
+    from .plan_parts import SequencePlan
 
 __all__ = ["block_ranges", "lane_heads", "head_split_error", "lane_kv_heads", "check_head_parallel"]
 
@@ -116,17 +117,21 @@ def check_head_parallel(plan: "StepPlan") -> None:
     blocks each lie in one node (the all-to-all runs over NVLink); its ``part``: an integer >= 0, 0 for
     local ones (:mod:`.ring_parts`). Raises :class:`PlanError` naming the sequence, the value and the limit."""
     gpn = plan.gpus_per_node
+
+    def named(i: int, s: "SequencePlan") -> str:
+        return f"sequence {i} (length {s.length}, {s.placement} on ranks {list(s.ranks)})"
+
     for i, s in enumerate(plan.sequences):
         a = s.a2a
         if s.part != 0:
-            where = f"sequence {i} (length {s.length}, {s.placement} on ranks {list(s.ranks)})"
+            where = named(i, s)
             if not isinstance(s.part, int) or isinstance(s.part, bool) or s.part < 0:
                 raise PlanError(f"{where}: part is {s.part!r}, expected an integer >= 0")
             if s.placement == "local":
                 raise PlanError(f"{where}: part is {s.part}, but a local sequence is in no ring (part must be 0)")
         if a == 1:
             continue
-        where = f"sequence {i} (length {s.length}, {s.placement} on ranks {list(s.ranks)})"
+        where = named(i, s)
         if not isinstance(a, int) or isinstance(a, bool) or a < 1:
             raise PlanError(f"{where}: a2a is {a!r}, expected an integer >= 1")
         if s.placement == "local":

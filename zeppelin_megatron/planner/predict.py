@@ -114,14 +114,14 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
         lengths = [plan.sequences[i].length for i in ring.seqs]
         if ring.a2a > 1:
             h = head_ring_time(cost, ring.ranks, lengths, ring.a2a, charges)
-            total, a2a_ms = h.total, h.a2a_ms
+            total, own, a2a_ms = h.total, h.own, h.a2a_ms
             family = parts[(ring.ranks, ring.a2a)]
-            if len(family) > 1 and (ring.ranks, ring.a2a) in seen:  # a later part: its own time, in the first's
-                total, a2a_ms = h.own, 0.0
-            elif len(family) > 1:  # the first part carries the parts' timeline, less the later parts' own times
+            if len(family) > 1 and (ring.ranks, ring.a2a) in seen:  # a later part: timed with the first, bytes only
+                total = own = a2a_ms = 0.0
+            elif len(family) > 1:  # the first part carries the parts' timeline and all their own time
                 seen.add((ring.ranks, ring.a2a))
                 total, a2a_ms = parts_time(cost, ring.ranks, family, ring.a2a, charges)
-                total -= sum(head_ring_time(cost, ring.ranks, ls, ring.a2a, charges).own for ls in family[1:])
+                own = sum(head_ring_time(cost, ring.ranks, ls, ring.a2a, charges).own for ls in family)
             m = ring.blocks
             for p, src in enumerate(ring.ranks):
                 b, lane = divmod(p, ring.a2a)
@@ -130,7 +130,7 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
                 side[src] += (m - 1) * h.lane_bytes
                 intra_b[src] += h.a2a_bytes
                 ring_total[src] += total
-                ring_own[src] += h.own + a2a_ms
+                ring_own[src] += own + a2a_ms
                 fixed[src] += a2a_ms
             continue
         routes = plan.routes_for(ring.ranks)

@@ -39,12 +39,18 @@ from typing import Sequence
 from .cost_heads import head_ring_time
 from .cost_model import CostModel
 from .plan import StepPlan
-from .plan_parts import LocalSlot, SequencePlan
+from .plan_parts import LocalSlot, Ring, SequencePlan
 
-__all__ = ["halves", "part_times", "parts_time", "split_rings", "CHARGES"]
+__all__ = ["halves", "part_times", "parts_time", "split_rings", "parted", "CHARGES"]
 
 CHARGES = "zeppelin"
 """The charge model the split is decided under (the engine's copies and fp32 dK/dV, as the simulator runs it)."""
+
+
+def parted(rings: Sequence[Ring]) -> set[tuple[tuple[int, ...], int]]:
+    """``(ranks, a2a)`` of every ring run in parts (some ring over those ranks at that width has ``part > 0``).
+    Example: parts 0 and 1 over ranks ``(0, 1)`` at width 2 and a plain ring over ``(2, 3)``: ``{((0, 1), 2)}``."""
+    return {(r.ranks, r.a2a) for r in rings if r.part}
 
 
 def halves(lengths: Sequence[int]) -> tuple[list[int], list[int]]:
