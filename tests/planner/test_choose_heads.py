@@ -63,11 +63,12 @@ def _plan(cost: CostModel, lengths: list[int], groups: list[tuple[int, ...]], wi
 def test_ulysses_time_by_hand() -> None:
     """8192 tokens on one node of 8 (NVLink 450 GB/s, 5 us), a = 8: each rank holds 1024 tokens and sends
     7 peers 1024 x 4096 bytes (q, k, v slices of 4 heads + dout slice, bf16) = 29.36 MB: 0.0702 ms; back
-    as much (out, and the one call's dq, dk, dv in bf16; 1024 x 7168 = 51.38 MB with fp32 gradients, as a
-    ring of several blocks sends them); one call over 4 of 32 heads
+    as much (out, and the one call's dq, dk, dv in bf16, as a ring of several blocks sends its accumulators too,
+    cast once; 1024 x 7168 = 51.38 MB with fp32 gradients, which only lanes sharing K/V heads send); one call over
+    4 of 32 heads
     (0.81 ms) pays the 1.0925 ms call overhead. The plain ring pays it at each of its 8 steps: 8.74 ms."""
     cost = _cost()
-    assert a2a_bytes_per_token(cost, 8) == (4096, 7168) and lane_kv_bytes_per_token(cost, 8) == 2048
+    assert a2a_bytes_per_token(cost, 8) == (4096, 4096) and lane_kv_bytes_per_token(cost, 8) == 2048
     h = head_ring_time(cost, tuple(range(8)), [8192], 8)
     assert h.heads_ms == pytest.approx(0.005 + 7 * 1024 * 4096 / 450e6)
     assert h.tokens_ms == pytest.approx(0.005 + 7 * 1024 * 4096 / 450e6)

@@ -6,7 +6,8 @@ ranks sit in several rings of both kinds, and local sequences run inside a ring'
 (local slots at step -1). Per plan: the all-to-all transfers' messages through the
 router, the engine's trace against the lowered program (routing on and off), outputs and dq/dk/dv
 against float64 per-sequence SDPA (float64 to 1e-9, float32 to 1e-5) for MHA and GQA head counts,
-including K/V heads replicated over lanes (``Hkv < a2a``). Then heads that cannot split over a
+including K/V heads replicated over lanes (``Hkv < a2a``), and bf16 gradients sent home in bf16 bit for bit
+against the same run with them sent in float32. Then heads that cannot split over a
 ring's width: every rank raises before any work, naming the ring, the width and the heads; world 4
 also runs a node-interleaved rank map and a sub-group.
 """
@@ -58,6 +59,39 @@ def shared_ranks(plan: StepPlan) -> bool:
                for r in range(plan.world_size))
 
 
+def check_bf16_wire(group: ZeppelinGroup, plan: StepPlan, hq: int, hkv: int) -> bool:
+    """bf16 inputs: a hybrid ring's dq, dk, dv sent home in bf16 (cast once on the sender,
+    ``heads.grads_wire_dtype``) give the same output and gradients, bit for bit, as the same run with them sent in
+    float32 and cast at home (each element is rounded once either way). Returns whether the plan has a ring of
+    several blocks whose gradients the choice changes (lanes not sharing K/V heads)."""
+    import zeppelin_megatron.runtime.engine as engine_mod
+    from runtime_workers import gather, global_data
+
+    rank = group.rank
+    data = global_data(plan, hq, hkv, 4, seed=3)
+    lin = plan.linear_layout[rank]
+    e = lambda h: torch.zeros(0, h, 4, dtype=torch.float64)  # noqa: E731
+
+    def run() -> list[torch.Tensor]:
+        q, k, v = (gather(lin, [x[i] for x in data], e(hkv if i else hq)).to(torch.bfloat16).requires_grad_(True)
+                   for i in range(3))
+        out = zeppelin_attention(q, k, v, plan, group, softmax_scale=0.35, backend="reference")
+        out.backward(gather(lin, [x[3] for x in data], e(hq)).to(torch.bfloat16))
+        return [out.detach(), q.grad, k.grad, v.grad]
+
+    narrow = run()
+    real = engine_mod.grads_wire_dtype
+    engine_mod.grads_wire_dtype = lambda index, dtype, acc: acc  # the float32 wire (the engine before 2026-11-27)
+    try:
+        wide = run()
+    finally:
+        engine_mod.grads_wire_dtype = real
+    what = f"rank {rank} plan {plan.nodes}x{plan.gpus_per_node} Hq={hq} Hkv={hkv}"
+    for name, a, b in zip(("out", "dq", "dk", "dv"), narrow, wide):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b), f"{what}: bf16 {name} differs with an fp32 wire"
+    return any(r.a2a > 1 and r.blocks > 1 and hkv % r.a2a == 0 for r in plan.rings)
+
+
 def check_head_errors(group: ZeppelinGroup, plan: StepPlan, good: tuple[int, int]) -> None:
     """Heads that a head-parallel ring's lanes cannot split: every rank raises before any work
     (through the start-of-call check, and with it off), naming the first such ring, its width and the
@@ -87,7 +121,7 @@ def run_heads(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0, t
     every head case in float64 too), then the head-split errors. Asserts that the plans put a rank in a
     head-parallel ring and another ring, had odd-length head-parallel sequences, and (several nodes)
     both Ulysses and hybrid rings."""
-    shared = False
+    shared = narrowed = False
     kinds: set[str] = set()
     odd = False
     for nodes, gpn, widths, heads in TOPOLOGIES[world][:topologies]:
@@ -105,6 +139,7 @@ def run_heads(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0, t
             hq, hkv = heads[p_idx % len(heads)]
             check_trace(group, plan, routing=True, hq=hq, hkv=hkv)
             check_trace(group, plan, routing=False, hq=hq, hkv=hkv, dtype=torch.bfloat16)  # wire dtypes
+            narrowed |= check_bf16_wire(group, plan, hq, hkv)
             # every head case in float32 (routing on and off by turns), one in float64
             cases = [(torch.float64, p_idx % 2 == 0, *heads[p_idx % len(heads)])]
             cases += [(torch.float32, (i + p_idx) % 2 == 0, hq, hkv) for i, (hq, hkv) in enumerate(heads)]
@@ -127,3 +162,4 @@ def run_heads(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0, t
     assert odd, "no head-parallel ring had a sequence of odd length"
     multi = any(nodes > 1 for nodes, *_ in TOPOLOGIES[world][:topologies])
     assert kinds == ({"ulysses", "hybrid"} if multi else {"ulysses"}), kinds
+    assert narrowed or not multi, "no hybrid ring sent its gradients home in bf16"

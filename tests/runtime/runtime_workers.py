@@ -213,9 +213,10 @@ def _lowered_events(plan: StepPlan, rank: int, ops: Sequence[object], prog: obje
     head-parallel ring's calls: its lane's heads only); per ``Post`` the rank's round-0 hops, per
     ``Wait`` ``("wait",)`` and its round-1 and round-2 hops (gloo posts later rounds while waiting), as ``(peer,
     send, tag, elements, dtype)``, ``heads = (hq, hkv, d)`` giving each transfer's elements per token;
-    dK/dV accumulators and the backward ``tokens`` exchange (dq, dk, dv) of a ring of several blocks travel in
-    float32 for half-precision inputs, everything else (a one-block ring's dq, dk, dv too: one kernel call, nothing
-    accumulated) in the inputs' dtype."""
+    dK/dV accumulators, and the backward ``tokens`` exchange (dq, dk, dv) of a ring of several blocks whose lanes
+    share K/V heads (``Hkv % a != 0``: summed at home), travel in float32 for half-precision inputs, everything
+    else (the other rings' dq, dk, dv too: cast once before sending, or one kernel call's, nothing accumulated) in
+    the inputs' dtype."""
     hq, hkv, d = heads
     dtype = data[0][0].dtype if data else torch.float64
     acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -243,7 +244,8 @@ def _lowered_events(plan: StepPlan, rank: int, ops: Sequence[object], prog: obje
             assert isinstance(op, (Post, Wait))
             tid = op.transfer
             hops = prog.transfers[tid].hops(_unit(tid.kind, backward, a2a[tid.ring], hq, hkv, d))  # type: ignore[attr-defined]
-            wire = acc if tid.kind == "acc" or (tid.kind == "tokens" and backward and blocks[tid.ring] > 1) else dtype
+            shared = tid.kind == "tokens" and hkv % a2a[tid.ring] != 0  # lanes share K/V heads: summed at home
+            wire = acc if tid.kind == "acc" or (shared and backward and blocks[tid.ring] > 1) else dtype
             if isinstance(op, Wait):
                 ev.append(("wait",))
             for r in ((0,) if isinstance(op, Post) else (1, 2)):

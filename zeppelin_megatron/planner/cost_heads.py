@@ -49,7 +49,7 @@ from typing import Sequence
 from .cost_model import CostModel
 from .engine_costs import a2a_token_bytes, hbm_ms, shape_of, zeppelin_a2a_bytes
 from .engine_ring import ring_steps
-from .head_parallel import head_split_error, lane_kv_heads
+from .head_parallel import head_split_error, lane_kv_heads, lanes_share_kv
 from .peer_costs import te_a2a_bytes
 from .zigzag import next_position, ring_chunk_pair_tokens, ring_max_tokens
 
@@ -73,12 +73,14 @@ def lane_kv_bytes_per_token(cost: CostModel, a2a: int) -> int:
 def a2a_bytes_per_token(cost: CostModel, a2a: int, blocks: int = 2) -> tuple[int, int]:
     """``(heads, tokens)``: bytes per token one lane sends one peer lane in each all-to-all, forward +
     backward (module docstring): :func:`~.engine_costs.a2a_token_bytes` at the lane's shape (the backward
-    ``tokens`` gradients in the accumulator dtype on a ring of several ``blocks``, in the training dtype on one).
+    ``tokens`` gradients in the training dtype, in the accumulator dtype only on a ring of several ``blocks``
+    whose lanes share K/V heads, :func:`~.head_parallel.lanes_share_kv`).
 
     Example: Llama-7B (32 / 32 heads of 128, bf16), ``a2a = 8``: heads ``(4 + 2 * 4 + 4) * 128 * 2 =
-    4096``; tokens ``4 * 128 * 2 + (4 + 2 * 4) * 128 * 4 = 7168`` (one block: ``4096``).
+    4096``; tokens ``4 * 128 * 2 + (4 + 2 * 4) * 128 * 2 = 4096``; 32 / 4 heads (GQA), several blocks:
+    tokens ``4 * 128 * 2 + (4 + 2 * 1) * 128 * 4 = 4096``.
     """
-    return a2a_token_bytes(shape_of(cost, a2a), "zeppelin", blocks)
+    return a2a_token_bytes(shape_of(cost, a2a), "zeppelin", blocks, lanes_share_kv(kv_heads_per_rank(cost), a2a))
 
 
 def head_widths(cost: CostModel, ranks: Sequence[int]) -> tuple[int, ...]:

@@ -385,16 +385,18 @@ def remap_copy_bytes(sh: Shape, linear_tokens: int, attention_tokens: int, *, st
                  + 4 * sh.b * (sh.eq + sh.ekv) * in_place)
 
 
-def a2a_token_bytes(sh: Shape, charges: str = "zeppelin", blocks: int = 2) -> tuple[int, int]:
+def a2a_token_bytes(sh: Shape, charges: str = "zeppelin", blocks: int = 2, shared: bool = False) -> tuple[int, int]:
     """Bytes per token of one lane's slice in a head-parallel ring's two all-to-alls, forward + backward
     merged (``sh``: the lane's :func:`shape_of`): ``heads`` carries the q, k, v slices forward and the
     output-gradient slice backward, ``b (2 Eq + Ekv)``; ``tokens`` carries the output slice forward
-    (``b Eq``) and dq, dk, dv backward, in the accumulator dtype under ``zeppelin`` charges on a ring of
-    several ``blocks`` (the engine accumulates them over the ring's steps: ``a (Eq + Ekv)``), in the training
-    dtype on one block (one kernel call's gradients, sent as they are) and under other charges (TE's a2a).
-    Example (Llama-7B bf16, lane of width 4: ``Eq = 1024``, ``Ekv = 2048``): ``(8192, 14336)``; one block
-    ``(8192, 8192)``."""
-    acc = sh.a if charges == "zeppelin" and blocks > 1 else sh.b
+    (``b Eq``) and dq, dk, dv backward, in the training dtype (``b (Eq + Ekv)``: the engine casts a ring's
+    accumulators once before sending, ``runtime/heads.py: grads_wire_dtype``; one block's kernel gradients go
+    as they are; TE's a2a likewise), except under ``zeppelin`` charges on a ring of several ``blocks`` whose
+    lanes share K/V heads (``shared``: :func:`~.head_parallel.lanes_share_kv`), whose gradients travel in the
+    accumulator dtype to be summed at home (``a (Eq + Ekv)``). Example (Llama-7B bf16, lane of width 4:
+    ``Eq = 1024``, ``Ekv = 2048``): ``(8192, 8192)``; lanes sharing K/V heads, several blocks: ``(8192,
+    14336)``."""
+    acc = sh.a if charges == "zeppelin" and blocks > 1 and shared else sh.b
     return sh.b * (2 * sh.eq + sh.ekv), sh.b * sh.eq + acc * (sh.eq + sh.ekv)
 
 
@@ -433,18 +435,21 @@ def zeppelin_a2a_bytes(sh: Shape, a2a: int, own: int, block: int, *, contiguous:
     * heads unpack: ``heads_qkv`` (``2 b N (Eq' + Ekv')``), ``heads_dout`` (``2 b N Eq'``), on several
       blocks the ``dq`` accumulator's zeros (``a N Eq'``; q, k, v stay in the head buffer for backward);
     * tokens pack: forward, on several blocks the result's ``.to`` (``N Eq' (a + b)``), ``out_to_tokens``
-      (``2 b N Eq'``) and its own slot (``2 b n Eq'``); backward ``grads_to_tokens`` (``2 x (N + n)(Eq' +
-      Ekv')``);
+      (``2 b N Eq'``) and its own slot (``2 b n Eq'``); backward ``grads_to_tokens`` in the wire dtype ``w``
+      (``runtime/heads.py: grads_wire_dtype``: ``w = b`` when each K/V head is in one lane, else ``w = x``):
+      the accumulators cast once when ``w != x`` (``N (Eq' + Ekv')(x + w)``), the gather and the own slot
+      (``2 w (N + n)(Eq' + Ekv')``);
     * tokens unpack: forward ``tokens_out`` (per lane, ``2 b n Eq`` in all); backward ``tokens_grads``: dq per
-      lane home (``c n Eq``, ``c`` = ``x + b`` cast in a slice copy when contiguous, ``x + 3b`` as ``.to`` +
-      ``index_copy_`` when gathered, ``2b`` when ``x = b``: no cast), dK/dV per lane home when each K/V head
+      lane home (``c n Eq``, ``c`` = ``w + b`` cast in a slice copy when contiguous, ``w + 3b`` as ``.to`` +
+      ``index_copy_`` when gathered, ``2b`` when ``w = b``: no cast), dK/dV per lane home when each K/V head
       is in one lane (``c n Ekv``), else summed in ``f = max(x, 4)`` bytes: zeros ``f n Ekv``, per lane
       ``.to`` (``n P (x + f)`` when ``x != f``) and ``index_add_`` (``3 f n P``), the halves home
       (``n Ekv (f + b)`` contiguous, ``(f + 3b)`` gathered).
 
     The router sends and receives the slices in place (no copies). Example (Llama-7B bf16, ``a = 4``,
     ``n = 2048``, ``N = 8192``, several blocks, gathered rows): heads pack 302 MB, unpack 168 MB, tokens pack
-    344 MB, unpack 285 MB; one block, contiguous rows: 168, 134, 168 and 134 MB.
+    369 MB, unpack 134 MB (the gradients cast before the gather: 344 and 285 MB when they went in fp32 and
+    were cast at home); one block, contiguous rows: 168, 134, 168 and 134 MB.
     """
     a, b, eq, ekv = sh.a, sh.b, sh.eq, sh.ekv
     lane = lane_shape(sh, a2a)
@@ -454,22 +459,24 @@ def zeppelin_a2a_bytes(sh: Shape, a2a: int, own: int, block: int, *, contiguous:
     pick = 2 * b * n * packed if packed != ekv else 0
     gather = 0 if contiguous else 2 * b * n * (2 * eq + ekv)  # the own q, k, v rows and dout rows, gathered
     x = b if blocks == 1 else a
+    w = x if packed != ekv else b  # the gradients' wire dtype (runtime/heads.py: grads_wire_dtype)
 
     def home(f: int) -> int:  # bytes per element written home from dtype f into the training dtype
         return f + b if contiguous or f == b else f + 3 * b  # a slice copy casting, or .to + index_copy_
 
     if packed == ekv:
-        kv_home = n * ekv * home(x)
+        kv_home = n * ekv * home(w)
     else:
         f = max(x, 4)
         kv_home = f * n * ekv + (n * packed * (x + f) if x != f else 0) + 3 * f * n * packed + n * ekv * home(f)
+    cast = big * (eql + ekvl) * (x + w) if w != x else 0  # the accumulators cast once before the gather
     return {
         "heads pack": float(gather + 2 * b * n * eq + pick + 2 * b * n * packed + 2 * b * n * (eql + ekvl)
                             + 2 * b * n * eq + 2 * b * n * eql),
         "heads unpack": float(2 * b * big * (eql + ekvl) + 2 * b * big * eql + (a * big * eql if blocks > 1 else 0)),
         "tokens pack": float((big * eql * (a + b) if blocks > 1 else 0) + 2 * b * big * eql + 2 * b * n * eql
-                             + 2 * x * (big + n) * (eql + ekvl)),
-        "tokens unpack": float(2 * b * n * eq + n * eq * home(x) + kv_home),
+                             + cast + 2 * w * (big + n) * (eql + ekvl)),
+        "tokens unpack": float(2 * b * n * eq + n * eq * home(w) + kv_home),
     }
 
 

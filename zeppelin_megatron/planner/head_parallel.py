@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from .plan import StepPlan
     from .plan_parts import SequencePlan
 
-__all__ = ["block_ranges", "lane_heads", "head_split_error", "lane_kv_heads", "check_head_parallel"]
+__all__ = ["block_ranges", "lane_heads", "head_split_error", "lane_kv_heads", "lanes_share_kv", "check_head_parallel"]
 
 
 def block_ranges(length: int, ring_size: int, a2a: int, block: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -89,6 +89,13 @@ def head_split_error(hq: int, hkv: int, a2a: int) -> str | None:
 def lane_kv_heads(hkv: int, a2a: int) -> int:
     """K/V heads each lane holds: ``hkv / a2a`` when ``a2a | hkv``, else 1 (``hkv | a2a``)."""
     return hkv // a2a if hkv % a2a == 0 else 1
+
+
+def lanes_share_kv(hkv: int, a2a: int) -> bool:
+    """Whether lanes share K/V heads at width ``a2a`` (``hkv % a2a != 0``: each lane holds one K/V head that
+    ``a2a / hkv`` lanes hold, :func:`lane_kv_heads`): their dK/dV are then summed at home over the lanes.
+    Example: ``(8, 4)`` -> False (two K/V heads per lane), ``(2, 8)`` -> True (four lanes per K/V head)."""
+    return hkv % a2a != 0
 
 
 def lane_heads(hq: int, hkv: int, a2a: int, lane: int) -> tuple[tuple[int, int], tuple[int, int]]:

@@ -63,7 +63,7 @@ from ..planner.routing import Route
 from .comm import CommStream
 from .device_program import DeviceProgram, cached_program, device_program
 from .group import ZeppelinGroup
-from .heads import Exchange, HeadShape
+from .heads import Exchange, HeadShape, grads_wire_dtype
 from .kernels import AttentionKernel, acc_dtype
 from .ring import RingGrad, RingState, StepIndex, add_block, backward_step, finish, forward_step
 from .router import InFlight, Router
@@ -368,8 +368,9 @@ class AttentionEngine:
                 elif t.kind == "tokens" and hx is not None:
                     s = state[t.ring]
                     assert s.acc is not None  # after the ring's last accumulator hop: its own dK/dV
-                    ex = exchanges[t] = hx.grads_to_tokens(s.dq, s.acc[0], s.acc[1])
-                    flying[t] = self._start(t, True, ex.payloads, acc_t, ex.into)
+                    wire = grads_wire_dtype(hx, self.dtype, acc_t)
+                    ex = exchanges[t] = hx.grads_to_tokens(s.dq, s.acc[0], s.acc[1], dtype=wire)
+                    flying[t] = self._start(t, True, ex.payloads, wire, ex.into)
                 else:
                     s = ring_state(t.ring)
                     if s is None:

@@ -23,9 +23,10 @@ router sends and receives in place, :class:`~.router.InFlight` ``into``):
 
 What each carries (``w``): forward ``heads`` q, k, v (``hq_l + 2 hkv_l``, model dtype), forward
 ``tokens`` out (``hq_l``, model dtype), backward ``heads`` dout (``hq_l``, model dtype), backward
-``tokens`` dq, dk, dv (``hq_l + 2 hkv_l``; the accumulator dtype on a ring of several blocks, the model
-dtype on one block, whose one kernel call's gradients are final; K/V heads that several lanes share,
-``Hkv < a``, are summed in float32 at least, then every gradient is cast once on its way home).
+``tokens`` dq, dk, dv (``hq_l + 2 hkv_l``; the model dtype, cast once on the sender from the accumulators
+of a ring of several blocks, and as they are after one block, whose one kernel call's gradients are final;
+only where K/V heads are shared by several lanes, ``Hkv < a``, in the accumulator dtype: their dK/dV are
+summed at home in float32 at least, then every gradient is cast once there; :func:`grads_wire_dtype`).
 :func:`transfer_unit` gives the elements per token of every transfer kind.
 
 Worked example: ``Hq = 8``, ``Hkv = 2``, ``a = 4`` (K/V heads replicated): lane 1 takes query heads
@@ -46,7 +47,7 @@ from ..planner.lowering import RankProgram, RingPart, TransferId
 from ..planner.plan import StepPlan
 from .rows import put, take
 
-__all__ = ["HeadShape", "transfer_unit", "heads_problem", "Exchange", "HeadIndex", "head_index"]
+__all__ = ["HeadShape", "transfer_unit", "heads_problem", "Exchange", "HeadIndex", "head_index", "grads_wire_dtype"]
 
 
 class HeadShape(NamedTuple):
@@ -203,21 +204,25 @@ class HeadIndex:
         """``dout_h`` [n_b, hq_l, D] in head-buffer order."""
         return ex.recv.index_select(0, self.perm)
 
-    def grads_to_tokens(self, dq_h: torch.Tensor, dk_h: torch.Tensor, dv_h: torch.Tensor) -> Exchange:
+    def grads_to_tokens(self, dq_h: torch.Tensor, dk_h: torch.Tensor, dv_h: torch.Tensor,
+                        dtype: torch.dtype | None = None) -> Exchange:
         """Backward ``tokens``: ``dq_h`` [n_b, hq_l, D], ``dk_h``, ``dv_h`` [n_b, hkv_l, D] (one dtype: the
         accumulator's after a ring of several blocks, the kernel's own after one block) -> the exchange
-        (``T`` [a, n_own, hq_l + 2 hkv_l, D], that dtype)."""
+        (``T`` [a, n_own, hq_l + 2 hkv_l, D]) in ``dtype`` (default: theirs; :func:`grads_wire_dtype`). A
+        narrower ``dtype`` casts each gradient once, whole, before the gather into the send buffer (one pass
+        of ``n_b`` rows: cheaper than gathering in the wider dtype and casting the gathered rows)."""
         hq_l, hkv_l = self.hq_l, self.hkv_l
-        send = dq_h.new_empty((dq_h.shape[0], hq_l + 2 * hkv_l, self.shape.d))
+        send = dq_h.new_empty((dq_h.shape[0], hq_l + 2 * hkv_l, self.shape.d), dtype=dtype or dq_h.dtype)
         for c0, c1, x in ((0, hq_l, dq_h), (hq_l, hq_l + hkv_l, dk_h), (hq_l + hkv_l, hq_l + 2 * hkv_l, dv_h)):
-            torch.index_select(x, 0, self.order, out=send[:, c0:c1])
+            torch.index_select(x.to(send.dtype), 0, self.order, out=send[:, c0:c1])
         return self._to_tokens(send)
 
     def tokens_grads(self, ex: Exchange, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
         """Write the received gradients into ``dq`` [T_a, Hq, D], ``dk``, ``dv`` [T_a, Hkv, D] (own rows): every
-        lane's dq heads cast once on the way home; dK/dV likewise when every K/V head is in one lane
-        (``kv_pick`` None), else summed over the lanes that share a head in float32 at least (bf16 inputs:
-        float32; float64: float64), then cast once."""
+        lane's dq heads, and its dK/dV when every K/V head is in one lane (``kv_pick`` None), as they arrive
+        (in the model dtype, :func:`grads_wire_dtype`: copied; in a wider one: cast once on the way home); else
+        dK/dV summed over the lanes that share a head in float32 at least (bf16 inputs: float32; float64:
+        float64), then cast once."""
         hq_l, hkv_l, hkv = self.hq_l, self.hkv_l, self.shape.hkv
         recv = ex.recv
         for y in range(self.a2a):
@@ -250,6 +255,16 @@ class HeadIndex:
         recv[self.lane].copy_(self._lane_slice(send, self.lane))
         return Exchange(payloads={i: self._lane_slice(send, x).view(-1) for i, x in self.tokens_send},
                         into={i: recv[y].view(-1) for i, y in self.tokens_recv}, recv=recv)
+
+
+def grads_wire_dtype(index: HeadIndex, dtype: torch.dtype, acc: torch.dtype) -> torch.dtype:
+    """The dtype a ring of several blocks sends its dq, dk, dv home in (the backward ``tokens`` all-to-all):
+    the model's ``dtype`` when every K/V head is in one lane (``kv_pick`` None): each gradient element then
+    comes from one lane and is cast once, on the sender instead of at home (the same values, half the bytes
+    on the wire for bf16); the accumulator dtype ``acc`` when lanes share K/V heads (their dK/dV are summed at
+    home first, :meth:`HeadIndex.tokens_grads`). Example: bf16, Hkv = 8, ``a2a = 4``: bf16; ``a2a = 16``:
+    float32."""
+    return acc if index.kv_pick is not None else dtype
 
 
 def head_index(program: RankProgram, part: RingPart, shape: HeadShape, device: torch.device) -> HeadIndex:

@@ -55,11 +55,13 @@ runtime's messages and wire hops; a ring transfer becomes one ``Traffic``.)
 
 from __future__ import annotations
 
+from ..planner.cost_heads import kv_heads_per_rank
 from ..planner.cost_model import CostModel
 from ..planner.lowering import (
     LocalCall, LocalChunk, Post, RankProgram, RemapExchange, RingCall, Transfer, Wait, lower, lower_remaps,
     message_hops,
 )
+from ..planner.head_parallel import lanes_share_kv
 from ..planner.plan import StepPlan
 from ..planner.zigzag import ring_chunk_pair_tokens
 from .charges import (
@@ -335,7 +337,9 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
             if ring.part:  # parts of one rank tuple (planner/ring_parts.py): each its own transfers
                 key += (("part", ring.part),)
             if tid.kind in ("heads", "tokens"):  # a head-parallel ring's all-to-alls: one NVLink flow per message
-                per_token = a2a_token_bytes(shape_of(cost, ring.a2a), charges, ring.blocks)[tid.kind == "tokens"]
+                shared = lanes_share_kv(kv_heads_per_rank(cost), ring.a2a)  # fp32 gradients, summed at home
+                per_token = a2a_token_bytes(shape_of(cost, ring.a2a), charges, ring.blocks,
+                                            shared)[tid.kind == "tokens"]
                 keys[tid] = add(Traffic(key, "group", [[hop(cost, m.src, m.dst, m.tokens * per_token)]
                                                       for m in t.messages if m.tokens]))
             elif tid.kind == "kv":  # a lane's K/V: 2 lane_kv_heads D elements per token, chunks of the blocks
