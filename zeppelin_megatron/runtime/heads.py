@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..planner.head_parallel import head_split_error, lane_heads, lane_kv_heads
+from ..planner.head_parallel import head_split_error, lane_heads, lane_kv_heads, lanes_share_kv
 from ..planner.lowering import RankProgram, RingPart, TransferId
 from ..planner.plan import StepPlan
 from .rows import put, take
@@ -261,10 +261,11 @@ def grads_wire_dtype(index: HeadIndex, dtype: torch.dtype, acc: torch.dtype) -> 
     """The dtype a ring of several blocks sends its dq, dk, dv home in (the backward ``tokens`` all-to-all):
     the model's ``dtype`` when every K/V head is in one lane (``kv_pick`` None): each gradient element then
     comes from one lane and is cast once, on the sender instead of at home (the same values, half the bytes
-    on the wire for bf16); the accumulator dtype ``acc`` when lanes share K/V heads (their dK/dV are summed at
-    home first, :meth:`HeadIndex.tokens_grads`). Example: bf16, Hkv = 8, ``a2a = 4``: bf16; ``a2a = 16``:
-    float32."""
-    return acc if index.kv_pick is not None else dtype
+    on the wire for bf16); the accumulator dtype ``acc`` when lanes share K/V heads
+    (:func:`~zeppelin_megatron.planner.head_parallel.lanes_share_kv`, the rule the planner and the simulator
+    charge by: their dK/dV are summed at home first, :meth:`HeadIndex.tokens_grads`). Example: bf16, Hkv = 8,
+    ``a2a = 4``: bf16; ``a2a = 16``: float32."""
+    return acc if lanes_share_kv(index.shape.hkv, index.a2a) else dtype
 
 
 def head_index(program: RankProgram, part: RingPart, shape: HeadShape, device: torch.device) -> HeadIndex:
