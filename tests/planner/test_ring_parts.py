@@ -1,5 +1,5 @@
-"""Ring parts (planner/ring_parts.py): a head-parallel ring of several sequences run as two rings over the same
-ranks, the rule that decides it, the plan field that records it (``SequencePlan.part``), and what follows from it:
+"""Ring parts (planner/ring_parts.py): a head-parallel ring of several sequences run as two or three rings over the
+same ranks, the rule that decides it, the plan field that records it (``SequencePlan.part``), and what follows from it:
 rings, ring order, local slots, JSON, validation, lowering, prediction and simulation."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from zeppelin_megatron.planner.cost_heads import head_ring_time
 from zeppelin_megatron.planner.lowering import Post, lower
 from zeppelin_megatron.planner.plan import LocalSlot, PlanError, SequencePlan, StepPlan
 from zeppelin_megatron.planner.predict import predict
-from zeppelin_megatron.planner.ring_parts import halves, part_times, parts_time, split_rings
+from zeppelin_megatron.planner.ring_parts import best_parts, halves, part_times, parts_time, shares, split_rings
 from zeppelin_megatron.sim.simulator import simulate
 from zigzag_plans import zigzag_plan
 
@@ -28,6 +28,36 @@ def test_halves_docstring_example() -> None:
     assert halves([3000, 8192, 6144, 100]) == ([1], [2, 0, 3])
     assert halves([5, 5]) == ([0], [1])  # ties: A, lower index first
     assert halves([4, 3, 3, 2]) == ([0, 3], [1, 2])  # 16 | 9, 18 | 9, 18 | 13
+
+
+def test_shares_docstring_example() -> None:
+    assert shares([3000, 8192, 6144, 100], 2) == [[1], [2, 0, 3]]
+    assert shares([3000, 8192, 6144, 100], 3) == [[1], [2], [0, 3]]  # each part gets one of the three longest first
+    assert shares([5, 5, 5], 3) == [[0], [1], [2]]  # ties: the lower part, lower index first
+
+
+def test_three_parts_where_their_timeline_is_lower() -> None:
+    """Three sequences of 32 768, 24 576 and 16 384 tokens on one node (Llama-7B, Ulysses): whole 23.928 ms a layer,
+    two parts 23.341, three 23.145 (each part's heads all-to-all under the calls before it): three parts, in order,
+    the slot on part 0, predicted as simulated (charged) and faster than two parts."""
+    cost = _cost()
+    whole, best, parts = best_parts(cost, NODE, [32768, 24576, 16384], 8)
+    assert (round(whole, 3), round(best, 3), parts) == (23.928, 23.145, [[0], [1], [2]])
+    assert round(part_times(cost, NODE, [32768, 24576, 16384], 8)[1], 3) == 23.341
+    with pytest.raises(ValueError, match="need at least 2"):
+        best_parts(cost, NODE, [32768], 8)
+    seqs = [(32768, NODE, 8), (24576, NODE, 8), (16384, NODE, 8)]
+    slotted = split_rings(zigzag_plan(seqs, 1, 8, local=((700, 3),), slots=(LocalSlot(3, 0, -1, (3,)),)), cost)
+    assert [s.part for s in slotted.sequences] == [0, 1, 2, 0]
+    assert [(r.seqs, r.part) for r in slotted.rings] == [((0,), 0), ((1,), 1), ((2,), 2)]
+    assert slotted.local_slots == (LocalSlot(3, 0, -1, (3,)),)
+    assert StepPlan.from_json(slotted.to_json()) == slotted  # "part": 2 round-trips
+    plan = zigzag_plan(seqs, 1, 8)
+    parted = split_rings(plan, cost)
+    two = plan.evolve(sequences=tuple(replace(s, part=1) if i == 1 else s for i, s in enumerate(plan.sequences)))
+    for p in (parted, two):  # 1240.6 / 1242.3 and 1246.9 / 1250.7 ms predicted / simulated
+        assert predict(p, cost, charges="zeppelin").step_ms == pytest.approx(simulate(p, cost).step_ms, rel=4e-3)
+    assert simulate(parted, cost).step_ms < simulate(two, cost).step_ms < simulate(plan, cost).step_ms
 
 
 def test_parts_time_is_the_timeline_of_head_ring_times() -> None:

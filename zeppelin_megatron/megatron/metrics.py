@@ -12,7 +12,7 @@ Numbers (all from the plans' cost-model predictions, except ``measured_ms``):
 * ``local`` / ``intra_node`` / ``inter_node``: sequences of the step per placement;
   ``ulysses`` / ``hybrid``: of the split ones, those run head-parallel (all-to-all over heads in one
   node; all-to-all in each node and a ring across nodes), the rest run as zigzag rings; ``in_parts``: of
-  those, the ones in a head-parallel ring run as two rings whose all-to-alls overlap (planner/ring_parts.py);
+  those, the ones in a head-parallel ring run as two or three rings whose all-to-alls overlap (planner/ring_parts.py);
   ``remapped``: micro-steps whose linear modules run on a layout of their own (a remap every layer);
   ``windowed``: local sequences run while a remap is in flight (``StepPlan.remap_slots``);
   ``packed``: micro-steps whose plan is a packed candidate (``StepPlan.origin``: attention + linear

@@ -113,7 +113,7 @@ def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOption
     if options.grouped:  # opt-in
         plan = best_plan(lengths, cost_model, options, plan,
                          lambda a: _candidate(lengths, a, cost_model, no_remap).evolve(origin="grouped"))
-    if options.ring_parts and options.head_parallel:  # the chosen plan's head-parallel rings in two parts, where faster
+    if options.ring_parts and options.head_parallel:  # the chosen plan's head-parallel rings in parts, where faster
         parted = split_rings(plan, cost_model)
         if parted is not plan:
             plan = parted.evolve(predicted=predict(parted, cost_model))

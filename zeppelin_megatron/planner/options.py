@@ -85,10 +85,10 @@ class PlannerOptions:
     threshold packing with wide spans (:func:`~.packed_wide.wide_spans`: the documents a CP group alone would load
     above the mean work per rank on rings over 2, 4, ... times the CP size, packed around; ablation: ``False``)."""
     ring_parts: bool = True
-    """Split a head-parallel ring of several sequences into two parts run one after the other where the
-    rank's timeline predicts it faster (:mod:`.ring_parts`: the second part's ``heads`` all-to-all flows under
-    the first part's calls, the first part's ``tokens`` one under the second's), on the chosen plan; ablation:
-    ``False``."""
+    """Split a head-parallel ring of several sequences into two or three parts run one after the other where
+    the rank's timeline predicts it faster (:mod:`.ring_parts`: a later part's ``heads`` all-to-all flows under
+    the earlier parts' calls, an earlier part's ``tokens`` one under the later parts'), on the chosen plan;
+    ablation: ``False``."""
     packed_leads: bool = True
     """Among the packed candidates (with ``packed`` and head-parallel rings on), also the led packings
     (:mod:`.packed_search`: the longest documents on a leading group of nodes, the rest packed after it;

@@ -1,4 +1,4 @@
-"""Ring parts: a head-parallel ring of several sequences run as two rings, so its all-to-alls overlap calls.
+"""Ring parts: a head-parallel ring of several sequences run as two or three rings, so its all-to-alls overlap calls.
 
 A head-parallel ring (:mod:`.head_parallel`) exchanges its members' rows in a ``heads`` all-to-all before
 its calls and a ``tokens`` all-to-all after them. The lowering posts every ``heads`` all-to-all of a rank
@@ -14,10 +14,13 @@ NVLink::
     B_end = max(A_end, heads_A + heads_B) + body_B
     split = max(B_end, A_end + tokens_A) + tokens_B
 
-:func:`split_rings` splits each head-parallel ring of two or more sequences where ``split < whole``: the
-two all-to-alls it hides must outweigh what the second part costs (a second call per step, at least the
-profile's call overhead, its copies, the all-to-alls' latencies). The parts: the ring's sequences longest
-first, each to the part with less work (``sum s^2``) so far, ties to ``A``. The parts run in order
+With three parts (``A``, ``B``, ``C``) the timeline goes on the same way: ``C`` starts when ``B`` ends and its
+``heads`` has arrived (after ``B``'s), its ``tokens`` leaves after ``B``'s (:func:`parts_time`, any number).
+:func:`split_rings` splits each head-parallel ring of two or more sequences where the faster of two and three
+parts (:func:`best_parts`, at most :data:`PARTS_MAX`; ties: two) beats ``whole``: the all-to-alls it hides
+must outweigh what each further part costs (a further call per step, at least the profile's call overhead, its
+copies, the all-to-alls' latencies). The parts (:func:`shares`): the ring's sequences longest first, each to
+the part with the least work (``sum s^2``) so far, ties to the earlier part. The parts run in order
 (:func:`~.ring_order.ring_order` breaks ties by part), the ring's local slots go to part ``A``, and
 nothing else changes (the same tokens on the same ranks, the same widths). :func:`~.predict.predict` times
 a ring's parts by the same timeline (:func:`parts_time`). Pure, deterministic.
@@ -29,7 +32,8 @@ parts, ``A = [32768]`` (heads 0.266, body 12.366, tokens 0.266) and ``B = [24576
 19.738 (rounded), its tokens at 19.938 (``A``'s left at 12.898): 19.938 < 20.395, so the ring is split (the step
 simulates 1040.3 -> 1026.2 ms over 32 layers; tests/planner/test_ring_parts.py). Two sequences of 8192 and
 6144 tokens are not: their all-to-alls take 0.24 ms, less than a second call costs (at least the call
-overhead, 1.09 ms): 2.478 against 1.698.
+overhead, 1.09 ms): 2.478 against 1.698. With a third sequence of 16 384 tokens: whole 23.928, two parts
+(32 768 | 24 576 + 16 384) 23.341, three 23.145: three parts.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from .cost_model import CostModel
 from .plan import StepPlan
 from .plan_parts import LocalSlot, Ring, SequencePlan
 
-__all__ = ["halves", "part_times", "parts_time", "split_rings", "parted", "CHARGES"]
+__all__ = ["halves", "shares", "part_times", "best_parts", "parts_time", "split_rings", "parted", "CHARGES",
+           "PARTS_MAX"]
 
 CHARGES = "zeppelin"
 """The charge model the split is decided under (the engine's copies and fp32 dK/dV, as the simulator runs it)."""
@@ -53,20 +58,29 @@ def parted(rings: Sequence[Ring]) -> set[tuple[tuple[int, ...], int]]:
     return {(r.ranks, r.a2a) for r in rings if r.part}
 
 
-def halves(lengths: Sequence[int]) -> tuple[list[int], list[int]]:
-    """Indices into ``lengths`` of parts ``A`` and ``B``: longest first (ties: lower index), each to the part with
-    less ``sum s^2`` so far (ties: ``A``). Example: ``[3000, 8192, 6144, 100]``: ``A = [1]``, ``B = [2, 0, 3]``."""
+PARTS_MAX = 3
+"""The most parts a ring is split into (:func:`best_parts`): on docs/BENCHMARKS.md's 60 configurations four gained
+0.0002 over three in Zeppelin / best peer, three 0.0006 over two."""
+
+
+def shares(lengths: Sequence[int], k: int) -> list[list[int]]:
+    """Indices into ``lengths`` of ``k`` parts: longest first (ties: lower index), each to the part with the least
+    ``sum s^2`` so far (ties: the lower part). Example: ``[3000, 8192, 6144, 100]``, ``k = 2``: ``[[1], [2, 0, 3]]``;
+    ``k = 3``: ``[[1], [2], [0, 3]]``."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    a: list[int] = []
-    b: list[int] = []
-    wa = wb = 0
+    parts: list[list[int]] = [[] for _ in range(k)]
+    work = [0] * k
     for i in order:
-        if wa <= wb:
-            a.append(i)
-            wa += lengths[i] ** 2
-        else:
-            b.append(i)
-            wb += lengths[i] ** 2
+        p = min(range(k), key=lambda j: (work[j], j))
+        parts[p].append(i)
+        work[p] += lengths[i] ** 2
+    return parts
+
+
+def halves(lengths: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Indices into ``lengths`` of parts ``A`` and ``B`` (:func:`shares` with ``k = 2``). Example: ``[3000, 8192,
+    6144, 100]``: ``A = [1]``, ``B = [2, 0, 3]``."""
+    a, b = shares(lengths, 2)
     return a, b
 
 
@@ -99,24 +113,41 @@ def part_times(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int], 
     return whole, parts_time(cost, ranks, [[lengths[i] for i in ia], [lengths[i] for i in ib]], a2a, charges)[0]
 
 
+def best_parts(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int], a2a: int,
+               charges: str = CHARGES) -> tuple[float, float, list[list[int]]]:
+    """``(whole, best, parts)``: one member's per-layer time in the ring of ``lengths`` over ``ranks`` at width
+    ``a2a`` as one ring, and the lowest of its splits into ``k = 2 .. PARTS_MAX`` parts (:func:`shares`, at most one
+    sequence a part; ties: fewer parts) with those parts (indices into ``lengths``). Needs two or more lengths."""
+    if len(lengths) < 2:
+        raise ValueError(f"a ring of {len(lengths)} sequence(s) has no two parts; need at least 2")
+    whole = head_ring_time(cost, ranks, list(lengths), a2a, charges).total
+    best: tuple[float, list[list[int]]] | None = None
+    for k in range(2, min(PARTS_MAX, len(lengths)) + 1):
+        parts = shares(lengths, k)
+        t = parts_time(cost, ranks, [[lengths[i] for i in p] for p in parts], a2a, charges)[0]
+        if best is None or t < best[0]:
+            best = (t, parts)
+    assert best is not None
+    return whole, best[0], best[1]
+
+
 def split_rings(plan: StepPlan, cost: CostModel) -> StepPlan:
-    """``plan`` with each head-parallel ring of two or more sequences split into parts where :func:`part_times`
-    predicts the split faster (module docstring); ``plan`` itself when none is. Sequences of part ``B`` get
-    ``part = 1``; the ring's local slots move to part ``A``'s ring (same step). The prediction is not redone
-    (the caller's)."""
+    """``plan`` with each head-parallel ring of two or more sequences split into parts where :func:`best_parts`
+    predicts a split faster (module docstring; two or three parts, the faster); ``plan`` itself when none is.
+    Sequences of part ``p`` get ``part = p``; the ring's local slots move to part 0's ring (same step). The
+    prediction is not redone (the caller's)."""
     rings = plan.rings
-    split: dict[int, set[int]] = {}  # ring index -> sequences of part B
-    for k, ring in enumerate(rings):
+    moved: dict[int, int] = {}  # sequence -> its part (> 0)
+    for ring in rings:
         if ring.a2a < 2 or len(ring.seqs) < 2 or any(plan.sequences[i].part for i in ring.seqs):
             continue
         lengths = [plan.sequences[i].length for i in ring.seqs]
-        whole, parted = part_times(cost, ring.ranks, lengths, ring.a2a)
+        whole, parted, parts = best_parts(cost, ring.ranks, lengths, ring.a2a)
         if parted < whole:
-            split[k] = {ring.seqs[j] for j in halves(lengths)[1]}
-    if not split:
+            moved.update((ring.seqs[j], p) for p, part in enumerate(parts) if p for j in part)
+    if not moved:
         return plan
-    moved = set().union(*split.values())
-    seqs = tuple(SequencePlan(s.length, s.placement, s.ranks, s.a2a, 1) if i in moved else s
+    seqs = tuple(SequencePlan(s.length, s.placement, s.ranks, s.a2a, moved[i]) if i in moved else s
                  for i, s in enumerate(plan.sequences))
     out = plan.evolve(sequences=seqs, local_slots=())
     index = {(r.ranks, r.a2a, r.part): k for k, r in enumerate(out.rings)}
