@@ -98,8 +98,9 @@ def test_bad_spans_name_the_values() -> None:
 
 def test_plan_step_takes_wide_spans() -> None:
     """Llama-3B github-64k on 16 x 8 H100s, batch 0: the three longest documents on rings of 8 (spans) and the rest
-    packed at cp = 2 around them, where without spans they share one ring of 16 (head-parallel): about 5% faster
-    predicted under the engine's charges, and simulated."""
+    packed at cp = 2 around them, where without spans they share one ring of 16 (head-parallel): about 3% faster
+    predicted under the engine's charges (389.9 against 401.1 ms; 408.3 before the ring without spans ran in three
+    parts, ring_parts.py), and simulated (385.8 against 398.1)."""
     cost = _cost(16)
     b = sample_steps("github-64k", 2, 1 << 20, 0)[0]
     wide = plan_step(b, cost)
@@ -108,10 +109,10 @@ def test_plan_step_takes_wide_spans() -> None:
     longest = sorted(range(len(b)), key=lambda i: -b[i])[:3]
     assert sorted(len(wide.sequences[i].ranks) for i in longest) == [8, 8, 8]
     assert len({len(r) for r in rings}) >= 2  # spans beside narrower rings
-    assert predict(wide, cost, charges=CHARGES).step_ms < 0.97 * predict(plain, cost, charges=CHARGES).step_ms
+    assert predict(wide, cost, charges=CHARGES).step_ms < 0.98 * predict(plain, cost, charges=CHARGES).step_ms
     sim_wide = simulate(wide, cost, keep_events=False, charges="zeppelin").step_ms
     sim_plain = simulate(plain, cost, keep_events=False, charges="zeppelin").step_ms
-    assert sim_wide < 0.97 * sim_plain
+    assert sim_wide < 0.98 * sim_plain
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -80,7 +80,11 @@ def _configs() -> list[Any]:
 def test_settled_components_extrapolate_exactly(cfg: tuple[str, int, int, str, int],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Every strategy's plan simulated with the periodic stop and with every layer run: the same step, per-rank
-    finish, compute and waits (to 1e-9), and at least one plan stops early (the stop is taken)."""
+    finish, compute and waits (to 1e-9; absolutely, within what the stop admits: layers that differ by up to
+    ``periodic.TOLERANCE`` of their times count as shifted alike, so an extrapolated time may drift by that much per
+    layer at the step's scale; a wait, a difference of such times, is compared at that scale: Zeppelin's plan of
+    2 x 8 arxiv-64k with three ring parts waits 2.3e-6 ms apart of 20.2 ms, 1.3e-9 of its 1791 ms step), and at
+    least one plan stops early (the stop is taken)."""
     from zeppelin_megatron.commands.simulate import setup
     spec, tokens, tp, dist, seed = cfg
     cl, cost = setup(f"{spec}@configs/clusters/h100.yaml", "configs/models/llama_7b.yaml", None, tp)
@@ -99,9 +103,10 @@ def test_settled_components_extrapolate_exactly(cfg: tuple[str, int, int, str, i
         fast = simulate(sp.plan, cost, **kw)  # type: ignore[arg-type]
         monkeypatch.setattr(periodic.LayerLog, "rank_done", lambda *a, **k: None)
         full = simulate(sp.plan, cost, **kw)  # type: ignore[arg-type]
+        drift = cost.model.layers * periodic.TOLERANCE * full.step_ms  # what the stop admits at the step's scale
         for a, b in ((fast.step_ms, full.step_ms),) + tuple(zip(fast.finish_ms, full.finish_ms)) + \
                 tuple(zip(fast.compute_ms, full.compute_ms)) + tuple(zip(fast.wait_ms, full.wait_ms)):
-            assert a == pytest.approx(b, rel=1e-9, abs=1e-6), name
+            assert a == pytest.approx(b, rel=1e-9, abs=max(1e-6, drift)), name
     assert any(d is not None for d in calls)
 
 
