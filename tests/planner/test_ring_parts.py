@@ -13,7 +13,7 @@ from zeppelin_megatron.planner.cost_heads import head_ring_time
 from zeppelin_megatron.planner.lowering import Post, lower
 from zeppelin_megatron.planner.plan import LocalSlot, PlanError, SequencePlan, StepPlan
 from zeppelin_megatron.planner.predict import predict
-from zeppelin_megatron.planner.ring_parts import best_parts, halves, part_times, parts_time, shares, split_rings
+from zeppelin_megatron.planner.ring_parts import best_parts, parts_time, shares, split_rings
 from zeppelin_megatron.sim.simulator import simulate
 from zigzag_plans import zigzag_plan
 
@@ -24,10 +24,10 @@ def _cost(spec: str = "1x8", model: str | None = None) -> CostModel:
     return CostModel(model=load_model(model), cluster=load_cluster(spec))
 
 
-def test_halves_docstring_example() -> None:
-    assert halves([3000, 8192, 6144, 100]) == ([1], [2, 0, 3])
-    assert halves([5, 5]) == ([0], [1])  # ties: A, lower index first
-    assert halves([4, 3, 3, 2]) == ([0, 3], [1, 2])  # 16 | 9, 18 | 9, 18 | 13
+def test_two_shares_examples() -> None:
+    assert shares([3000, 8192, 6144, 100], 2) == [[1], [2, 0, 3]]
+    assert shares([5, 5], 2) == [[0], [1]]  # ties: A, lower index first
+    assert shares([4, 3, 3, 2], 2) == [[0, 3], [1, 2]]  # 16 | 9, 18 | 9, 18 | 13
 
 
 def test_shares_docstring_example() -> None:
@@ -43,7 +43,7 @@ def test_three_parts_where_their_timeline_is_lower() -> None:
     cost = _cost()
     whole, best, parts = best_parts(cost, NODE, [32768, 24576, 16384], 8)
     assert (round(whole, 3), round(best, 3), parts) == (23.928, 23.145, [[0], [1], [2]])
-    assert round(part_times(cost, NODE, [32768, 24576, 16384], 8)[1], 3) == 23.341
+    assert round(parts_time(cost, NODE, [[32768], [24576, 16384]], 8)[0], 3) == 23.341  # two parts
     with pytest.raises(ValueError, match="need at least 2"):
         best_parts(cost, NODE, [32768], 8)
     seqs = [(32768, NODE, 8), (24576, NODE, 8), (16384, NODE, 8)]
@@ -75,11 +75,12 @@ def test_parts_time_is_the_timeline_of_head_ring_times() -> None:
     total, exposed = parts_time(cost, NODE, [[32768], [24576]], 8)
     assert total == pytest.approx(want, rel=1e-12)
     assert exposed == pytest.approx(want - (a.total - a.a2a_ms) - (b.total - b.a2a_ms), rel=1e-12)
-    whole, split = part_times(cost, NODE, [32768, 24576], 8)
+    whole, split, parts = best_parts(cost, NODE, [32768, 24576], 8)  # two lengths: two parts only
+    assert parts == [[0], [1]]
     assert (round(whole, 3), round(split, 3)) == (20.395, 19.938)
     assert round(a_end, 3) == 12.632 and round(b_end, 3) == 19.738
     with pytest.raises(ValueError, match="need at least 2"):
-        part_times(cost, NODE, [32768], 8)
+        best_parts(cost, NODE, [32768], 8)
 
 
 def test_split_where_the_timeline_says_and_the_simulator_agrees() -> None:

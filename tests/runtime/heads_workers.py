@@ -18,7 +18,7 @@ import torch
 
 from plan_factory import random_plan
 from runtime_workers import check_attention, check_router, check_trace, expect_error
-from zeppelin_megatron.planner.head_parallel import head_split_error
+from zeppelin_megatron.planner.head_parallel import head_split_error, lanes_share_kv
 from zeppelin_megatron.planner.lowering import lower
 from zeppelin_megatron.planner.plan import StepPlan
 from zeppelin_megatron.runtime import RuntimeInputError, ZeppelinGroup, zeppelin_attention
@@ -89,7 +89,7 @@ def check_bf16_wire(group: ZeppelinGroup, plan: StepPlan, hq: int, hkv: int) -> 
     what = f"rank {rank} plan {plan.nodes}x{plan.gpus_per_node} Hq={hq} Hkv={hkv}"
     for name, a, b in zip(("out", "dq", "dk", "dv"), narrow, wide):
         assert a.dtype == torch.bfloat16 and torch.equal(a, b), f"{what}: bf16 {name} differs with an fp32 wire"
-    return any(r.a2a > 1 and r.blocks > 1 and hkv % r.a2a == 0 for r in plan.rings)
+    return any(r.a2a > 1 and r.blocks > 1 and not lanes_share_kv(hkv, r.a2a) for r in plan.rings)
 
 
 def check_head_errors(group: ZeppelinGroup, plan: StepPlan, good: tuple[int, int]) -> None:

@@ -45,8 +45,7 @@ from .cost_model import CostModel
 from .plan import StepPlan
 from .plan_parts import LocalSlot, Ring, SequencePlan
 
-__all__ = ["halves", "shares", "part_times", "best_parts", "parts_time", "split_rings", "parted", "CHARGES",
-           "PARTS_MAX"]
+__all__ = ["shares", "best_parts", "parts_time", "split_rings", "parted", "CHARGES", "PARTS_MAX"]
 
 CHARGES = "zeppelin"
 """The charge model the split is decided under (the engine's copies and fp32 dK/dV, as the simulator runs it)."""
@@ -77,13 +76,6 @@ def shares(lengths: Sequence[int], k: int) -> list[list[int]]:
     return parts
 
 
-def halves(lengths: Sequence[int]) -> tuple[list[int], list[int]]:
-    """Indices into ``lengths`` of parts ``A`` and ``B`` (:func:`shares` with ``k = 2``). Example: ``[3000, 8192,
-    6144, 100]``: ``A = [1]``, ``B = [2, 0, 3]``."""
-    a, b = shares(lengths, 2)
-    return a, b
-
-
 def parts_time(cost: CostModel, ranks: tuple[int, ...], parts: Sequence[Sequence[int]], a2a: int,
                charges: str = CHARGES) -> tuple[float, float]:
     """``(total, exposed)``: one member's per-layer time in consecutive head-parallel rings over ``ranks`` at width
@@ -102,21 +94,10 @@ def parts_time(cost: CostModel, ranks: tuple[int, ...], parts: Sequence[Sequence
     return tokens, tokens - busy
 
 
-def part_times(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int], a2a: int,
-               charges: str = CHARGES) -> tuple[float, float]:
-    """``(whole, split)``: one member's per-layer time in the ring of ``lengths`` over ``ranks`` at width ``a2a``,
-    as one ring and as the two parts of :func:`halves` (module docstring). Needs two or more lengths."""
-    if len(lengths) < 2:
-        raise ValueError(f"a ring of {len(lengths)} sequence(s) has no two parts; need at least 2")
-    ia, ib = halves(lengths)
-    whole = head_ring_time(cost, ranks, list(lengths), a2a, charges).total
-    return whole, parts_time(cost, ranks, [[lengths[i] for i in ia], [lengths[i] for i in ib]], a2a, charges)[0]
-
-
 def best_parts(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int], a2a: int,
                charges: str = CHARGES) -> tuple[float, float, list[list[int]]]:
     """``(whole, best, parts)``: one member's per-layer time in the ring of ``lengths`` over ``ranks`` at width
-    ``a2a`` as one ring, and the lowest of its splits into ``k = 2 .. PARTS_MAX`` parts (:func:`shares`, at most one
+    ``a2a`` as one ring, and the lowest of its splits into ``k = 2 .. PARTS_MAX`` parts (:func:`shares`, at least one
     sequence a part; ties: fewer parts) with those parts (indices into ``lengths``). Needs two or more lengths."""
     if len(lengths) < 2:
         raise ValueError(f"a ring of {len(lengths)} sequence(s) has no two parts; need at least 2")
