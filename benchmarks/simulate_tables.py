@@ -46,7 +46,7 @@ ABLATION = ("te-cp", "te-cp-routing", "zeppelin-partition-only", "zeppelin-no-ro
             "zeppelin-no-threshold-packing", "zeppelin-no-share-packing", "zeppelin-no-wide-groups",
             "zeppelin-no-ring-parts",
             "zeppelin-no-led-packing", "zeppelin-no-filled-lead",
-            "zeppelin-no-packed-absorb",
+            "zeppelin-no-packed-absorb", "zeppelin-no-whole-moves",
             "zeppelin",
             "zeppelin-no-inter",
             "zeppelin-local-only")

@@ -193,10 +193,11 @@ def test_local_work_of_members_ahead_fits_the_heads_wait() -> None:
 
 @pytest.fixture(scope="module")
 def on_off_plans() -> list[tuple[StepPlan, StepPlan]]:
-    """4x8 long-tailed batches (seeds 0-11), planned with head-parallel rings on (whole: no ring parts) and off."""
+    """4x8 long-tailed batches (seeds 0-11), planned with head-parallel rings on (whole: no ring parts) and off, both
+    without whole-document moves (their trades follow each plan's own ring times)."""
     cost = _cost("4x8")
-    return [(plan_step(lengths, cost, PlannerOptions(ring_parts=False)),
-             plan_step(lengths, cost, PlannerOptions(head_parallel=False)))
+    return [(plan_step(lengths, cost, PlannerOptions(ring_parts=False, packed_moves=False)),
+             plan_step(lengths, cost, PlannerOptions(head_parallel=False, packed_moves=False)))
             for lengths in (long_tailed_batch(1 << 20, seed) for seed in range(12))]
 
 

@@ -308,13 +308,13 @@ def _exhaustive_packed(lengths: list[int], cost: CostModel, plan: StepPlan) -> S
 def test_shortcuts_keep_the_exhaustive_choice(spec: str, dist: str) -> None:
     """best_packed's skipped CP sizes, its stop once the threshold packings' floor rises and its led sweeps'
     stops choose what finishing every packing would (the plan compared: the partitioner's, finished as plan_step
-    does)."""
+    does; no whole-document moves after: test_whole_moves.py)."""
     from zeppelin_megatron.sim.lengths import sample_steps
     cost = _cost(spec)
     tokens = cost.cluster.world_size * 8192
     batches = [long_tailed_batch(tokens, seed) for seed in range(2)] if dist == "long-tailed" else \
         sample_steps(dist, 2, tokens, 0)
-    options = PlannerOptions()
+    options = PlannerOptions(packed_moves=False)
     origins = set()
     for lengths in batches:
         plan = api._candidate(lengths, api.partition(lengths, cost, options), cost, options)
@@ -329,17 +329,19 @@ def test_shortcuts_keep_the_exhaustive_choice(spec: str, dist: str) -> None:
 def test_plan_step_packs_with_both_work_models(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each cp's packings by the head-parallel work model (same shards; and sharding from the head-parallel
     threshold) are candidates too: the plan predicts (under the comparison's charges) no slower than with the
-    plain work model alone, and faster on some batch."""
+    plain work model alone, and faster on some batch (without whole-document moves, which trade on each plan's own
+    times)."""
     from zeppelin_megatron.planner import packed_search
     plain_only = packed.packed_assignments
+    moveless = PlannerOptions(packed_moves=False)
     better = 0
     for seed in range(4):
         lengths = long_tailed_batch(1 << 19, seed)
-        both = predict(plan_step(lengths, _cost("2x8")), _cost("2x8"), charges="zeppelin").step_ms
+        both = predict(plan_step(lengths, _cost("2x8"), moveless), _cost("2x8"), charges="zeppelin").step_ms
         with monkeypatch.context() as m:
             m.setattr(packed_search, "packed_assignments",
                       lambda ls, c, cp, first=0, **kw: plain_only(ls, c, cp, first=first))
-            one = predict(plan_step(lengths, _cost("2x8")), _cost("2x8"), charges="zeppelin").step_ms
+            one = predict(plan_step(lengths, _cost("2x8"), moveless), _cost("2x8"), charges="zeppelin").step_ms
         assert both <= one + 1e-6, seed
         better += both < one - 1e-6
     assert better, "some of these batches take a packing only the head-parallel work model makes"

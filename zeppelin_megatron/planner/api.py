@@ -108,8 +108,8 @@ def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOption
     # packed and CP-group candidates balance tokens with attention (packed.py, grouped.py): finished without a remap
     no_remap = replace(options, remap=False)
     if options.packed:
-        plan = best_packed(lengths, cost_model, options, plan,
-                           lambda a: _candidate(lengths, a, cost_model, no_remap).evolve(origin="packed"))
+        plan = best_packed(lengths, cost_model, options, plan, lambda a, widths=None: _candidate(
+            lengths, a, cost_model, no_remap, widths).evolve(origin="packed"))
     if options.grouped:  # opt-in
         plan = best_plan(lengths, cost_model, options, plan,
                          lambda a: _candidate(lengths, a, cost_model, no_remap).evolve(origin="grouped"))
@@ -159,10 +159,12 @@ def _final(plan: StepPlan) -> StepPlan:
 
 
 def _candidate(lengths: list[int], assignments: Sequence[Assignment], cost_model: CostModel,
-               options: PlannerOptions) -> StepPlan:
+               options: PlannerOptions, widths: Sequence[int] | None = None) -> StepPlan:
     """The plan of ``assignments`` (block widths, layouts, linear layout and routing, local slots) with its
     prediction, built without the layout checks and in planner order: a candidate to compare; :func:`_final`
-    validates and orders the one kept."""
+    validates and orders the one kept. ``widths``: every sequence's block width as given (a placement whose
+    rings are another plan's, :func:`~.packed_search.best_packed`'s moved documents), else chosen
+    (:func:`~.choose_heads.choose_widths`)."""
     cluster = cost_model.cluster
     remap = options.remap
     world = cluster.world_size
@@ -178,7 +180,8 @@ def _candidate(lengths: list[int], assignments: Sequence[Assignment], cost_model
     if held > cluster.tokens_per_gpu:  # the partitioner keeps every rank within capacity
         raise PlanError(f"internal: a rank holds {held} attention tokens, more than tokens_per_gpu = "
                         f"{cluster.tokens_per_gpu}")
-    widths = choose_widths(lengths, assignments, cost_model, options, att)  # head-parallel rings (choose_heads.py)
+    if widths is None:
+        widths = choose_widths(lengths, assignments, cost_model, options, att)  # head-parallel rings (choose_heads.py)
     sequences = tuple(SequencePlan(s, a.placement, a.ranks, w)  # type: ignore[arg-type]
                       for s, a, w in zip(lengths, assignments, widths))
     lin = att if remap is False else linear_layout(att, cluster)

@@ -102,6 +102,9 @@ class PlannerOptions:
     """Zeppelin's packings (head-parallel work model) let a group's ring absorb whole documents from its busiest
     rank (:func:`~.packed.packed_groups`' ``absorb``: one more document on a ring costs its share of the work, no
     call of its own; ablation: ``False``)."""
+    packed_moves: bool = True
+    """The kept packed candidate's whole documents moved off its busiest ranks by the finished plan's own
+    per-rank times (:mod:`.whole_moves`), kept where that predicts a lower step; ablation: ``False``."""
     grouped: bool = False
     """Also try TE-CP-a2a+p2p-style candidates (:mod:`.grouped`: every split sequence on a whole CP group of
     nodes, head-parallel) and keep one where it beats the partitioner's plan on both the predicted step and
@@ -121,7 +124,7 @@ class PlannerOptions:
         if not isinstance(self.packed, bool):
             raise PlanError(f"packed is {self.packed!r}, expected True or False")
         for name in ("packed_threshold", "packed_share", "packed_wide", "packed_leads", "packed_fill", "packed_absorb",
-                     "ring_parts"):
+                     "packed_moves", "ring_parts"):
             if not isinstance(getattr(self, name), bool):
                 raise PlanError(f"{name} is {getattr(self, name)!r}, expected True or False")
         if not isinstance(self.grouped, bool):

@@ -43,15 +43,16 @@ Three families of candidates, each a placement without a remap (the linear layou
 Every candidate is bounded from below before it is finished (:func:`~.packed.quick_floor` before packing,
 the leading ring's :func:`~.grouped.ring_floor` before packing the rest, :func:`~.packed.packed_floor` after);
 those below the step to beat are finished lowest floor first and one is kept only where its predicted step
-under :data:`~.packed.CHARGES` is lower (module docstring of :mod:`.packed`: why charged). Pure and
-deterministic.
+under :data:`~.packed.CHARGES` is lower (module docstring of :mod:`.packed`: why charged). The kept candidate's
+whole documents are then traded off its busiest ranks by the finished plan's own times (:mod:`.whole_moves`,
+``options.packed_moves``), finished with its widths and kept where the step falls. Pure and deterministic.
 """
 
 from __future__ import annotations
 
 import math
 from itertools import accumulate
-from typing import Callable, Literal, Sequence
+from typing import Callable, Literal, Protocol, Sequence
 
 from .cost_model import CostModel
 from .grouped import ring_floor
@@ -64,17 +65,27 @@ from .packed_wide import WideBasis, wide_basis, wide_spans
 from .partition_context import Assignment
 from .plan import StepPlan
 from .predict import predict
+from .ring_parts import split_rings
+from .whole_moves import move_whole
 from .zigzag import zigzag_counts
 
 __all__ = ["best_packed", "lead_splits", "fill_splits"]
 
 Emit = Callable[[list[Assignment], int], "float | None"]
+
+
+class Finish(Protocol):
+    """Turns a placement into a finished plan whose linear layout is its attention layout; ``widths``: every
+    sequence's block width as given (default: chosen, :func:`~.choose_heads.choose_widths`)."""
+
+    def __call__(self, assignments: Sequence[Assignment], *, widths: Sequence[int] | None = None) -> StepPlan: ...
+
 Deferred = tuple[float, int, int, tuple[tuple[int, int], ...]]
 """A wide packing not yet made: its bound (:func:`_span_floor`), ``cp``, ``shard_from`` and spans."""
 
 
 def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, plan: StepPlan,
-                finish: Callable[[Sequence[Assignment]], StepPlan]) -> StepPlan:
+                finish: Finish) -> StepPlan:
     """``plan`` or the packed candidate (module docstring) with the lowest predicted step under :data:`CHARGES`,
     where that is below ``plan``'s by more than rounding (ties keep the earlier: ``plan``, then the lower floor,
     the smaller ``cp``). ``finish`` turns assignments into a finished plan whose linear layout is its attention
@@ -127,13 +138,15 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
                 chosen = _filled(lengths, top, k, cost, options, best_ms)
                 if chosen is not None:
                     keep(chosen[2], chosen[1], chosen[0])
+    placed: Sequence[Assignment] = ()  # the kept candidate's placement
+
     def judge(assignments: Sequence[Assignment]) -> None:
         """Finish a candidate and keep it where its predicted step is below the best so far."""
-        nonlocal best, best_ms
+        nonlocal best, best_ms, placed
         cand = finish(assignments)
         ms = predict(cand, cost, charges=CHARGES).step_ms
         if ms < best_ms - 1e-6:
-            best, best_ms = cand, ms
+            best, best_ms, placed = cand, ms, assignments
 
     for floor, _cp, assignments in sorted(floors, key=lambda x: (x[0], x[1])):  # the likeliest winner first
         if floor >= best_ms:
@@ -149,7 +162,25 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
             continue
         seen.add(tuple(made))
         judge(made)
+    if placed and options.packed_moves:
+        best = _moved(lengths, placed, best, cost, options, finish)
     return best
+
+
+def _moved(lengths: Sequence[int], placed: Sequence[Assignment], best: StepPlan, cost: CostModel,
+           options: PlannerOptions, finish: Finish) -> StepPlan:
+    """``best`` (the kept packed candidate, finished from ``placed``) or its placement with whole documents
+    traded (:func:`~.whole_moves.move_whole`, finished with ``best``'s widths), whichever predicts the lower step
+    under :data:`CHARGES` as ``plan_step`` runs it: with its rings in parts where that pays
+    (:func:`~.ring_parts.split_rings`, when ``options.ring_parts``), since the parts change a ring's time and the
+    waits its ranks' whole documents fill. The trades' own step is that prediction (:class:`~.whole_moves.Moved`;
+    the rings, so their parts, are the same), so no plan is predicted here; ties keep ``best``."""
+    parts = options.ring_parts and options.head_parallel
+    ran = split_rings(best, cost) if parts else best
+    moved = move_whole(lengths, placed, ran, cost, CHARGES)
+    if moved is None:
+        return best
+    return finish(moved.assignments, widths=[x.a2a for x in best.sequences])  # the same rings: their widths kept
 
 
 def _led(lengths: Sequence[int], top: list[int], lead: Assignment, cost: CostModel, options: PlannerOptions,

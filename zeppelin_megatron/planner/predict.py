@@ -69,7 +69,7 @@ layout *is* the attention layout) that is every rank: ``layers * max_r (attn_r +
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from .cost_heads import head_ring_time
 from .cost_model import CostModel
@@ -85,7 +85,8 @@ from .zigzag import next_position
 
 __all__ = ["predict", "attention_time", "ring_time", "rank_attention", "remap_time"]
 
-_ROUND = 6
+_SCALE = 1e6
+"""Predictions are rounded to ``1 / _SCALE`` ms (and MB): :func:`_round`."""
 
 
 def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Prediction:
@@ -94,10 +95,90 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
     wire (closer to the simulator: mean |error| 3.8% against 6.1%, docs/planner.md); ``te``; ``none``
     (the default, which ``plan_step``, the layout choice and the baselines still use: the cost model's
     own terms). Example: ``predict(plan, cost, charges="zeppelin").step_ms``."""
-    cl = cost.cluster
     world = plan.world_size
     layers = cost.model.layers
     o = cost.call_overhead_ms
+    ring_total, ring_own, fixed, intra_b, inter_b = ring_loads(plan, cost, charges)
+    local = [0.0] * world
+    by_length: dict[int, float] = {}  # batches repeat lengths
+    per_token = local_copy_ms_per_token(cost, charges)  # the engine's copies around local calls
+    windowed = {i for x in plan.remap_slots for i in x.seqs}  # hidden by the exchanges (remap_windows.py)
+    # without a remap (identical layouts) a rank in no ring, as member or relay, runs its local sequences as one
+    # call on its buffers (lowering.RankProgram.whole_chunk, for plan_step's layouts): no copies
+    ringed = copied_ranks(plan) if per_token else None
+    for i, s in enumerate(plan.sequences):
+        if s.placement == "local" and i not in windowed:
+            t = by_length.get(s.length)
+            if t is None:
+                t = by_length[s.length] = cost.local_ms(s.length)
+            r = s.ranks[0]
+            local[r] += t if ringed is not None and r not in ringed else t + s.length * per_token
+    attn, own_compute = rank_attention(ring_total, ring_own, local, o)
+    own_compute = [c - f for c, f in zip(own_compute, fixed)]  # the all-to-alls are communication
+    lin_t, att_t = plan.rank_tokens
+    linear = [cost.linear_ms(t) for t in lin_t]
+    # the remap's row gathers and copies (none when the layouts are one: no remap runs; staying rows are never
+    # sent; local sequences whole on their rank in both layouts run in place on the linear rows: not copied)
+    sh = shape_of(cost)
+    copies = [0.0] * world
+    if charges == "zeppelin" and plan.linear_layout != plan.attention_layout:
+        stay = plan.staying_tokens  # tokens that stay on each rank
+        whole = staying_rows(plan)  # the staying local sequences, run in place
+        in_place = [sum(b - a for a, b in whole.get(r, {}).values()) for r in range(world)]
+        copies = [hbm_ms(cost, remap_copy_bytes(
+            sh, lin_t[r], att_t[r], staying=int(stay[r]), in_place=in_place[r],
+            identity=in_place[r] == 0 and plan.linear_layout[r] == plan.attention_layout[r])) for r in range(world)]
+    before = [t + c for t, c in zip(linear, copies)]  # all of a rank's work outside attention
+
+    remap, remap_intra, remap_inter = remap_time(plan, cost, plan.remap_proxies)
+    for r in range(world):
+        intra_b[r] += remap_intra[r]
+        inter_b[r] += remap_inter[r]
+
+    # A rank on no path of the remap's rows waits for nobody there (the all-to-alls' waits are pairwise);
+    # on the paths, the layer lasts as long as the slowest coupled pair's linear + attention (module docstring).
+    on_path = remap_ranks(plan, plan.remap_proxies)
+    moving = [r in on_path for r in range(world)]
+    rank_ms = [layers * (attn[r] + before[r] + (remap if moving[r] else 0.0)) for r in range(world)]
+    step = max((rank_ms[r] for r in range(world) if not moving[r]), default=0.0)
+    if any(moving):
+        coupled = coupled_ms(plan, plan.remap_proxies, before, attn)
+        own = max(t + a for t, a, m in zip(before, attn, moving) if m)
+        step = max(step, layers * (max(coupled, own) + remap))
+    exposed = [layers * (attn[r] - own_compute[r]) for r in range(world)]
+    return Prediction(
+        step_ms=_round(step),
+        rank_ms=_r(rank_ms),
+        attention_ms=_r([layers * t for t in own_compute]),
+        linear_ms=_r([layers * t for t in linear]),
+        exposed_comm_ms=_r(exposed),
+        remap_ms=_round(layers * remap),
+        intra_MB=_r([layers * b / 1e6 for b in intra_b]),
+        inter_MB=_r([layers * b / 1e6 for b in inter_b]),
+    )
+
+
+
+class RingLoads(NamedTuple):
+    """Per rank, one layer, what its rings cost (:func:`ring_loads`): ``total`` the summed ring totals (the
+    time its rings hold it, waits included), ``own`` its kernels, copies and head-parallel all-to-alls,
+    ``fixed`` those all-to-alls alone (neither kernel time nor a wait that local work fills), and the bytes it
+    sends over NVLink and the network."""
+
+    total: list[float]
+    own: list[float]
+    fixed: list[float]
+    intra_bytes: list[float]
+    inter_bytes: list[float]
+
+
+def ring_loads(plan: StepPlan, cost: CostModel, charges: str = "none") -> RingLoads:
+    """The rings' share of :func:`predict` per rank (:class:`RingLoads`): plain rings by :func:`ring_time` on
+    their routes, head-parallel ones by :func:`~.cost_head.head_ring_time` (a ring in parts,
+    :mod:`.ring_parts`, timed once by :func:`~.ring_parts.parts_time` on its first part). Example: a plan
+    without rings gives zeros on every rank."""
+    cl = cost.cluster
+    world = plan.world_size
     ring_total = [0.0] * world
     ring_own = [0.0] * world
     intra_b = [0.0] * world
@@ -142,64 +223,17 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
             ring_total[r] += total
             ring_own[r] += own
 
-    local = [0.0] * world
-    by_length: dict[int, float] = {}  # batches repeat lengths
-    per_token = local_copy_ms_per_token(cost, charges)  # the engine's copies around local calls
-    windowed = {i for x in plan.remap_slots for i in x.seqs}  # hidden by the exchanges (remap_windows.py)
-    # without a remap (identical layouts) a rank in no ring, as member or relay, runs its local sequences as one
-    # call on its buffers (lowering.RankProgram.whole_chunk, for plan_step's layouts): no copies
-    ringed = ({r for k in range(len(plan.rings)) for r in participants(plan, k, True)}
-              if per_token and plan.linear_layout == plan.attention_layout else None)
-    for i, s in enumerate(plan.sequences):
-        if s.placement == "local" and i not in windowed:
-            t = by_length.get(s.length)
-            if t is None:
-                t = by_length[s.length] = cost.local_ms(s.length)
-            r = s.ranks[0]
-            local[r] += t if ringed is not None and r not in ringed else t + s.length * per_token
-    attn, own_compute = rank_attention(ring_total, ring_own, local, o)
-    own_compute = [c - f for c, f in zip(own_compute, fixed)]  # the all-to-alls are communication
-    lin_t, att_t = plan.rank_tokens
-    linear = [cost.linear_ms(t) for t in lin_t]
-    # the remap's row gathers and copies (none when the layouts are one: no remap runs; staying rows are never
-    # sent; local sequences whole on their rank in both layouts run in place on the linear rows: not copied)
-    sh = shape_of(cost)
-    copies = [0.0] * world
-    if charges == "zeppelin" and plan.linear_layout != plan.attention_layout:
-        stay = plan.staying_tokens  # tokens that stay on each rank
-        whole = staying_rows(plan)  # the staying local sequences, run in place
-        in_place = [sum(b - a for a, b in whole.get(r, {}).values()) for r in range(world)]
-        copies = [hbm_ms(cost, remap_copy_bytes(
-            sh, lin_t[r], att_t[r], staying=int(stay[r]), in_place=in_place[r],
-            identity=in_place[r] == 0 and plan.linear_layout[r] == plan.attention_layout[r])) for r in range(world)]
-    before = [t + c for t, c in zip(linear, copies)]  # all of a rank's work outside attention
+    return RingLoads(ring_total, ring_own, fixed, intra_b, inter_b)
 
-    remap, remap_intra, remap_inter = remap_time(plan, cost, plan.remap_proxies)
-    for r in range(world):
-        intra_b[r] += remap_intra[r]
-        inter_b[r] += remap_inter[r]
 
-    # A rank on no path of the remap's rows waits for nobody there (the all-to-alls' waits are pairwise);
-    # on the paths, the layer lasts as long as the slowest coupled pair's linear + attention (module docstring).
-    on_path = remap_ranks(plan, plan.remap_proxies)
-    moving = [r in on_path for r in range(world)]
-    rank_ms = [layers * (attn[r] + before[r] + (remap if moving[r] else 0.0)) for r in range(world)]
-    step = max((rank_ms[r] for r in range(world) if not moving[r]), default=0.0)
-    if any(moving):
-        coupled = coupled_ms(plan, plan.remap_proxies, before, attn)
-        own = max(t + a for t, a, m in zip(before, attn, moving) if m)
-        step = max(step, layers * (max(coupled, own) + remap))
-    exposed = [layers * (attn[r] - own_compute[r]) for r in range(world)]
-    return Prediction(
-        step_ms=round(step, _ROUND),
-        rank_ms=_r(rank_ms),
-        attention_ms=_r([layers * t for t in own_compute]),
-        linear_ms=_r([layers * t for t in linear]),
-        exposed_comm_ms=_r(exposed),
-        remap_ms=round(layers * remap, _ROUND),
-        intra_MB=_r([layers * b / 1e6 for b in intra_b]),
-        inter_MB=_r([layers * b / 1e6 for b in inter_b]),
-    )
+def copied_ranks(plan: StepPlan) -> set[int] | None:
+    """The ranks whose local sequences pay the engine's row copies around their call under the ``zeppelin``
+    charges (:func:`~.engine_ring.local_copy_ms_per_token`), or ``None`` for every rank: with a remap all of
+    them; without one (identical layouts) only a ring's members and relays, since a rank in no ring runs its
+    local sequences as one call on its buffers (:attr:`~.lowering.RankProgram.whole_chunk`)."""
+    if plan.linear_layout != plan.attention_layout:
+        return None
+    return {r for k in range(len(plan.rings)) for r in participants(plan, k, True)}
 
 
 def remap_time(
@@ -268,8 +302,18 @@ def rank_attention(
     return attn, own
 
 
+def _round(value: float) -> float:
+    """``value`` to the nearest multiple of ``1 / _SCALE`` (1e-6 ms): one multiply, an integer round and a
+    divide, about 5x faster than ``round(value, 6)``'s correctly rounded decimal (a prediction is rounded for
+    stable plan documents, and ``predict`` rounds seven per-rank lists a call, about half its time that way).
+    Deterministic (IEEE arithmetic, the same on every rank); it can differ from ``round(value, 6)`` in the last
+    bit where ``value * 1e6`` is inexact at a half (2 in 10^6 random values). Example: ``_round(1.23456789)``
+    -> ``1.234568``."""
+    return round(value * _SCALE) / _SCALE
+
+
 def _r(values: list[float]) -> tuple[float, ...]:
-    return tuple(round(v, _ROUND) for v in values)
+    return tuple([round(v * _SCALE) / _SCALE for v in values])
 
 
 def attention_time(prediction: Prediction) -> list[float]:

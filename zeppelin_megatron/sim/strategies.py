@@ -180,6 +180,8 @@ _DESCRIPTIONS: dict[str, str] = {
                                "documents; PlannerOptions(packed_fill=False))",
     "zeppelin-no-packed-absorb": "Zeppelin's packings without rings absorbing whole documents from their group's "
                                  "busiest rank (PlannerOptions(packed_absorb=False))",
+    "zeppelin-no-whole-moves": "Zeppelin without moving the kept packing's whole documents off its busiest ranks "
+                               "(PlannerOptions(packed_moves=False))",
     "zeppelin-grouped": "Zeppelin also trying TE-CP-a2a+p2p-style whole-node CP groups as candidates "
                         "(PlannerOptions(grouped=True), opt-in)",
     "te-cp": "TE CP: fixed CP groups, every sequence zigzag-split over its group, packed by tokens",
@@ -214,6 +216,7 @@ _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
     "zeppelin-no-led-packing": _zeppelin(packed_leads=False),
     "zeppelin-no-filled-lead": _zeppelin(packed_fill=False),
     "zeppelin-no-packed-absorb": _zeppelin(packed_absorb=False),
+    "zeppelin-no-whole-moves": _zeppelin(packed_moves=False),
     "zeppelin-grouped": _zeppelin(grouped=True),
     "te-cp": _te_cp(routing=False),
     "te-cp-routing": _te_cp(routing=True),

@@ -1,0 +1,142 @@
+"""Whole documents traded off the busiest ranks of the kept packed plan (planner/whole_moves.py,
+PlannerOptions.packed_moves)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Sequence
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from zeppelin_megatron.planner import CostModel, PlanError, PlannerOptions, api, load_cluster, load_model, plan_step
+from zeppelin_megatron.planner.packed import CHARGES
+from zeppelin_megatron.planner.partition_context import Assignment
+from zeppelin_megatron.planner.plan import StepPlan
+from zeppelin_megatron.planner.predict import predict
+from zeppelin_megatron.planner.ring_parts import split_rings
+from zeppelin_megatron.planner.whole_moves import move_whole, trade_whole
+from zeppelin_megatron.planner.workloads import long_tailed_batch
+from zeppelin_megatron.sim.lengths import sample_steps
+from zeppelin_megatron.sim.simulator import simulate
+
+MOVELESS = PlannerOptions(packed_moves=False)
+
+
+def _cost(spec: str, model: str | None = None, **kw: int) -> CostModel:
+    return CostModel(model=load_model(model), cluster=load_cluster(spec, **kw))
+
+
+def _placement(plan: StepPlan) -> list[Assignment]:
+    return [Assignment(s.placement, s.ranks) for s in plan.sequences]  # type: ignore[arg-type]
+
+
+def _finish(lengths: Sequence[int], assignments: Sequence[Assignment], cost: CostModel,
+            widths: Sequence[int]) -> StepPlan:
+    """As best_packed finishes a traded placement: no remap, the kept plan's widths."""
+    return api._candidate(list(lengths), assignments, cost, replace(PlannerOptions(), remap=False), widths)
+
+
+def test_worked_example() -> None:
+    """The module docstring's example: 3000 moves from rank 0 to rank 3, the step 8 -> 5 ms, then nothing lowers it."""
+    cost = SimpleNamespace(cluster=SimpleNamespace(world_size=4, tokens_per_gpu=100_000), call_overhead_ms=0.0,
+                           model=SimpleNamespace(layers=1), local_ms=lambda s: s / 1000, linear_ms=lambda t: 0.0)
+    lengths = [5000, 3000, 4000, 4000, 2000]
+    placed = [Assignment("local", (r,)) for r in (0, 0, 1, 2, 3)]
+    tokens = [8000, 4000, 4000, 2000]
+    moved = trade_whole(lengths, placed, [0.0] * 4, [0.0] * 4, [0.0] * 4, tokens, cost)  # type: ignore[arg-type]
+    assert moved is not None
+    assert [a.ranks[0] for a in moved.assignments] == [0, 3, 1, 2, 3]
+    assert (moved.before_ms, moved.after_ms) == (pytest.approx(8.0), pytest.approx(5.0))
+    assert tokens == [5000, 4000, 4000, 5000]
+    none = trade_whole([4000, 4000], [Assignment("local", (0,)), Assignment("local", (1,))], [0.0] * 2, [0.0] * 2,
+                       [0.0] * 2, [4000, 4000], replace_world(cost, 2))
+    assert none is None  # balanced already: no trade lowers the step
+
+
+def replace_world(cost: SimpleNamespace, world: int) -> SimpleNamespace:
+    return SimpleNamespace(**{**vars(cost), "cluster": SimpleNamespace(world_size=world, tokens_per_gpu=100_000)})
+
+
+@pytest.mark.parametrize("spec,model,dist,tokens", [
+    ("2x8", "configs/models/llama_7b.yaml", "arxiv-64k", 1 << 19),
+    ("8x8", "configs/models/llama_3b.yaml", "github-64k", 1 << 20),
+    ("16x8", None, "long-tailed", 1 << 20),
+])
+def test_trades_predict_what_they_promise(spec: str, model: str | None, dist: str, tokens: int) -> None:
+    """On the kept packed plan (docs/BENCHMARKS.md's batch 0 of Llama-7B arxiv-64k on 16 GPUs and Llama-3B
+    github-64k on 64; plan_speed's long-tailed seed 1): the trades lower the step, ``before_ms`` and ``after_ms``
+    are predict's charged steps of the plan and of the traded one finished with the same widths (both with their
+    rings in parts), only whole documents move, every rank stays within ``tokens_per_gpu``, and the same input
+    gives the same trades."""
+    cost = _cost(spec, model)
+    lengths = long_tailed_batch(tokens, 1) if dist == "long-tailed" else sample_steps(dist, 1, tokens, 0)[0]
+    plan = plan_step(lengths, cost, MOVELESS)
+    assert plan.origin == "packed"
+    ran = split_rings(api._candidate(lengths, _placement(plan), cost, replace(MOVELESS, remap=False),
+                                     [s.a2a for s in plan.sequences]), cost)
+    moved = move_whole(lengths, _placement(plan), ran, cost, CHARGES)
+    assert moved is not None and moved.after_ms < moved.before_ms
+    assert moved == move_whole(lengths, _placement(plan), ran, cost, CHARGES)
+    assert moved.before_ms == pytest.approx(predict(ran, cost, charges=CHARGES).step_ms, abs=1e-5)
+    traded = split_rings(_finish(lengths, moved.assignments, cost, [s.a2a for s in plan.sequences]), cost)
+    assert moved.after_ms == pytest.approx(predict(traded, cost, charges=CHARGES).step_ms, abs=1e-5)
+    changed = [(a, b) for a, b in zip(_placement(plan), moved.assignments) if a != b]
+    assert changed and all(a.placement == b.placement == "local" for a, b in changed)
+    assert max(traded.rank_tokens[1]) <= cost.cluster.tokens_per_gpu
+    assert [r.ranks for r in traded.rings] == [r.ranks for r in ran.rings]
+
+
+def test_plan_step_trades_where_faster() -> None:
+    """Llama-7B arxiv-64k on 2 x 8 GPUs, 512k tokens, batch 0: plan_step's packing leaves node 0's head-parallel ring
+    ranks below node 1's whole-document ranks; the traded plan predicts (charged) and simulates faster than with
+    PlannerOptions(packed_moves=False), and keeps every ring."""
+    cost = _cost("2x8", "configs/models/llama_7b.yaml")
+    lengths = sample_steps("arxiv-64k", 1, 1 << 19, 0)[0]
+    plan, plain = plan_step(lengths, cost), plan_step(lengths, cost, MOVELESS)
+    assert [(s.placement, s.ranks) for s in plan.sequences if s.placement != "local"] == [
+        (s.placement, s.ranks) for s in plain.sequences if s.placement != "local"]
+    assert _placement(plan) != _placement(plain)
+    assert predict(plan, cost, charges=CHARGES).step_ms < predict(plain, cost, charges=CHARGES).step_ms - 1.0
+    assert simulate(plan, cost).step_ms < simulate(plain, cost).step_ms
+    assert StepPlan.from_json(plan.to_json()) == plan
+
+
+def test_no_trades_with_a_remap() -> None:
+    """A plan whose linear layout is not its attention layout (a remap) gets no trades: the remap, not the whole
+    documents' ranks, balances its linear modules."""
+    cost = _cost("2x8")
+    lengths = long_tailed_batch(1 << 18, 0)
+    plan = plan_step(lengths, cost, PlannerOptions(remap=True))
+    assert plan.linear_layout != plan.attention_layout
+    assert move_whole(lengths, _placement(plan), plan, cost, CHARGES) is None
+
+
+def test_option() -> None:
+    with pytest.raises(PlanError, match="packed_moves is 1, expected True or False"):
+        PlannerOptions(packed_moves=1)  # type: ignore[arg-type]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.integers(1, 12_000), min_size=2, max_size=40), spec=st.sampled_from(["1x4", "2x2", "2x4"]))
+def test_trades_on_random_batches(lengths: list[int], spec: str) -> None:
+    """Random lengths: plan_step's plan is valid and predicts no slower than without trades (charged, as
+    best_packed compares); where the kept packing has trades, they only move whole documents, keep every rank
+    within capacity and promise the step their finished plan predicts."""
+    cost = _cost(spec, tokens_per_gpu=max(16_384, -(-sum(lengths) // 2)))
+    plan, plain = plan_step(lengths, cost), plan_step(lengths, cost, MOVELESS)
+    assert predict(plan, cost, charges=CHARGES).step_ms <= predict(plain, cost, charges=CHARGES).step_ms + 1e-6
+    if plain.origin != "packed":
+        return
+    widths = [s.a2a for s in plain.sequences]
+    ran = split_rings(_finish(lengths, _placement(plain), cost, widths), cost)
+    moved = move_whole(lengths, _placement(plain), ran, cost, CHARGES)
+    if moved is None:
+        return
+    traded = split_rings(_finish(lengths, moved.assignments, cost, widths), cost)
+    assert moved.after_ms < moved.before_ms
+    assert moved.after_ms == pytest.approx(predict(traded, cost, charges=CHARGES).step_ms, abs=1e-5)
+    assert max(traded.rank_tokens[1]) <= cost.cluster.tokens_per_gpu
+    assert all(a == b or a.placement == b.placement == "local"
+               for a, b in zip(_placement(plain), moved.assignments))
