@@ -73,15 +73,15 @@ __all__ = ["best_packed", "lead_splits", "fill_splits"]
 
 Emit = Callable[[list[Assignment], int], "float | None"]
 
+Deferred = tuple[float, int, int, tuple[tuple[int, int], ...]]
+"""A wide packing not yet made: its bound (:func:`_span_floor`), ``cp``, ``shard_from`` and spans."""
+
 
 class Finish(Protocol):
     """Turns a placement into a finished plan whose linear layout is its attention layout; ``widths``: every
     sequence's block width as given (default: chosen, :func:`~.choose_heads.choose_widths`)."""
 
     def __call__(self, assignments: Sequence[Assignment], *, widths: Sequence[int] | None = None) -> StepPlan: ...
-
-Deferred = tuple[float, int, int, tuple[tuple[int, int], ...]]
-"""A wide packing not yet made: its bound (:func:`_span_floor`), ``cp``, ``shard_from`` and spans."""
 
 
 def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, plan: StepPlan,

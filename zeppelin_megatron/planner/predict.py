@@ -83,7 +83,8 @@ from .ring_parts import parts_time
 from .routing import Route
 from .zigzag import next_position
 
-__all__ = ["predict", "attention_time", "ring_time", "rank_attention", "remap_time"]
+__all__ = ["predict", "attention_time", "ring_time", "rank_attention", "remap_time", "ring_loads", "RingLoads",
+           "copied_ranks"]
 
 _SCALE = 1e6
 """Predictions are rounded to ``1 / _SCALE`` ms (and MB): :func:`_round`."""
@@ -158,7 +159,6 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
     )
 
 
-
 class RingLoads(NamedTuple):
     """Per rank, one layer, what its rings cost (:func:`ring_loads`): ``total`` the summed ring totals (the
     time its rings hold it, waits included), ``own`` its kernels, copies and head-parallel all-to-alls,
@@ -174,7 +174,7 @@ class RingLoads(NamedTuple):
 
 def ring_loads(plan: StepPlan, cost: CostModel, charges: str = "none") -> RingLoads:
     """The rings' share of :func:`predict` per rank (:class:`RingLoads`): plain rings by :func:`ring_time` on
-    their routes, head-parallel ones by :func:`~.cost_head.head_ring_time` (a ring in parts,
+    their routes, head-parallel ones by :func:`~.cost_heads.head_ring_time` (a ring in parts,
     :mod:`.ring_parts`, timed once by :func:`~.ring_parts.parts_time` on its first part). Example: a plan
     without rings gives zeros on every rank."""
     cl = cost.cluster

@@ -6,7 +6,7 @@ the group-level pass chose, never to another group's. The finished plan's predic
 time per token depends on a rank's tokens, a whole document on a ring's rank pays the engine's row copies, a
 ring's waits hide local work, and the last documents placed are not small against the gaps left (Llama-7B
 arxiv-64k on 16 GPUs, 512k tokens, batch 0: ranks 5-7 at 123.2 ms a layer under a head-parallel ring with
-nothing else, ranks 12-15 of the other node at 131.0-131.5, predicted under the engine's charges).
+nothing else, ranks 12, 13 and 15 of the other node at 131.0-131.5, predicted under the engine's charges).
 
 :func:`move_whole` corrects that on the finished plan with :func:`~.predict.predict`'s own per-rank terms.
 Without a remap a rank ``r`` takes ``attn_r + linear_ms(t_r)`` a layer, ``attn_r = tot_r + max(0, max(loc_r, o)
@@ -23,7 +23,7 @@ and every ring rank whose waits would hide part of a document, and the first rec
 the one with the lowest ``max(new b, new r)`` (ties: the shorter ``s``, then ``u``). One document per distinct
 length is tried on each side (the lowest index). Each trade lowers the rank times sorted in descending order
 (lexicographically), so the loop ends; it stops after ``2 P`` trades at most. Rings, their widths and routes
-stay as they were: :func:`~.packed_search.best_packed` finishes the moved placement with the same widths and
+stay as they were: :func:`~.packed_search.best_packed` finishes the traded placement with the same widths and
 keeps it where its step is lower.
 
 Example (4 GPUs, no rings, no linear time, no call overhead, ``local_ms(s) = s / 1000``): ranks 0-3 holding
@@ -51,11 +51,11 @@ from .predict import copied_ranks, ring_loads
 __all__ = ["move_whole", "trade_whole", "Moved", "TARGETS"]
 
 TARGETS = 8
-"""How many of the least-loaded ranks a move is tried to (besides ring ranks with room in their waits)."""
+"""How many of the least-loaded ranks are offered a trade (besides ring ranks whose waits would hide a document)."""
 
 
 class Moved(NamedTuple):
-    """What :func:`move_whole` made: the moved placement, and the step before and after the moves (``L`` layers
+    """What :func:`move_whole` made: the traded placement, and the step before and after the trades (``L`` layers
     times the busiest rank's layer, :func:`~.predict.predict`'s step of a plan without a remap)."""
 
     assignments: list[Assignment]
