@@ -177,7 +177,7 @@ def _moved(lengths: Sequence[int], placed: Sequence[Assignment], best: StepPlan,
     the rings, so their parts, are the same), so no plan is predicted here; ties keep ``best``."""
     parts = options.ring_parts and options.head_parallel
     ran = split_rings(best, cost) if parts else best
-    moved = move_whole(lengths, placed, ran, cost, CHARGES)
+    moved = move_whole(lengths, placed, ran, cost, CHARGES, parts=parts)
     if moved is None:
         return best
     return finish(moved.assignments, widths=[x.a2a for x in best.sequences])  # the same rings: their widths kept

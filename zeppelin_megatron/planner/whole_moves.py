@@ -1,4 +1,5 @@
-"""Whole documents moved or swapped off the busiest ranks of a finished packed plan (:func:`move_whole`).
+"""Whole documents moved or swapped off the busiest ranks of a finished packed plan, and documents moved between
+its head-parallel rings (:func:`move_whole`).
 
 A packing (:mod:`.packed`) places documents by *estimates*: a group's work is the sum of its documents' work
 at one linear cost per token, and whole documents go, heaviest first, to the least-loaded rank of the group
@@ -21,10 +22,18 @@ back one of ``u < s`` tokens or none, where ``r`` has room (``tokens_per_gpu``) 
 now; receivers are tried least-loaded first (ties: the lower rank) among the :data:`TARGETS` least-loaded ranks
 and every ring rank whose waits would hide part of a document, and the first receiver with such a trade makes
 the one with the lowest ``max(new b, new r)`` (ties: the shorter ``s``, then ``u``). One document per distinct
-length is tried on each side (the lowest index). Each trade lowers the rank times sorted in descending order
-(lexicographically), so the loop ends; it stops after ``2 P`` trades at most. Rings, their widths and routes
-stay as they were: :func:`~.packed_search.best_packed` finishes the traded placement with the same widths and
-keeps it where its step is lower.
+length is tried on each side (the lowest index). Where no such trade exists and ``b`` is a member of a
+head-parallel ring, one of that ring's documents may move to another head-parallel ring over as many ranks at
+the same width, sharing no rank with it, where every member of both ends below ``b``'s time (the lowest such
+maximum; receivers least-loaded first; :data:`RING_TRIES` receivers timed in all): at 128 GPUs the busiest ranks
+are often a ring holding two long documents beside rings holding one (Llama-3B prolong-64k, batch 0: a ring over
+16 ranks with 53.1k and 50.8k tokens at 32.2 ms a layer, others at 28.1-29.5). A ring is timed as
+:func:`~.predict.ring_loads` times it (:meth:`RingMoves.terms`: in parts where
+:func:`~.ring_parts.split_rings` would split it), so the step stays exact. Each trade or move lowers the rank
+times sorted in descending order (lexicographically), so the loop ends; it stops after ``2 P`` of them at most.
+Routes and widths stay as they were (a moved document keeps its width, its receiver's):
+:func:`~.packed_search.best_packed` finishes the traded placement with the same widths and keeps it where its
+step is lower.
 
 Example (4 GPUs, no rings, no linear time, no call overhead, ``local_ms(s) = s / 1000``): ranks 0-3 holding
 ``[5000, 3000]``, ``[4000]``, ``[4000]``, ``[2000]`` (8, 4, 4, 2 ms). Rank 0 is busiest; the least-loaded
@@ -44,9 +53,13 @@ from typing import NamedTuple, Sequence
 
 from .cost_model import CostModel
 from .engine_ring import local_copy_ms_per_token
+from .packed import sharded_ms
 from .partition_context import Assignment
 from .plan import StepPlan
+from .cost_heads import head_ring_time
 from .predict import copied_ranks, ring_loads
+from .ring_parts import best_parts, parts_time
+from .zigzag import zigzag_counts
 
 __all__ = ["move_whole", "trade_whole", "Moved", "TARGETS"]
 
@@ -64,10 +77,13 @@ class Moved(NamedTuple):
 
 
 def move_whole(lengths: Sequence[int], assignments: Sequence[Assignment], plan: StepPlan, cost: CostModel,
-               charges: str) -> Moved | None:
+               charges: str, *, ring_moves: bool = True, parts: bool = True) -> Moved | None:
     """``assignments`` (the placement ``plan`` was finished from, linear layout = attention layout) with whole
-    documents traded off the busiest ranks (module docstring) and the step before and after, or ``None`` when no
-    trade lowers the step or ``plan`` has a remap. Times under ``charges`` (:func:`~.predict.predict`'s)."""
+    documents traded off the busiest ranks, and documents moved between head-parallel rings where
+    ``ring_moves`` (module docstring), and the step before and after, or ``None`` when nothing lowers the step or
+    ``plan`` has a remap. Times under ``charges`` (:func:`~.predict.predict`'s); ``parts``: rings of several
+    documents are timed in parts where :func:`~.ring_parts.split_rings` would split them (``plan_step`` splits
+    them when ``ring_parts`` and ``head_parallel`` are on)."""
     if plan.linear_layout != plan.attention_layout:
         return None
     world = cost.cluster.world_size
@@ -76,11 +92,62 @@ def move_whole(lengths: Sequence[int], assignments: Sequence[Assignment], plan: 
     copied = copied_ranks(plan)
     per_token = local_copy_ms_per_token(cost, charges)
     pays = [per_token if copied is None or r in copied else 0.0 for r in range(world)]
-    return trade_whole(lengths, assignments, tot, own, pays, list(plan.rank_tokens[1]), cost)
+    rings = None
+    if ring_moves:
+        rings = RingMoves(cost, charges, parts, {})
+        for i, x in enumerate(plan.sequences):
+            if x.placement != "local" and x.a2a > 1:
+                rings.members.setdefault((x.ranks, x.a2a), []).append(i)
+    return trade_whole(lengths, assignments, list(tot), list(own), pays, list(plan.rank_tokens[1]), cost, rings)
 
 
-def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: Sequence[float],
-                own: Sequence[float], pays: Sequence[float], tokens: list[int], cost: CostModel) -> Moved | None:
+class RingShift(NamedTuple):
+    """Document ``seq`` moved from the ring ``old`` to the ring ``new`` (``(ranks, width)`` keys); ``before`` and
+    ``after``: the ``(total, own)`` terms of ``(old, new)``."""
+
+    seq: int
+    old: tuple[tuple[int, ...], int]
+    new: tuple[tuple[int, ...], int]
+    before: tuple[tuple[float, float], tuple[float, float]]
+    after: tuple[tuple[float, float], tuple[float, float]]
+
+
+class RingMoves(NamedTuple):
+    """What :func:`trade_whole` needs to move a document between head-parallel rings: the charges, whether rings of
+    several documents run in parts where that pays (:func:`~.ring_parts.split_rings`), and each ring's documents
+    by ``(ranks, width)`` (updated in place)."""
+
+    cost: CostModel
+    charges: str
+    parts: bool
+    members: dict[tuple[tuple[int, ...], int], list[int]]
+
+    def terms(self, ranks: tuple[int, ...], lengths: Sequence[int], a2a: int) -> tuple[float, float]:
+        """A head-parallel ring's ``(total, own)`` on each member as :func:`~.predict.ring_loads` adds them
+        (``own`` with the all-to-alls), in parts where :func:`~.ring_parts.split_rings` would split it; zeros for no
+        documents. ``lengths`` in sequence order."""
+        if not lengths:
+            return 0.0, 0.0
+        cost, charges = self.cost, self.charges
+        key = ("ring_terms", ranks, tuple(lengths), a2a, charges, self.parts)
+        hit = cost._cache.get(key)
+        if hit is not None:  # memoised: a ring is timed again at every try
+            return hit  # type: ignore[no-any-return]
+        h = head_ring_time(cost, ranks, list(lengths), a2a, charges)
+        out = h.total, h.own + h.a2a_ms
+        if self.parts and len(lengths) >= 2:
+            whole, parted, split = best_parts(cost, ranks, lengths, a2a)
+            if parted < whole:
+                family = [[lengths[j] for j in sorted(p)] for p in split]
+                total, a2a_ms = parts_time(cost, ranks, family, a2a, charges)
+                out = total, sum(head_ring_time(cost, ranks, ls, a2a, charges).own for ls in family) + a2a_ms
+        cost._cache[key] = out
+        return out
+
+
+def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: list[float], own: list[float],
+                pays: Sequence[float], tokens: list[int], cost: CostModel,
+                rings: RingMoves | None = None) -> Moved | None:
     """The trades of :func:`move_whole` (module docstring) given each rank's ring ``tot`` and ``own`` ms a layer,
     the row-copy ms per token ``pays`` its whole documents cost on top of ``local_ms``, and its ``tokens``
     (updated in place); ``None`` when no trade lowers the step. ``cost`` gives ``local_ms``, ``linear_ms``, the
@@ -107,17 +174,65 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
 
     times = [time(r, loc[r], tokens[r], len(held[r])) for r in range(world)]
     order = sorted((t, r) for r, t in enumerate(times))  # (time, rank), ascending
-    waits = [t - o for t, o in zip(tot, own)]
-
     def hides(r: int) -> bool:
         """Whether rank ``r``'s ring waits have room for more local work."""
-        return waits[r] > (max(loc[r], oh) if held[r] else 0.0)
+        return tot[r] - own[r] > (max(loc[r], oh) if held[r] else 0.0)
 
     spare = {r for r in range(world) if hides(r)}  # ranks whose ring waits would hide part of a document
     where = [a.ranks[0] if a.placement == "local" else -1 for a in assignments]
+    ring_of: dict[int, tuple[int, ...]] = {}  # documents moved to another ring: their new ranks
     first = order[-1][0]
     moved = False
     kinds: list[list[tuple[int, int]] | None] = [None] * world  # _distinct(held[r]), until r changes
+
+    def shifted(x: int, d_tot: float, d_own: float, d_tok: int) -> float:
+        """Rank ``x``'s layer with its rings' ``tot`` and ``own`` and its tokens changed by these amounts."""
+        t, o = tot[x] + d_tot, own[x] + d_own
+        a = t + max(0.0, max(loc[x], oh) - (t - o)) if held[x] else t
+        return a + linear_ms(tokens[x] + d_tok)
+
+    def ring_move(b: int, top: float, rings: RingMoves) -> RingShift | None:
+        """A document of a head-parallel ring holding ``b`` moved to another ring over as many ranks at the same
+        width where every member of both ends below ``top``: the lowest such maximum (ties: the shorter document,
+        then the receiver whose busiest member is less loaded), trying receivers least-loaded first and at most
+        :data:`RING_TRIES` pairs; ``None`` when none lowers ``b``."""
+        best: tuple[float, int, int, RingShift] | None = None
+        tries = 0
+        for key in [k for k, seqs in rings.members.items() if seqs and b in k[0]]:
+            ranks, a2a = key
+            seqs = rings.members[key]
+            others = sorted((max(times[x] for x in k[0]), k[0], k) for k in rings.members
+                            if k != key and len(k[0]) == len(ranks) and k[1] == a2a and not set(k[0]) & set(ranks))
+            if not others or others[0][0] >= top - 1e-9:
+                continue  # no receiver below b: none can end below it
+            before = rings.terms(ranks, [lengths[j] for j in seqs], a2a)
+            for i in sorted(seqs, key=lambda j: (lengths[j], j)):
+                if others[0][0] + RING_SHARE * sharded_ms(cost, lengths[i], len(ranks)) >= top - 1e-9:
+                    break  # longer documents cost a receiver more (estimated: the document alone on its ring)
+                shares = zigzag_counts(lengths[i], len(ranks))
+                after = rings.terms(ranks, [lengths[j] for j in seqs if j != i], a2a)
+                giver = max(shifted(x, after[0] - before[0], after[1] - before[1], -t) for x, t in zip(ranks, shares))
+                if giver >= top - 1e-9:
+                    continue
+                gain = before[1] - after[1]  # what the document costs each member of its ring
+                for peak, _, other in others:
+                    if peak + RING_SHARE * gain >= top - 1e-9 or (best is not None and peak >= best[0]):
+                        break  # a receiver only gains (about what the giver loses, on a ring of its shape)
+                    if any(tokens[x] + t > cap for x, t in zip(other[0], shares)):
+                        continue
+                    if tries >= RING_TRIES:
+                        return None if best is None else best[3]
+                    tries += 1
+                    theirs = rings.members[other]
+                    o0 = rings.terms(other[0], [lengths[j] for j in theirs], a2a)
+                    o1 = rings.terms(other[0], [lengths[j] for j in sorted(theirs + [i])], a2a)
+                    taker = max(shifted(x, o1[0] - o0[0], o1[1] - o0[1], t) for x, t in zip(other[0], shares))
+                    value = max(giver, taker)
+                    cand = (value, lengths[i], i, RingShift(i, key, other, (before, o0), (after, o1)))
+                    if value < top - 1e-9 and (best is None or cand[:3] < best[:3]):
+                        best = cand
+        return None if best is None else best[3]
+
     for _ in range(2 * world):
         top = order[-1][0]
         b = order[bisect_left(order, (top, -1))][1]  # the busiest (ties: the lowest rank)
@@ -152,7 +267,31 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
                     if key[0] < top - 1e-9 and (best is None or key < best):
                         best = key
         if best is None:
-            break
+            if rings is None:
+                break
+            shift = ring_move(b, top, rings)
+            if shift is None:
+                break
+            i, old_key, new_key, old_terms, new_terms = shift
+            rings.members[old_key].remove(i)
+            rings.members.setdefault(new_key, []).append(i)
+            rings.members[new_key].sort()
+            ring_of[i] = new_key[0]
+            for ring, (t0, o0), (t1, o1), sign in ((old_key[0], old_terms[0], new_terms[0], -1),
+                                                   (new_key[0], old_terms[1], new_terms[1], 1)):
+                for x, t in zip(ring, zigzag_counts(lengths[i], len(ring))):
+                    tot[x] += t1 - t0
+                    own[x] += o1 - o0
+                    tokens[x] += sign * t
+                    del order[bisect_left(order, (times[x], x))]
+                    times[x] = time(x, loc[x], tokens[x], len(held[x]))
+                    insort(order, (times[x], x))
+                    if hides(x):
+                        spare.add(x)
+                    else:
+                        spare.discard(x)
+            moved = True
+            continue
         _, s, u, r, i, j = best
         for x, out, into in ((b, i, j), (r, j, i)):
             if out >= 0:
@@ -176,8 +315,24 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
     layers = cost.model.layers
     if not moved or layers * order[-1][0] >= layers * first - 1e-6:  # predictions are rounded to 1e-6 ms
         return None
-    return Moved([Assignment("local", (where[i],)) if a.placement == "local" else a for i, a in enumerate(assignments)],
-                 layers * first, layers * order[-1][0])
+    traded = [Assignment("local", (where[i],)) if a.placement == "local" else
+              Assignment(_placement(cost, ring_of[i]), ring_of[i]) if i in ring_of else a  # type: ignore[arg-type]
+              for i, a in enumerate(assignments)]
+    return Moved(traded, layers * first, layers * order[-1][0])
+
+
+RING_TRIES = 6
+"""At most this many (document, receiving ring) pairs are timed for one ring move (each times two rings)."""
+
+RING_SHARE = 0.5
+"""A receiving ring is timed only where its busiest member plus this share of what the document costs each member of
+its own ring stays below the busiest rank (a ring of the same shape gains about that much)."""
+
+
+def _placement(cost: CostModel, ranks: tuple[int, ...]) -> str:
+    """``intra_node`` or ``inter_node`` for a ring over ``ranks``."""
+    cl = cost.cluster
+    return "intra_node" if cl.node_of(ranks[0]) == cl.node_of(ranks[-1]) else "inter_node"
 
 
 def _distinct(held: Sequence[int], lengths: Sequence[int]) -> list[tuple[int, int]]:

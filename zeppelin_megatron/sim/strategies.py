@@ -180,7 +180,8 @@ _DESCRIPTIONS: dict[str, str] = {
                                "documents; PlannerOptions(packed_fill=False))",
     "zeppelin-no-packed-absorb": "Zeppelin's packings without rings absorbing whole documents from their group's "
                                  "busiest rank (PlannerOptions(packed_absorb=False))",
-    "zeppelin-no-whole-moves": "Zeppelin without moving the kept packing's whole documents off its busiest ranks "
+    "zeppelin-no-whole-moves": "Zeppelin without trading the kept packing's whole documents off its busiest ranks "
+                               "or moving documents between its head-parallel rings "
                                "(PlannerOptions(packed_moves=False))",
     "zeppelin-grouped": "Zeppelin also trying TE-CP-a2a+p2p-style whole-node CP groups as candidates "
                         "(PlannerOptions(grouped=True), opt-in)",
