@@ -191,6 +191,16 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
         a = t + max(0.0, max(loc[x], oh) - (t - o)) if held[x] else t
         return a + linear_ms(tokens[x] + d_tok)
 
+    def retime(x: int) -> None:
+        """Rank ``x``'s time, its place in ``order`` and in ``spare`` after its work changed."""
+        del order[bisect_left(order, (times[x], x))]
+        times[x] = time(x, loc[x], tokens[x], len(held[x]))
+        insort(order, (times[x], x))
+        if hides(x):
+            spare.add(x)
+        else:
+            spare.discard(x)
+
     def ring_move(b: int, top: float, rings: RingMoves) -> RingShift | None:
         """A document of a head-parallel ring holding ``b`` moved to another ring over as many ranks at the same
         width where every member of both ends below ``top``: the lowest such maximum (ties: the shorter document,
@@ -283,13 +293,7 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
                     tot[x] += t1 - t0
                     own[x] += o1 - o0
                     tokens[x] += sign * t
-                    del order[bisect_left(order, (times[x], x))]
-                    times[x] = time(x, loc[x], tokens[x], len(held[x]))
-                    insort(order, (times[x], x))
-                    if hides(x):
-                        spare.add(x)
-                    else:
-                        spare.discard(x)
+                    retime(x)
             moved = True
             continue
         _, s, u, r, i, j = best
@@ -303,13 +307,7 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
                 tokens[x] += lengths[into]
                 held[x].append(into)
                 where[into] = x
-            del order[bisect_left(order, (times[x], x))]
-            times[x] = time(x, loc[x], tokens[x], len(held[x]))
-            insort(order, (times[x], x))
-            if hides(x):
-                spare.add(x)
-            else:
-                spare.discard(x)
+            retime(x)
             kinds[x] = None
         moved = True
     layers = cost.model.layers
