@@ -173,8 +173,9 @@ def _moved(lengths: Sequence[int], placed: Sequence[Assignment], best: StepPlan,
     traded (:func:`~.whole_moves.move_whole`, finished with ``best``'s widths), whichever predicts the lower step
     under :data:`CHARGES` as ``plan_step`` runs it: with its rings in parts where that pays
     (:func:`~.ring_parts.split_rings`, when ``options.ring_parts``), since the parts change a ring's time and the
-    waits its ranks' whole documents fill. The trades' own step is that prediction (:class:`~.whole_moves.Moved`;
-    the rings, so their parts, are the same), so no plan is predicted here; ties keep ``best``."""
+    waits its ranks' whole documents fill. The trades' own step is that prediction (:class:`~.whole_moves.Moved`:
+    every ring timed in the parts :func:`~.ring_parts.split_of` gives it), so no plan is predicted here; ties keep
+    ``best``."""
     parts = options.ring_parts and options.head_parallel
     ran = split_rings(best, cost) if parts else best
     moved = move_whole(lengths, placed, ran, cost, CHARGES, parts=parts)

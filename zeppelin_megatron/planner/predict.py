@@ -79,7 +79,7 @@ from .lowering import participants
 from .plan import Prediction, StepPlan
 from .remap_cost import coupled_ms, remap_layer_ms, remap_ranks
 from .remap_windows import staying_rows
-from .ring_parts import parts_time
+from .ring_parts import family_time
 from .routing import Route
 from .zigzag import next_position
 
@@ -195,14 +195,12 @@ def ring_loads(plan: StepPlan, cost: CostModel, charges: str = "none") -> RingLo
         lengths = [plan.sequences[i].length for i in ring.seqs]
         if ring.a2a > 1:
             h = head_ring_time(cost, ring.ranks, lengths, ring.a2a, charges)
-            total, own, a2a_ms = h.total, h.own, h.a2a_ms
             family = parts[(ring.ranks, ring.a2a)]
-            if len(family) > 1 and (ring.ranks, ring.a2a) in seen:  # a later part: timed with the first, bytes only
+            if (ring.ranks, ring.a2a) in seen:  # a later part: timed with the first, bytes only
                 total = own = a2a_ms = 0.0
-            elif len(family) > 1:  # the first part carries the parts' timeline and all their own time
+            else:  # the first part (or the ring whole) carries the parts' timeline and all their own time
                 seen.add((ring.ranks, ring.a2a))
-                total, a2a_ms = parts_time(cost, ring.ranks, family, ring.a2a, charges)
-                own = sum(head_ring_time(cost, ring.ranks, ls, ring.a2a, charges).own for ls in family)
+                total, own, a2a_ms = family_time(cost, ring.ranks, family, ring.a2a, charges)
             m = ring.blocks
             for p, src in enumerate(ring.ranks):
                 b, lane = divmod(p, ring.a2a)

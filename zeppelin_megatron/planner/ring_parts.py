@@ -45,7 +45,8 @@ from .cost_model import CostModel
 from .plan import StepPlan
 from .plan_parts import LocalSlot, Ring, SequencePlan
 
-__all__ = ["shares", "best_parts", "parts_time", "split_rings", "parted", "CHARGES", "PARTS_MAX"]
+__all__ = ["shares", "best_parts", "parts_time", "split_of", "family_time", "split_rings", "parted", "CHARGES",
+           "PARTS_MAX"]
 
 CHARGES = "zeppelin"
 """The charge model the split is decided under (the engine's copies and fp32 dK/dV, as the simulator runs it)."""
@@ -112,6 +113,29 @@ def best_parts(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int], 
     return whole, best[0], best[1]
 
 
+def split_of(cost: CostModel, ranks: tuple[int, ...], lengths: Sequence[int], a2a: int) -> list[list[int]]:
+    """The parts :func:`split_rings` runs a head-parallel ring of ``lengths`` in (indices into ``lengths``): those of
+    :func:`best_parts` where they beat the whole ring, else one part of every index. Example: one length: ``[[0]]``."""
+    if len(lengths) >= 2:
+        whole, parted, parts = best_parts(cost, ranks, lengths, a2a)
+        if parted < whole:
+            return parts
+    return [list(range(len(lengths)))]
+
+
+def family_time(cost: CostModel, ranks: tuple[int, ...], family: Sequence[Sequence[int]], a2a: int,
+                charges: str = CHARGES) -> tuple[float, float, float]:
+    """``(total, own, a2a_ms)`` of one member of a head-parallel ring over ``ranks`` at width ``a2a`` run as the
+    parts ``family`` (their lengths, in queue order; one part: the ring whole, :func:`~.cost_heads.head_ring_time`):
+    the parts' :func:`parts_time` and the sum of their own times. What :func:`~.predict.ring_loads` charges a ring
+    run in parts on its first part."""
+    if len(family) == 1:
+        h = head_ring_time(cost, ranks, list(family[0]), a2a, charges)
+        return h.total, h.own, h.a2a_ms
+    total, a2a_ms = parts_time(cost, ranks, family, a2a, charges)
+    return total, sum(head_ring_time(cost, ranks, list(ls), a2a, charges).own for ls in family), a2a_ms
+
+
 def split_rings(plan: StepPlan, cost: CostModel) -> StepPlan:
     """``plan`` with each head-parallel ring of two or more sequences split into parts where :func:`best_parts`
     predicts a split faster (module docstring; two or three parts, the faster); ``plan`` itself when none is.
@@ -123,9 +147,8 @@ def split_rings(plan: StepPlan, cost: CostModel) -> StepPlan:
         if ring.a2a < 2 or len(ring.seqs) < 2 or any(plan.sequences[i].part for i in ring.seqs):
             continue
         lengths = [plan.sequences[i].length for i in ring.seqs]
-        whole, parted, parts = best_parts(cost, ring.ranks, lengths, ring.a2a)
-        if parted < whole:
-            moved.update((ring.seqs[j], p) for p, part in enumerate(parts) if p for j in part)
+        parts = split_of(cost, ring.ranks, lengths, ring.a2a)
+        moved.update((ring.seqs[j], p) for p, part in enumerate(parts) if p for j in part)
     if not moved:
         return plan
     seqs = tuple(SequencePlan(s.length, s.placement, s.ranks, s.a2a, moved[i]) if i in moved else s

@@ -56,9 +56,8 @@ from .engine_ring import local_copy_ms_per_token
 from .packed import sharded_ms
 from .partition_context import Assignment
 from .plan import StepPlan
-from .cost_heads import head_ring_time
 from .predict import copied_ranks, ring_loads
-from .ring_parts import best_parts, parts_time
+from .ring_parts import family_time, split_of
 from .zigzag import zigzag_counts
 
 __all__ = ["move_whole", "trade_whole", "Moved", "TARGETS"]
@@ -77,10 +76,10 @@ class Moved(NamedTuple):
 
 
 def move_whole(lengths: Sequence[int], assignments: Sequence[Assignment], plan: StepPlan, cost: CostModel,
-               charges: str, *, ring_moves: bool = True, parts: bool = True) -> Moved | None:
+               charges: str, *, parts: bool = True) -> Moved | None:
     """``assignments`` (the placement ``plan`` was finished from, linear layout = attention layout) with whole
-    documents traded off the busiest ranks, and documents moved between head-parallel rings where
-    ``ring_moves`` (module docstring), and the step before and after, or ``None`` when nothing lowers the step or
+    documents traded off the busiest ranks, and documents moved between head-parallel rings (module docstring),
+    and the step before and after, or ``None`` when nothing lowers the step or
     ``plan`` has a remap. Times under ``charges`` (:func:`~.predict.predict`'s); ``parts``: rings of several
     documents are timed in parts where :func:`~.ring_parts.split_rings` would split them (``plan_step`` splits
     them when ``ring_parts`` and ``head_parallel`` are on)."""
@@ -92,12 +91,10 @@ def move_whole(lengths: Sequence[int], assignments: Sequence[Assignment], plan: 
     copied = copied_ranks(plan)
     per_token = local_copy_ms_per_token(cost, charges)
     pays = [per_token if copied is None or r in copied else 0.0 for r in range(world)]
-    rings = None
-    if ring_moves:
-        rings = RingMoves(cost, charges, parts, {})
-        for i, x in enumerate(plan.sequences):
-            if x.placement != "local" and x.a2a > 1:
-                rings.members.setdefault((x.ranks, x.a2a), []).append(i)
+    rings = RingMoves(cost, charges, parts, {})
+    for i, x in enumerate(plan.sequences):
+        if x.placement != "local" and x.a2a > 1:
+            rings.members.setdefault((x.ranks, x.a2a), []).append(i)
     return trade_whole(lengths, assignments, list(tot), list(own), pays, list(plan.rank_tokens[1]), cost, rings)
 
 
@@ -133,15 +130,9 @@ class RingMoves(NamedTuple):
         hit = cost._cache.get(key)
         if hit is not None:  # memoised: a ring is timed again at every try
             return hit  # type: ignore[no-any-return]
-        h = head_ring_time(cost, ranks, list(lengths), a2a, charges)
-        out = h.total, h.own + h.a2a_ms
-        if self.parts and len(lengths) >= 2:
-            whole, parted, split = best_parts(cost, ranks, lengths, a2a)
-            if parted < whole:
-                family = [[lengths[j] for j in sorted(p)] for p in split]
-                total, a2a_ms = parts_time(cost, ranks, family, a2a, charges)
-                out = total, sum(head_ring_time(cost, ranks, ls, a2a, charges).own for ls in family) + a2a_ms
-        cost._cache[key] = out
+        split = split_of(cost, ranks, lengths, a2a) if self.parts else [list(range(len(lengths)))]
+        total, own, a2a_ms = family_time(cost, ranks, [[lengths[j] for j in sorted(p)] for p in split], a2a, charges)
+        cost._cache[key] = out = (total, own + a2a_ms)
         return out
 
 
@@ -163,10 +154,14 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
             held[r].append(i)
     linear_ms = cost.linear_ms
 
+    def layer(t: float, o: float, local: float, n: int, tok: int) -> float:
+        """A rank's layer with rings of total ``t`` and own ``o`` ms, ``n`` whole documents of ``local`` ms (which fill
+        the rings' waits, :func:`~.predict.rank_attention`) and ``tok`` tokens."""
+        return (t + max(0.0, max(local, oh) - (t - o)) if n else t) + linear_ms(tok)
+
     def time(r: int, local: float, t: int, n: int) -> float:
         """Rank ``r``'s layer with ``n`` whole documents of ``local`` ms and ``t`` tokens."""
-        a = tot[r] + max(0.0, max(local, oh) - (tot[r] - own[r])) if n else tot[r]
-        return a + linear_ms(t)
+        return layer(tot[r], own[r], local, n, t)
 
     def call(r: int, s: int) -> float:
         """What a whole document of ``s`` tokens adds to rank ``r``'s local work."""
@@ -174,22 +169,22 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
 
     times = [time(r, loc[r], tokens[r], len(held[r])) for r in range(world)]
     order = sorted((t, r) for r, t in enumerate(times))  # (time, rank), ascending
+
     def hides(r: int) -> bool:
         """Whether rank ``r``'s ring waits have room for more local work."""
         return tot[r] - own[r] > (max(loc[r], oh) if held[r] else 0.0)
 
     spare = {r for r in range(world) if hides(r)}  # ranks whose ring waits would hide part of a document
     where = [a.ranks[0] if a.placement == "local" else -1 for a in assignments]
-    ring_of: dict[int, tuple[int, ...]] = {}  # documents moved to another ring: their new ranks
+    ring_of: dict[int, Assignment] = {}  # documents moved to another ring: its assignment
+    on_ring = {k: assignments[v[0]] for k, v in rings.members.items()} if rings else {}  # each ring's assignment
     first = order[-1][0]
     moved = False
     kinds: list[list[tuple[int, int]] | None] = [None] * world  # _distinct(held[r]), until r changes
 
     def shifted(x: int, d_tot: float, d_own: float, d_tok: int) -> float:
         """Rank ``x``'s layer with its rings' ``tot`` and ``own`` and its tokens changed by these amounts."""
-        t, o = tot[x] + d_tot, own[x] + d_own
-        a = t + max(0.0, max(loc[x], oh) - (t - o)) if held[x] else t
-        return a + linear_ms(tokens[x] + d_tok)
+        return layer(tot[x] + d_tot, own[x] + d_own, loc[x], len(held[x]), tokens[x] + d_tok)
 
     def retime(x: int) -> None:
         """Rank ``x``'s time, its place in ``order`` and in ``spare`` after its work changed."""
@@ -284,9 +279,9 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
                 break
             i, old_key, new_key, old_terms, new_terms = shift
             rings.members[old_key].remove(i)
-            rings.members.setdefault(new_key, []).append(i)
+            ring_of[i] = on_ring[new_key]
+            rings.members[new_key].append(i)
             rings.members[new_key].sort()
-            ring_of[i] = new_key[0]
             for ring, (t0, o0), (t1, o1), sign in ((old_key[0], old_terms[0], new_terms[0], -1),
                                                    (new_key[0], old_terms[1], new_terms[1], 1)):
                 for x, t in zip(ring, zigzag_counts(lengths[i], len(ring))):
@@ -313,8 +308,7 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
     layers = cost.model.layers
     if not moved or layers * order[-1][0] >= layers * first - 1e-6:  # predictions are rounded to 1e-6 ms
         return None
-    traded = [Assignment("local", (where[i],)) if a.placement == "local" else
-              Assignment(_placement(cost, ring_of[i]), ring_of[i]) if i in ring_of else a  # type: ignore[arg-type]
+    traded = [Assignment("local", (where[i],)) if a.placement == "local" else ring_of.get(i, a)
               for i, a in enumerate(assignments)]
     return Moved(traded, layers * first, layers * order[-1][0])
 
@@ -325,12 +319,6 @@ RING_TRIES = 6
 RING_SHARE = 0.5
 """A receiving ring is timed only where its busiest member plus this share of what the document costs each member of
 its own ring stays below the busiest rank (a ring of the same shape gains about that much)."""
-
-
-def _placement(cost: CostModel, ranks: tuple[int, ...]) -> str:
-    """``intra_node`` or ``inter_node`` for a ring over ``ranks``."""
-    cl = cost.cluster
-    return "intra_node" if cl.node_of(ranks[0]) == cl.node_of(ranks[-1]) else "inter_node"
 
 
 def _distinct(held: Sequence[int], lengths: Sequence[int]) -> list[tuple[int, int]]:
