@@ -115,7 +115,8 @@ def test_simulated_call_overlaps_the_all_to_all() -> None:
     cost = _cost(1, 4)
     plan = _plan([(8192, (0, 1, 2, 3), 4)], 1, 4, local=tuple((2500, r) for r in range(4)))
     slots = replace(plan, local_slots=tuple(LocalSlot(r, 0, -1, (1 + r,)) for r in range(4)))
-    h = 0.005 + 3 * 2048 * 8192 / 4e8  # tests/sim/test_head_rings.py: 3 flows of 2048 tokens x 8192 B per port
+    h = 2 * 0.005 + 3 * 2048 * 8192 / 4e8  # tests/sim/test_head_rings.py: 3 flows of 2048 tokens x 8192 B per port,
+    # two messages (runs) for the pairs of lanes 0-2: twice the latency
     local = max(cost.local_ms(2500), cost.call_overhead_ms)
     assert local > h
     after = simulate(plan, cost, charges="none")

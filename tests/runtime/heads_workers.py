@@ -6,7 +6,9 @@ ranks sit in several rings of both kinds, and local sequences run inside a ring'
 (local slots at step -1). Per plan: the all-to-all transfers' messages through the
 router, the engine's trace against the lowered program (routing on and off), outputs and dq/dk/dv
 against float64 per-sequence SDPA (float64 to 1e-9, float32 to 1e-5) for MHA and GQA head counts,
-including K/V heads replicated over lanes (``Hkv < a2a``), and bf16 gradients sent home in bf16 bit for bit
+including K/V heads replicated over lanes (``Hkv < a2a``), with and without the kernel's
+``backward_into`` (a Ulysses ring's gradients written into the send buffer, or copied there), and bf16
+gradients sent home in bf16 bit for bit
 against the same run with them sent in float32. Then heads that cannot split over a
 ring's width: every rank raises before any work, naming the ring, the width and the heads; world 4
 also runs a node-interleaved rank map and a sub-group.
@@ -92,6 +94,23 @@ def check_bf16_wire(group: ZeppelinGroup, plan: StepPlan, hq: int, hkv: int) -> 
     return any(r.a2a > 1 and r.blocks > 1 and not lanes_share_kv(hkv, r.a2a) for r in plan.rings)
 
 
+def check_without_backward_into(group: ZeppelinGroup, plan: StepPlan, hq: int, hkv: int) -> None:
+    """The engine's path for kernels without ``backward_into`` (TE, torch varlen): a Ulysses ring's one call
+    returns dq, dk, dv and :meth:`~zeppelin_megatron.runtime.heads.HeadIndex.grads_to_tokens` copies them into
+    the send buffer; exact against float64 SDPA as the in-place path is (the reference kernel with its
+    ``backward_into`` hidden)."""
+    from zeppelin_megatron.runtime.kernels.reference import ReferenceKernel
+
+    assert any(r.a2a > 1 and r.blocks == 1 for r in plan.rings), "no Ulysses ring in the plan"
+    into = ReferenceKernel.backward_into
+    del ReferenceKernel.backward_into  # type: ignore[attr-defined]
+    try:
+        assert not hasattr(get_kernel("reference", torch.device("cpu"), torch.float64), "backward_into")
+        check_attention(group, plan, dtype=torch.float64, routing=False, hq=hq, hkv=hkv, d=4, seed=5)
+    finally:
+        ReferenceKernel.backward_into = into  # type: ignore[method-assign]
+
+
 def check_head_errors(group: ZeppelinGroup, plan: StepPlan, good: tuple[int, int]) -> None:
     """Heads that a head-parallel ring's lanes cannot split: every rank raises before any work
     (through the start-of-call check, and with it off), naming the first such ring, its width and the
@@ -147,6 +166,8 @@ def run_heads(rank: int, world: int, n_plans: int, full: bool, seed0: int = 0, t
                 cases += [(torch.float64, r, hq, hkv) for hq, hkv in heads for r in (True, False)]
             for dtype, routing, hq, hkv in cases:
                 check_attention(group, plan, dtype=dtype, routing=routing, hq=hq, hkv=hkv, d=4, seed=p_idx)
+            if p_idx == 0:  # a kernel without backward_into: a Ulysses ring's gradients copied into the send buffer
+                check_without_backward_into(group, plan, *heads[-1])
         check_head_errors(group, head_plan(seed0 + 7, nodes, gpn, widths), heads[0])
     if world == 4:  # other process groups: a node-interleaved rank map, a sub-group of two ranks
         import torch.distributed as dist

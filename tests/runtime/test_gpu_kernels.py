@@ -40,3 +40,40 @@ def test_backend_matches_reference(name: str, causal: bool, hq: int, hkv: int) -
     for got, want in zip(grads, grads_r):
         assert got.shape == want.shape
         assert (got.float() - want).abs().max() < 5e-2 * max(1.0, float(want.abs().max()))
+
+
+@pytest.mark.parametrize("name", ["torch_varlen", "flash_attn", "te"])
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 2)])
+def test_backend_takes_head_buffer_views(name: str, hq: int, hkv: int) -> None:
+    """q, k, v as column views of one [T, hq + 2 hkv, D] buffer (a Ulysses ring's head buffer, runtime/heads.py)
+    give what contiguous copies give (the forward bit for bit; the backward to bf16 rounding: flash-attn's dq
+    accumulation order is not deterministic); ``backward_into`` (where the backend has it) writes into column
+    views of a packed gradient buffer what ``backward`` returns."""
+    dev = torch.device("cuda")
+    reason = available_backends(dev, torch.bfloat16)[name]
+    if reason is not None:
+        pytest.skip(reason)
+    g = torch.Generator(device=dev).manual_seed(1)
+    lens = (128, 7, 300)
+    batch = VarlenBatch(lens_q=lens, lens_k=lens, causal=True, device=dev)
+    buf = torch.randn(sum(lens), hq + 2 * hkv, 64, device=dev, generator=g).bfloat16()
+    q, k, v = buf[:, :hq], buf[:, hq:hq + hkv], buf[:, hq + hkv:]
+    assert not q.is_contiguous()
+    kern = get_kernel(name, dev, torch.bfloat16)
+    out, lse = kern.forward(q, k, v, batch, 0.125)
+    out_c, lse_c = kern.forward(q.contiguous(), k.contiguous(), v.contiguous(), batch, 0.125)
+    assert torch.equal(out, out_c) and torch.equal(lse, lse_c)
+    dout = torch.randn_like(out)
+    grads = kern.backward(dout, q, k, v, out, lse, batch, 0.125)
+    grads_c = kern.backward(dout, q.contiguous(), k.contiguous(), v.contiguous(), out, lse, batch, 0.125)
+
+    def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+        err = float((a.float() - b.float()).abs().max())
+        return a.shape == b.shape and err <= 1e-2 * max(1.0, float(b.abs().max()))
+
+    assert all(close(a, b) for a, b in zip(grads, grads_c))
+    into = getattr(kern, "backward_into", None)
+    if into is not None:
+        send = torch.full_like(buf, float("nan"))
+        into(dout, q, k, v, out, lse, batch, 0.125, send[:, :hq], send[:, hq:hq + hkv], send[:, hq + hkv:])
+        assert all(close(a, b) for a, b in zip((send[:, :hq], send[:, hq:hq + hkv], send[:, hq + hkv:]), grads))

@@ -8,7 +8,9 @@ import pytest
 
 from plan_factory import random_plan
 from zigzag_plans import zigzag_plan
-from zeppelin_megatron.planner.head_parallel import block_ranges, head_split_error, lane_heads, lane_kv_heads
+from zeppelin_megatron.planner.head_parallel import (
+    block_ranges, head_split_error, lane_heads, lane_kv_heads, lane_runs,
+)
 from zeppelin_megatron.planner.lowering import Post, RingCall, TransferId, Wait, lower
 from zeppelin_megatron.planner.plan import PlanError, SequencePlan, StepPlan
 
@@ -20,6 +22,9 @@ def test_block_ranges_and_lane_heads_worked_examples() -> None:
     assert block_ranges(16, 4, 2, 0) == ((0, 4), (12, 16))
     assert block_ranges(16, 4, 2, 1) == ((4, 8), (8, 12))
     assert block_ranges(16, 4, 4, 0) == ((0, 8), (8, 16))
+    assert lane_runs((16,), 4, 2, 0, 0) == ((0, 0, 2), (2, 6, 2)) and lane_runs((16,), 4, 2, 0, 1) == ((0, 2, 4),)
+    assert lane_runs((16, 8), 4, 2, 0, 0) == ((0, 0, 2), (2, 6, 3), (5, 11, 1))  # lane 0's runs meet across seqs
+    assert lane_runs((16, 8), 4, 2, 0, 1) == ((0, 2, 4), (4, 9, 2))
     assert lane_heads(32, 8, 4, 1) == ((8, 16), (2, 4))
     assert lane_heads(32, 8, 16, 5) == ((10, 12), (2, 3))
     assert lane_kv_heads(8, 4) == 2 and lane_kv_heads(2, 8) == 1
@@ -62,7 +67,13 @@ def test_worked_example_hybrid_ring_of_two_blocks() -> None:
     assert diag.q == ((0, 0, 4), (0, 12, 16)) and diag.causal
     assert late.q == ((0, 12, 16),) and late.kv == ((0, 4, 8), (0, 8, 12)) and late.q_rows == (4, 5, 6, 7)
     heads = prog.transfers[TransferId(0, 0, "heads")]
-    assert [(m.src, m.dst, m.tokens) for m in heads.messages] == [(0, 1, 4), (1, 0, 4), (2, 3, 4), (3, 2, 4)]
+    # one message per run of the sender's lane in the head buffer: lane 0's two chunks land apart, lane 1's meet
+    assert part.lane_runs(0) == ((0, 0, 2), (2, 6, 2)) and part.lane_runs(1) == ((0, 2, 4),)
+    assert [(m.src, m.dst, m.tokens) for m in heads.messages] == [(0, 1, 2), (0, 1, 2), (1, 0, 4), (2, 3, 2),
+                                                                   (2, 3, 2), (3, 2, 4)]
+    back = prog.transfers[TransferId(0, 0, "tokens")]
+    assert [(m.src, m.dst, m.tokens) for m in back.messages] == [(1, 0, 2), (1, 0, 2), (0, 1, 4), (3, 2, 2),
+                                                                 (3, 2, 2), (2, 3, 4)]
     kv = prog.transfers[TransferId(0, 0, "kv")]
     assert [(m.src, m.dst, m.tokens) for m in kv.messages] == [(0, 2, 8), (1, 3, 8), (2, 0, 8), (3, 1, 8)]
     assert heads.hops(1)[0].tag == 2 << 20 and prog.transfers[TransferId(0, 0, "tokens")].hops(1)[0].tag == 3 << 20
@@ -130,9 +141,14 @@ def test_each_lane_computes_every_causal_pair_once(seed: int) -> None:
                         got += _pairs_of(op)
             want = {(s, q, kk) for s in ring.seqs for q in range(plan.sequences[s].length) for kk in range(q + 1)}
             assert len(got) == len(want) and set(got) == want
-        for b in range(ring.blocks):  # the lanes' tokens fill each head buffer exactly once
+        for b in range(ring.blocks):  # the lanes' tokens fill each head buffer exactly once, run by run
             rank = ring.ranks[b * ring.a2a]
             part = next(p for p in prog.ranks[rank].rings if p.ring == k)
             rows = sorted(r for lane in range(ring.a2a) for r in part.lane_rows(lane))
             assert rows == list(range(sum(part.lens(b))))
             assert sum(part.fine_tokens(b * ring.a2a + lane) for lane in range(ring.a2a)) == len(rows)
+            for lane in range(ring.a2a):
+                runs = part.lane_runs(lane)
+                assert [o for o, _, _ in runs] == [sum(c for _, _, c in runs[:i]) for i in range(len(runs))]
+                assert all(c > 0 for _, _, c in runs) and all(  # merged: no run continues the one before
+                    (o0 + c0, r0 + c0) != (o1, r1) for (o0, r0, c0), (o1, r1, _) in zip(runs, runs[1:]))

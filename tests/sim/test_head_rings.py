@@ -5,6 +5,7 @@ Zeppelin's hybrid against TE CP a2a+p2p's model of the same group."""
 from __future__ import annotations
 
 from zigzag_plans import zigzag_plan
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -44,6 +45,12 @@ def _legs(prog, kind: str) -> list[tuple[int, int, float, str]]:  # type: ignore
     return sorted((leg.src, leg.dst, leg.nbytes, leg.link) for chain in prog.transfers[key].chains for leg in chain)
 
 
+def _messages(prog, kind: str) -> list[tuple[int, int, int]]:  # type: ignore[no-untyped-def]
+    """(sender, receiver, messages) of each leg: a head-parallel pair's messages (one per run) are one flow."""
+    (key,) = [k for k in prog.transfers if k[-1] == kind]
+    return sorted((leg.src, leg.dst, leg.messages) for chain in prog.transfers[key].chains for leg in chain)
+
+
 def test_ulysses_ring_by_hand() -> None:
     """One sequence of 8192 tokens, Ulysses over the 4 GPUs of a node (``a2a = 4``, one block).
 
@@ -51,8 +58,11 @@ def test_ulysses_ring_by_hand() -> None:
     its lane has 8 query and 8 K/V heads: Eq' = 1024, Ekv' = 2048 elements per token.
 
     * heads all-to-all: each rank sends each other rank its 2048 tokens x 2 B x (2 Eq' + Ekv') =
-      2048 x 8192 = 16 777 216 B; 3 flows share its 400 GB/s NVLink port: 5 us + 3 x 16 777 216 / 4e8 B/ms
-      = 0.13082912 ms;
+      2048 x 8192 = 16 777 216 B, one message per run of its tokens in the head buffer (lanes 0-2: chunks
+      ``l`` and ``7 - l``, two runs of 1024 tokens; lane 3: chunks 3 and 4 meet, one run); a pair's messages
+      are one flow that waits the 5 us latency per message, and the flows share the 400 GB/s NVLink port:
+      2 x 5 us + 3 x 16 777 216 / 4e8 B/ms = 0.13582912 ms (the baselines' Ulysses group: one message per
+      pair, 0.13082912 ms);
     * tokens all-to-all: 2048 x 2 B x (2 Eq' + Ekv') = 16 777 216 B, as heads (dq, dk, dv of the one call in the
       model dtype: nothing accumulated);
     * one causal call over the whole sequence with 8 of 32 heads: causal_ms(8192) / 4 (>= call overhead);
@@ -60,10 +70,10 @@ def test_ulysses_ring_by_hand() -> None:
     * charges (bf16 b = 2; n = 2048 own rows, one range of the attention buffer: views and slice copies;
       N = 8192 head-buffer rows; runtime/heads.py, engine.ulysses_*): heads pack: q copied into the send
       buffer 2 b n Eq = 33 554 432, k, v 2 b n Ekv = 67 108 864, own slot 2 b n (Eq' + Ekv') = 25 165 824,
-      dout 2 b n Eq = 33 554 432, its own slot 2 b n Eq' = 8 388 608: 167 772 160 B; heads unpack: the
-      permutation into the head buffer 2 b N (Eq' + Ekv') = 100 663 296, dout's 2 b N Eq' = 33 554 432:
-      134 217 728 B; tokens pack: out's lane-order select 2 b N Eq' = 33 554 432, own slot 2 b n Eq' =
-      8 388 608, the gradients' select and own slot 2 b (N + n)(Eq' + Ekv') = 125 829 120: 167 772 160 B;
+      dout 2 b n Eq = 33 554 432, its own slot 2 b n Eq' = 8 388 608: 167 772 160 B; heads unpack: nothing
+      (every message lands at its head-buffer rows; q, k, v and dout are views of what arrived); tokens
+      pack: out's own slot 2 b n Eq' = 8 388 608, the gradients' own slot 2 b n (Eq' + Ekv') = 25 165 824
+      (the kernel writes them into the send buffer): 33 554 432 B;
       tokens unpack: out home per lane 2 b n Eq = 33 554 432, dq 2 b n Eq = 33 554 432, dK/dV (each K/V head
       in one lane) 2 b n Ekv = 67 108 864: 134 217 728 B; the call: the kernel's lse transpose 2 a N Hq' =
       524 288 (a = 4).
@@ -74,26 +84,29 @@ def test_ulysses_ring_by_hand() -> None:
     assert plan.rings[0].blocks == 1
     o, lin = cost.call_overhead_ms, cost.linear_ms(2048)
     kernel = max(cost.causal_ms(8192) / 4, o)
-    heads = tokens = 0.005 + 3 * 16_777_216 / NVL
-    assert heads == pytest.approx(0.13082912)
+    heads = tokens = 0.010 + 3 * 16_777_216 / NVL
+    assert heads == pytest.approx(0.13582912)
     assert simulate(plan, cost, charges="none").layer_ms == pytest.approx(lin + 2 * heads + kernel, rel=1e-12)
-    # the same as the simulator's Ulysses group kind (baselines) without charges
+    # the simulator's Ulysses group kind (baselines) without charges: the same but for one message per pair
     same = replace(plan, sequences=(replace(plan.sequences[0], a2a=1),))
     assert simulate(same, cost, attention_comm="ulysses", charges="none").layer_ms == pytest.approx(
-        lin + 2 * heads + kernel, rel=1e-12)
+        lin + 2 * (heads - 0.005) + kernel, rel=1e-12)
     prog = build_layer_program(plan, cost)
-    assert _legs(prog, "heads") == sorted((x, y, 16_777_216.0, "nvl") for x in range(4) for y in range(4) if x != y)
-    assert _legs(prog, "tokens") == sorted((x, y, 16_777_216.0, "nvl") for x in range(4) for y in range(4) if x != y)
+    pairs = [(x, y) for x in range(4) for y in range(4) if x != y]
+    assert _legs(prog, "heads") == sorted((x, y, 16_777_216.0, "nvl") for x, y in pairs)
+    assert _legs(prog, "tokens") == sorted((y, x, 16_777_216.0, "nvl") for x, y in pairs)
+    runs = {0: 2, 1: 2, 2: 2, 3: 1}  # lane x's runs: messages per pair it sends (heads) or receives (tokens)
+    assert _messages(prog, "heads") == sorted((x, y, runs[x]) for x, y in pairs)
+    assert _messages(prog, "tokens") == sorted((y, x, runs[x]) for x, y in pairs)
     assert not [k for k in prog.transfers if "kv" in k]
     copies = {op.label.rsplit(") ", 1)[-1]: op.ms for op in prog.ops[0] if op.kind == "copy"}
-    hand = {"heads pack": 167_772_160, "heads unpack": 134_217_728, "tokens pack": 167_772_160,
-            "tokens unpack": 134_217_728}
+    hand = {"heads pack": 167_772_160, "heads unpack": 0, "tokens pack": 33_554_432, "tokens unpack": 134_217_728}
     call = 524_288
     assert zeppelin_a2a_bytes(shape_of(cost), 4, 2048, 8192, contiguous=True, blocks=1) == hand
     assert plan.rings[0].ranks == (0, 1, 2, 3) and lower(plan).ranks[0].rings[0].span is not None
     for part, nbytes in hand.items():
         kind, which = part.split()
-        assert copies[f"to {kind}: {which}"] == pytest.approx(hbm_ms(cost, nbytes), rel=1e-12)
+        assert copies.get(f"to {kind}: {which}", 0.0) == pytest.approx(hbm_ms(cost, nbytes), rel=1e-12)
     assert copies["step 0 merges and row copies"] == pytest.approx(hbm_ms(cost, call), rel=1e-12)
     remap = zeppelin_remap_bytes(shape_of(cost), plan)[0]  # the remap_parts the runtime runs even unmoved
     layer = lin + hbm_ms(cost, remap + sum(hand.values()) + call) + heads + tokens + kernel
@@ -106,9 +119,11 @@ def test_hybrid_ring_by_hand() -> None:
     Blocks 0 = ranks (0, 1) (node 0, tokens [0, 4096) + [12288, 16384)) and 1 = (2, 3); each rank holds
     4096 tokens; a lane has 16 of the 32 heads: Eq' = 2048, Ekv' = 4096, Hq' = 16.
 
-    * heads: one message per lane pair, 4096 x 2 x (2 Eq' + Ekv') = 67 108 864 B: 5 us + /4e8 = 0.17277216 ms;
-    * tokens: 4096 x (2 Eq' + 2 (Eq' + Ekv')) = 67 108 864 B: 0.17277216 ms (dq, dk, dv cast once on the
-      sender: each K/V head is in one lane; 117 440 512 B, 0.29860128 ms, with them in fp32);
+    * heads: 4096 x 2 x (2 Eq' + Ekv') = 67 108 864 B per lane pair, one message per run (lane 0: chunks 0
+      and 7 of 2048 tokens, two runs; lane 1: chunks 1 and 6 meet, one run), a pair's messages one flow
+      waiting 5 us per message: 2 x 5 us + /4e8 = 0.17777216 ms for lane 0's;
+    * tokens: 4096 x (2 Eq' + 2 (Eq' + Ekv')) = 67 108 864 B: 0.17777216 ms, lane 0's two runs coming home
+      (dq, dk, dv cast once on the sender: each K/V head is in one lane; 117 440 512 B with them in fp32);
     * the lane rings (0, 2) and (1, 3) over the NICs: one K/V step of 4 x 2 B x Ekv' x
       ring_chunk_pair_tokens(16384, 2) = 4 x 2 x 4096 x 8192 = 268 435 456 B: 10 us + /5e7 = 5.37870912 ms
       (3 x without the fp32 accumulator: 4.03653184 ms);
@@ -118,11 +133,11 @@ def test_hybrid_ring_by_hand() -> None:
     * charges (n = 4096 own rows, one range: views; N = 8192 head-buffer rows; fp32 accumulators a = 4 over
       the ring's two blocks): heads pack: q, k, v copied into the send buffer 2 b n (Eq + Ekv) = 201 326 592,
       own slot 2 b n (Eq' + Ekv') = 100 663 296, dout 2 b n Eq = 67 108 864 and its own slot 2 b n Eq' =
-      33 554 432: 402 653 184 B; unpack: the permutation 2 b N (Eq' + Ekv') = 201 326 592, dout's 2 b N Eq' =
-      67 108 864, dq zeros a N Eq' = 67 108 864: 335 544 320 B; tokens pack: out .to N Eq' (a + b) =
-      100 663 296, its select 2 b N Eq' = 67 108 864, own slot 2 b n Eq' = 33 554 432, the gradients' cast
-      N (Eq' + Ekv')(a + b) = 301 989 888, their select and own slot in bf16 2 b (N + n)(Eq' + Ekv') =
-      301 989 888: 805 306 368 B (as with the fp32 select, 2 a (N + n)(Eq' + Ekv'), at N = 2 n); unpack: out
+      33 554 432: 402 653 184 B; unpack: q and the packed K/V copied out of what arrived 2 b N (Eq' + Ekv') =
+      201 326 592, dq zeros a N Eq' = 67 108 864 (dout is what arrived): 268 435 456 B; tokens pack: out .to
+      N Eq' (a + b) = 100 663 296 (sent as it is), own slot 2 b n Eq' = 33 554 432, the gradients cast into
+      the send buffer N (Eq' + Ekv')(a + b) = 301 989 888, their own slot in bf16 2 b n (Eq' + Ekv') =
+      100 663 296: 536 870 912 B; unpack: out
       home 2 b n Eq = 67 108 864, dq home 2 b n Eq = 67 108 864, dK/dV home (each K/V head in one lane)
       2 b n Ekv = 134 217 728: 268 435 456 B; each call's merges and copies at the lane's shape.
     """
@@ -130,9 +145,9 @@ def test_hybrid_ring_by_hand() -> None:
     cost = _cost(cl)
     plan = _plan([(16384, (0, 1, 2, 3), 2)], 2, 2)
     o, lin = cost.call_overhead_ms, cost.linear_ms(4096)
-    heads, tokens = 0.005 + 67_108_864 / NVL, 0.005 + 67_108_864 / NVL
+    heads, tokens = 0.010 + 67_108_864 / NVL, 0.010 + 67_108_864 / NVL
     kv, kv3 = 0.01 + 268_435_456 / NIC, 0.01 + 201_326_592 / NIC
-    assert (heads, tokens, kv, kv3) == pytest.approx((0.17277216, 0.17277216, 5.37870912, 4.03653184))
+    assert (heads, tokens, kv, kv3) == pytest.approx((0.17777216, 0.17777216, 5.37870912, 4.03653184))
     diag = cost.causal_ms(8192) / 2
     off = cost.block_ms(8192, 4096) / 2
     assert simulate(plan, cost, charges="none").layer_ms == pytest.approx(
@@ -141,6 +156,8 @@ def test_hybrid_ring_by_hand() -> None:
     assert _legs(prog, "heads") == [(0, 1, 67_108_864.0, "nvl"), (1, 0, 67_108_864.0, "nvl"),
                                     (2, 3, 67_108_864.0, "nvl"), (3, 2, 67_108_864.0, "nvl")]
     assert {x[2] for x in _legs(prog, "tokens")} == {67_108_864.0}
+    assert _messages(prog, "heads") == [(0, 1, 2), (1, 0, 1), (2, 3, 2), (3, 2, 1)]  # lane 0: two runs
+    assert _messages(prog, "tokens") == [(0, 1, 1), (1, 0, 2), (2, 3, 1), (3, 2, 2)]
     assert _legs(prog, "kv") == [(0, 2, 268_435_456.0, "nic"), (1, 3, 268_435_456.0, "nic"),
                                  (2, 0, 268_435_456.0, "nic"), (3, 1, 268_435_456.0, "nic")]
     lane = Shape(eq=2048, ekv=4096, hq=16, b=2, a=4)
@@ -148,7 +165,7 @@ def test_hybrid_ring_by_hand() -> None:
     assert (got.eq, got.ekv, got.hq, got.b, got.a) == (lane.eq, lane.ekv, lane.hq, lane.b, lane.a)
     low = lower(plan)
     remap = zeppelin_remap_bytes(shape_of(cost), plan)
-    hand = {"heads pack": 402_653_184, "heads unpack": 335_544_320, "tokens pack": 805_306_368,
+    hand = {"heads pack": 402_653_184, "heads unpack": 268_435_456, "tokens pack": 536_870_912,
             "tokens unpack": 268_435_456}
     assert zeppelin_a2a_bytes(shape_of(cost), 2, 4096, 8192, contiguous=True, blocks=2) == hand
     finish = []
@@ -293,13 +310,17 @@ def test_zeppelin_hybrid_is_charged_no_less_than_te_a2a_p2p(spec: str, lens: lis
     * bytes: heads = TE's in (``held (2 q + kv) / a`` per pair); tokens = TE's out (dq, dk, dv in the model dtype:
       cast once on the sender on a ring of several blocks, one call's gradients on one block; every case here has
       each K/V head in one lane); each lane K/V step 4/3 of TE's (fp32 dK/dV accumulator);
-    * copies: every rank's ring merges, gathers and all-to-all packs exceed TE's output corrections;
+    * copies: TE permutes on both sides of each all-to-all; Zeppelin's messages (one per run of a lane's
+      tokens) land in place, so it has no receiver's pass after the ``heads`` one and sends the head buffer
+      as it is in the ``tokens`` one. Without those two TE passes, every rank's copies (ring merges,
+      gathers, packs, writes home) exceed TE's (output corrections, ring buffers, the other permutes);
     * kernels: diagonal steps equal; an off-diagonal call is timed by its own blocks fitted by orientation
       (``block_fitted_ms``), TE's every step by the area-averaged block (``block_ms``) of the largest chunk:
       a ``late`` (wide) call can be *below* TE's by up to ~1% of the step, its ``early`` (tall) partner as
       much above, so the sum over ranks is no less. This is a difference of kernel models (Zeppelin's is
       the newer fit; TE's peer keeps the older one), not a cost Zeppelin's engine skips;
-    * the simulated layer: Zeppelin's no less than TE's.
+    * the simulated layer: Zeppelin's no less than TE's less the two permutes it avoids (the slowest
+      rank's): a Ulysses ring or a hybrid one with few steps can now be the faster of the two.
     """
     model = ModelShape(layers=1, hidden=4096, q_heads=32, kv_heads=8, ffn=14336, name="gqa") if gqa else None
     cost = CostModel(model=model or replace(load_model(None), layers=1),
@@ -312,17 +333,26 @@ def test_zeppelin_hybrid_is_charged_no_less_than_te_a2a_p2p(spec: str, lens: lis
     assert [(r.ranks, r.a2a) for r in zep.rings] == [(r.ranks, a) for r in te.rings]
     z_none = simulate(zep, cost, charges="none").layer_ms
     t_none = simulate(te, cost, attention_comm="a2a_p2p", charges="none").layer_ms
+    # Zeppelin sends a pair one message per run, each paying the link latency: at most 4 all-to-alls (forward and
+    # backward heads and tokens) x the extra messages of its busiest pair x 5 us more
+    runs = max(Counter((m.src, m.dst) for t in lower(zep).transfers.values() if t.id.kind == "heads"
+                       for m in t.messages).values())
+    extra = 4 * (runs - 1) * cost.cluster.nvlink_latency_us * 1e-3
     if any(s.placement == "local" for s in te.sequences):  # Zeppelin's tokens all-to-all flows under the local call
-        assert z_none < t_none
+        assert z_none < t_none + extra
     else:
-        assert z_none == pytest.approx(t_none, rel=1e-9)
+        assert t_none * (1 - 1e-9) <= z_none <= t_none + extra + 1e-9
     zp, tp = build_layer_program(zep, cost), build_layer_program(te, cost, "a2a_p2p")
     ring_ranks = zep.rings[0].ranks
     zt, tt = zp.transfers, tp.transfers
-    z_in = {(leg.src, leg.dst): leg.nbytes for c in zt[("ring", ring_ranks, a, "heads")].chains for leg in c}
+    z_in: dict[tuple[int, int], float] = {}  # Zeppelin sends a pair one message per run: summed
+    for leg in (leg for c in zt[("ring", ring_ranks, a, "heads")].chains for leg in c):
+        z_in[(leg.src, leg.dst)] = z_in.get((leg.src, leg.dst), 0.0) + leg.nbytes
     t_in = {(leg.src, leg.dst): leg.nbytes for c in tt[("a2a_p2p", ring_ranks, "in")].chains for leg in c}
     assert z_in.keys() == t_in.keys() and all(z_in[k] == pytest.approx(t_in[k], rel=1e-12) for k in t_in)
-    z_out = {(leg.src, leg.dst): leg.nbytes for c in zt[("ring", ring_ranks, a, "tokens")].chains for leg in c}
+    z_out: dict[tuple[int, int], float] = {}
+    for leg in (leg for c in zt[("ring", ring_ranks, a, "tokens")].chains for leg in c):
+        z_out[(leg.src, leg.dst)] = z_out.get((leg.src, leg.dst), 0.0) + leg.nbytes
     t_out = {(leg.src, leg.dst): leg.nbytes for c in tt[("a2a_p2p", ring_ranks, "out")].chains for leg in c}
     assert z_out.keys() == t_out.keys()
     assert all(z_out[k] == pytest.approx(t_out[k], rel=1e-12) for k in t_out)
@@ -335,11 +365,17 @@ def test_zeppelin_hybrid_is_charged_no_less_than_te_a2a_p2p(spec: str, lens: lis
         return [sum(op.ms for op in ops if op.kind == kind and not op.label.startswith(("remap", "local")))
                 for ops in prog.ops]
 
-    assert all(z > t for z, t in zip(per_rank(zp, "copy"), per_rank(tp, "copy")))
+    def avoided(ops) -> float:  # type: ignore[no-untyped-def]  # TE's passes that landing in place skips
+        return sum(op.ms for op in ops if op.kind == "copy" and op.label.endswith(
+            ("all-to-all in: receiver's permute", "all-to-all out: sender's permute")))
+
+    skipped = [avoided(ops) for ops in tp.ops]
+    assert all(s > 0 for s in skipped)
+    assert all(z > t - x for z, t, x in zip(per_rank(zp, "copy"), per_rank(tp, "copy"), skipped))
     z_att, t_att = per_rank(zp, "attention"), per_rank(tp, "attention")
     assert sum(z_att) >= sum(t_att) * (1 - 1e-12)
     assert all(abs(z - t) <= 0.01 * t for z, t in zip(z_att, t_att))
-    assert simulate(zep, cost).layer_ms > simulate(te, cost, attention_comm="a2a_p2p").layer_ms
+    assert simulate(zep, cost).layer_ms > simulate(te, cost, attention_comm="a2a_p2p").layer_ms - max(skipped)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -374,8 +410,16 @@ def test_random_plans_with_head_parallel_rings_simulate_op_for_op(seed: int) -> 
             key = ("ring", ring.ranks, ring.a2a, tid.kind) + ((tid.step,) if tid.kind == "kv" else ())
             chains = prog.transfers.get(key, Traffic(key, "")).chains
             legs = sorted((leg.src, leg.dst, leg.nbytes, leg.link) for c in chains for leg in c)
-            if tid.kind in per:
-                assert legs == sorted((m.src, m.dst, float(m.tokens * per[tid.kind]), "nvl") for m in t.messages)
+            if tid.kind in per:  # one flow per pair: its messages' bytes, their count
+                pairs: dict[tuple[int, int], list[int]] = {}
+                for m in t.messages:
+                    tally = pairs.setdefault((m.src, m.dst), [0, 0])
+                    tally[0] += m.tokens
+                    tally[1] += 1
+                assert legs == sorted((src, dst, float(n * per[tid.kind]), "nvl")
+                                      for (src, dst), (n, _) in pairs.items())
+                assert sorted((leg.src, leg.dst, leg.messages) for c in chains for leg in c) == sorted(
+                    (src, dst, k) for (src, dst), (_, k) in pairs.items())
             elif tid.kind == "kv":
                 nbytes = 4 * lane.b * lane.ekv * sum(
                     ring_chunk_pair_tokens(plan.sequences[i].length, ring.blocks) for i in ring.seqs)

@@ -432,13 +432,16 @@ def zeppelin_a2a_bytes(sh: Shape, a2a: int, own: int, block: int, *, contiguous:
       views), [``kv_pick`` select ``2 b n P``], copies into the send buffer (``2 b n P``), ``_to_heads``' own
       slot (``2 b n (Eq' + Ekv')``); backward ``dout_to_heads`` (own rows ``2 b n Eq`` gathered or a view,
       copy ``2 b n Eq``, own slot ``2 b n Eq'``);
-    * heads unpack: ``heads_qkv`` (``2 b N (Eq' + Ekv')``), ``heads_dout`` (``2 b N Eq'``), on several
-      blocks the ``dq`` accumulator's zeros (``a N Eq'``; q, k, v stay in the head buffer for backward);
-    * tokens pack: forward, on several blocks the result's ``.to`` (``N Eq' (a + b)``), ``out_to_tokens``
-      (``2 b N Eq'``) and its own slot (``2 b n Eq'``); backward ``grads_to_tokens`` in the wire dtype ``w``
+    * heads unpack: every message lands at its head-buffer rows (one per run of a lane's tokens,
+      :func:`~.head_parallel.lane_runs`), so one block reads ``q_h``, ``k_h``, ``v_h`` and ``dout_h`` as views
+      of what arrived (nothing); several blocks copy ``q_h`` and the packed ``kv_h`` out once
+      (``2 b N (Eq' + Ekv')``) and zero the ``dq`` accumulator (``a N Eq'``); ``dout_h`` is what arrived;
+    * tokens pack: forward, on several blocks the result's ``.to`` (``N Eq' (a + b)``); the output rows go
+      as they are, and the own slot's runs are copied (``2 b n Eq'``); backward in the wire dtype ``w``
       (``runtime/heads.py: grads_wire_dtype``: ``w = b`` when each K/V head is in one lane, else ``w = x``):
-      the accumulators cast once when ``w != x`` (``N (Eq' + Ekv')(x + w)``), the gather and the own slot
-      (``2 w (N + n)(Eq' + Ekv')``);
+      one block's kernel writes dq, dK, dV straight into the send buffer (flash-attn's ``backward_into``:
+      nothing), several blocks' accumulators are copied in once, cast on the way (``N (Eq' + Ekv')(x + w)``);
+      the own slot's runs (``2 w n (Eq' + Ekv')``);
     * tokens unpack: forward ``tokens_out`` (per lane, ``2 b n Eq`` in all); backward ``tokens_grads``: dq per
       lane home (``c n Eq``, ``c`` = ``w + b`` cast in a slice copy when contiguous, ``w + 3b`` as ``.to`` +
       ``index_copy_`` when gathered, ``2b`` when ``w = b``: no cast), dK/dV per lane home when each K/V head
@@ -447,9 +450,9 @@ def zeppelin_a2a_bytes(sh: Shape, a2a: int, own: int, block: int, *, contiguous:
       (``n Ekv (f + b)`` contiguous, ``(f + 3b)`` gathered).
 
     The router sends and receives the slices in place (no copies). Example (Llama-7B bf16, ``a = 4``,
-    ``n = 2048``, ``N = 8192``, several blocks, gathered rows): heads pack 302 MB, unpack 168 MB, tokens pack
-    369 MB, unpack 134 MB (the gradients cast before the gather: 344 and 285 MB when they went in fp32 and
-    were cast at home); one block, contiguous rows: 168, 134, 168 and 134 MB.
+    ``n = 2048``, ``N = 8192``, several blocks, gathered rows): heads pack 302 MB, unpack 134 MB, tokens pack
+    235 MB, unpack 134 MB; one block, contiguous rows: 168, 0, 34 and 134 MB (with one message per lane
+    and a permuting copy after each all-to-all they were 168, 134, 168 and 134 MB).
     """
     a, b, eq, ekv = sh.a, sh.b, sh.eq, sh.ekv
     lane = lane_shape(sh, a2a)
@@ -469,13 +472,13 @@ def zeppelin_a2a_bytes(sh: Shape, a2a: int, own: int, block: int, *, contiguous:
     else:
         f = max(x, 4)
         kv_home = f * n * ekv + (n * packed * (x + f) if x != f else 0) + 3 * f * n * packed + n * ekv * home(f)
-    cast = big * (eql + ekvl) * (x + w) if w != x else 0  # the accumulators cast once before the gather
+    several = blocks > 1
     return {
         "heads pack": float(gather + 2 * b * n * eq + pick + 2 * b * n * packed + 2 * b * n * (eql + ekvl)
                             + 2 * b * n * eq + 2 * b * n * eql),
-        "heads unpack": float(2 * b * big * (eql + ekvl) + 2 * b * big * eql + (a * big * eql if blocks > 1 else 0)),
-        "tokens pack": float((big * eql * (a + b) if blocks > 1 else 0) + 2 * b * big * eql + 2 * b * n * eql
-                             + cast + 2 * w * (big + n) * (eql + ekvl)),
+        "heads unpack": float(2 * b * big * (eql + ekvl) + a * big * eql if several else 0),
+        "tokens pack": float((big * eql * (a + b) + big * (eql + ekvl) * (x + w) if several else 0)
+                             + 2 * b * n * eql + 2 * w * n * (eql + ekvl)),
         "tokens unpack": float(2 * b * n * eq + n * eq * home(w) + kv_home),
     }
 

@@ -39,16 +39,17 @@ Pure integer arithmetic, standard library only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from .plan_parts import PlanError
-from .zigzag import chunk_range
+from .zigzag import chunk_range, zigzag_ranges
 
 if TYPE_CHECKING:
     from .plan import StepPlan
     from .plan_parts import SequencePlan
 
-__all__ = ["block_ranges", "lane_heads", "head_split_error", "lane_kv_heads", "lanes_share_kv", "check_head_parallel"]
+__all__ = ["block_ranges", "lane_runs", "lane_heads", "head_split_error", "lane_kv_heads", "lanes_share_kv",
+           "check_head_parallel"]
 
 
 def block_ranges(length: int, ring_size: int, a2a: int, block: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -69,6 +70,39 @@ def block_ranges(length: int, ring_size: int, a2a: int, block: int) -> tuple[tup
     late = (chunk_range(length, ring_size, 2 * ring_size - 1 - last)[0],
             chunk_range(length, ring_size, 2 * ring_size - 1 - first)[1])
     return early, late
+
+
+
+def lane_runs(lengths: Sequence[int], ring_size: int, a2a: int, block: int,
+              lane: int) -> tuple[tuple[int, int, int], ...]:
+    """Where lane ``lane``'s own tokens sit in block ``block``'s head buffer: ``(own, row, count)`` runs.
+
+    The lane holds zigzag position ``p = block a2a + lane`` of the ring's sequences (``lengths``, seq-major:
+    early chunk, then late, per sequence: its ``own`` rows, :attr:`~.lowering_parts.RingPart.rows` order);
+    the head buffer holds the block's tokens seq-major (per sequence its early range, then its late one,
+    :func:`block_ranges`). Own tokens ``[own, own + count)`` fill head rows ``[row, row + count)``; runs
+    that continue each other in both are merged and empty chunks skipped, so a head-parallel all-to-all
+    moves one message per run (:mod:`.lowering`) straight into place. Example: lengths ``(16,)``,
+    ``ring_size = 4``, ``a2a = 2``, block 0 (early ``[0, 4)``, late ``[12, 16)``: rows 0-3 and 4-7): lane 0
+    holds ``[0, 2)`` and ``[14, 16)`` -> ``((0, 0, 2), (2, 6, 2))``; lane 1 holds ``[2, 4)`` and ``[12, 14)``,
+    which meet in the buffer -> ``((0, 2, 4),)``. Lengths ``(16, 8)``: lane 0's late chunk of the first
+    sequence and early chunk of the second meet too -> ``((0, 0, 2), (2, 6, 3), (5, 11, 1))``.
+    """
+    runs: list[list[int]] = []
+    own = off = 0
+    p = block * a2a + lane
+    for n in lengths:
+        (e0, e1), (l0, l1) = block_ranges(n, ring_size, a2a, block)
+        for (lo, base), (a, z) in zip(((e0, off), (l0, off + e1 - e0)), zigzag_ranges(n, ring_size, p)):
+            if z > a:
+                row = base + a - lo
+                if runs and runs[-1][0] + runs[-1][2] == own and runs[-1][1] + runs[-1][2] == row:
+                    runs[-1][2] += z - a
+                else:
+                    runs.append([own, row, z - a])
+                own += z - a
+        off += e1 - e0 + l1 - l0
+    return tuple((o, r, c) for o, r, c in runs)
 
 
 def head_split_error(hq: int, hkv: int, a2a: int) -> str | None:

@@ -30,7 +30,9 @@ Head-parallel rings (``ring.a2a > 1``, :mod:`.head_parallel`): the ring's ops ar
 ``Post``/``Wait`` of its ``heads`` all-to-all (before: rows to the lanes' head slices; backward:
 the output gradient) and of its ``tokens`` all-to-all (after: output rows back; backward: dq, dk,
 dv), and its steps run over its ``blocks`` (lane ``l`` of block ``b`` sends to lane ``l`` of
-``b + 1``); the calls' rows are rows of the rank's head buffer (:class:`RingPart`). A ring of one
+``b + 1``); the calls' rows are rows of the rank's head buffer (:class:`RingPart`). Each all-to-all
+has one message per run of a lane's tokens in the head buffer (:func:`~.head_parallel.lane_runs`: in
+``heads`` the sender's lane, in ``tokens`` the receiver's), so every message lands in place. A ring of one
 block (Ulysses) has one ``diag`` call and no K/V or accumulator transfer. What a ``heads``
 all-to-all sends (q, k, v; backward: the output gradient) is there before any call, and what a
 ``tokens`` one returns is needed only after the layer's attention, so a rank posts all its ``heads``
@@ -85,7 +87,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal, Union
 
-from .head_parallel import block_ranges
+from .head_parallel import block_ranges, lane_runs
 from .lowering_parts import LocalChunk, RingPart
 from .lowering_remap import RemapExchange, lower_remaps, rank_remap
 from .plan import StepPlan
@@ -292,10 +294,13 @@ def _transfers(plan: StepPlan, k: int, routing: bool) -> tuple[list[Transfer], l
            for j in range(g)] if g > 1 else []
     if a == 1:
         return kv, acc, []
-    fine = [sum(zigzag_tokens(n, len(ring.ranks), p) for n in lengths) for p in range(len(ring.ranks))]
-    pairs = [(b * a + x, b * a + y) for b in range(g) for x in range(a) for y in range(a) if x != y]
-    heads = tuple(Message(src=ring.ranks[x], dst=ring.ranks[y], tokens=fine[x]) for x, y in pairs)
-    back = tuple(Message(src=ring.ranks[y], dst=ring.ranks[x], tokens=fine[x]) for x, y in pairs)
+    # one message per run of the sender's (heads) / receiver's (tokens) lane: it lands in place (lane_runs)
+    runs = [[lane_runs(lengths, len(ring.ranks), a, b, x) for x in range(a)] for b in range(g)]
+    pairs = [(b, x, y) for b in range(g) for x in range(a) for y in range(a) if x != y]
+    heads = tuple(Message(src=ring.ranks[b * a + x], dst=ring.ranks[b * a + y], tokens=n)
+                  for b, x, y in pairs for _, _, n in runs[b][x])
+    back = tuple(Message(src=ring.ranks[b * a + y], dst=ring.ranks[b * a + x], tokens=n)
+                 for b, x, y in pairs for _, _, n in runs[b][x])
     a2a = [Transfer(id=TransferId(k, 0, "heads"), messages=heads, gpus_per_node=gpn, participants=who),
            Transfer(id=TransferId(k, 0, "tokens"), messages=back, gpus_per_node=gpn, participants=who)]
     return kv, acc, a2a

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Sequence
 
-from .head_parallel import block_ranges
+from .head_parallel import block_ranges, lane_runs
 from .plan_parts import TokenRange
 from .zigzag import zigzag_ranges, zigzag_tokens
 
@@ -100,22 +100,18 @@ class RingPart:
         """Tokens zigzag ``position`` holds of the ring."""
         return sum(zigzag_tokens(n, len(self.ranks), position) for n in self.lengths)
 
+    def lane_runs(self, lane: int) -> tuple[tuple[int, int, int], ...]:
+        """Lane ``lane``'s ``(own, row, count)`` runs in this rank's head buffer (block :attr:`position`):
+        :func:`~.head_parallel.lane_runs`, one message each in the ring's all-to-alls."""
+        assert self.position is not None and self.a2a > 1
+        return lane_runs(self.lengths, len(self.ranks), self.a2a, self.position, lane)
+
     def lane_rows(self, lane: int) -> tuple[int, ...]:
         """Rows of this rank's head buffer (block :attr:`position`) that lane ``lane``'s tokens fill,
-        in that lane's :meth:`fine_ranges` order. Example: one sequence of 16 over 4 ranks,
-        ``a2a = 2``, block 0 (early [0, 4), late [12, 16): buffer rows 0-3 and 4-7): lane 0 holds
-        [0, 2) + [14, 16) -> rows (0, 1, 6, 7); lane 1 holds [2, 4) + [12, 14) -> rows (2, 3, 4, 5)."""
-        b = self.position
-        assert b is not None and self.a2a > 1
-        rows: list[int] = []
-        off = 0
-        ranges = iter(self.fine_ranges(b * self.a2a + lane))
-        for (e0, e1), (l0, l1) in self._chunks[b]:
-            for lo, base in ((e0, off), (l0, off + e1 - e0)):
-                _, a, z = next(ranges)
-                rows += range(base + a - lo, base + z - lo)
-            off += e1 - e0 + l1 - l0
-        return tuple(rows)
+        in that lane's :meth:`fine_ranges` order (:meth:`lane_runs` row by row). Example: one sequence of
+        16 over 4 ranks, ``a2a = 2``, block 0 (early [0, 4), late [12, 16): buffer rows 0-3 and 4-7): lane 0
+        holds [0, 2) + [14, 16) -> rows (0, 1, 6, 7); lane 1 holds [2, 4) + [12, 14) -> rows (2, 3, 4, 5)."""
+        return tuple(r for _, row, n in self.lane_runs(lane) for r in range(row, row + n))
 
     def tokens(self, position: int) -> int:
         """Ring tokens held at ``position``."""

@@ -188,11 +188,21 @@ class AttentionEngine:
         return self.kernel.forward(s.q, s.kv[0], s.kv[1], step.batch, self.scale)
 
     def ulysses_backward(self, saved: dict[Any, Any], ring: int, dout_h: torch.Tensor,
-                         step: StepIndex) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The backward of :meth:`ulysses_forward` -> ``(dq_h, dk_h, dv_h)`` in the kernel's dtype (one call: its
-        gradients are final, nothing to accumulate), sent home as they are by the ``tokens`` all-to-all."""
+                         step: StepIndex) -> Exchange:
+        """The backward of :meth:`ulysses_forward` -> the backward ``tokens`` exchange of its ``(dq_h, dk_h,
+        dv_h)`` in the kernel's dtype (one call: its gradients are final, nothing to accumulate). A kernel with
+        ``backward_into`` (flash-attn; the reference kernel) writes them straight into the send buffer's
+        columns (:meth:`~.heads.HeadIndex.grads_buffer`); another kernel's are copied there once."""
         (q_h, kv_h), (out_h, lse) = saved[("heads", ring)], saved[("ring", ring)]
-        return self.kernel.backward(dout_h, q_h, kv_h[0], kv_h[1], out_h, lse, step.batch, self.scale)
+        hx = self.dev.heads[ring]
+        args = (dout_h, q_h, kv_h[0], kv_h[1], out_h, lse, step.batch, self.scale)
+        into = getattr(self.kernel, "backward_into", None)
+        if into is None:
+            return hx.grads_to_tokens(*self.kernel.backward(*args))
+        send = hx.grads_buffer(dout_h.dtype, dout_h.device)
+        hq_l, hkv_l = hx.hq_l, hx.hkv_l
+        into(*args, send[:, :hq_l], send[:, hq_l:hq_l + hkv_l], send[:, hq_l + hkv_l:])
+        return hx.grads_send(send)
 
     def local_backward(self, chunk: int, saved: tuple[torch.Tensor, torch.Tensor], dout: torch.Tensor | None,
                        qkv: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None,
@@ -345,11 +355,12 @@ class AttentionEngine:
                 s = grad_state(ring, take(q, rows, span), _ring_kv(k, v, rows, span), take(dout, rows, span))
             return s
 
-        ulysses: dict[int, tuple[torch.Tensor, ...]] = {}  # one-block rings: (dout_h,), then (dq_h, dk_h, dv_h)
+        ulysses_dout: dict[int, torch.Tensor] = {}  # one-block rings: dout_h (what arrived), then the exchange
+        ulysses_grads: dict[int, Exchange] = {}
         for op in self.program.backward:
             if isinstance(op, RingCall) and op.ring in self._ulysses:
-                ulysses[op.ring] = self.ulysses_backward(saved, op.ring, ulysses[op.ring][0],
-                                                         dev.steps[(op.ring, op.step)])
+                ulysses_grads[op.ring] = self.ulysses_backward(saved, op.ring, ulysses_dout.pop(op.ring),
+                                                               dev.steps[(op.ring, op.step)])
             elif isinstance(op, RingCall):
                 s = ring_state(op.ring)
                 assert s is not None
@@ -363,7 +374,7 @@ class AttentionEngine:
                     ex = exchanges[t] = hx.dout_to_heads(dout)
                     flying[t] = self._start(t, True, ex.payloads, self.dtype, ex.into)
                 elif t.kind == "tokens" and t.ring in self._ulysses:
-                    ex = exchanges[t] = hx.grads_to_tokens(*ulysses.pop(t.ring))
+                    ex = exchanges[t] = ulysses_grads.pop(t.ring)
                     flying[t] = self._start(t, True, ex.payloads, self.dtype, ex.into)
                 elif t.kind == "tokens" and hx is not None:
                     s = state[t.ring]
@@ -386,7 +397,7 @@ class AttentionEngine:
                 got = flying.pop(t).wait()
                 hx = dev.heads.get(t.ring)
                 if t.kind == "heads" and t.ring in self._ulysses:
-                    ulysses[t.ring] = (hx.heads_dout(exchanges.pop(t)),)
+                    ulysses_dout[t.ring] = hx.heads_dout(exchanges.pop(t))
                     continue
                 if t.kind == "heads" and hx is not None:
                     q_h, kv_h = saved[("heads", t.ring)]

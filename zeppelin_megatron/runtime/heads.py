@@ -11,15 +11,19 @@ The lowering's ``heads`` transfer carries lane ``x``'s tokens to lane ``y`` (``y
 into the head buffer (and back), one :class:`Exchange` per transfer.
 
 Buffers (``w`` columns of ``D`` elements per token row; one contiguous slice per message, so the
-router sends and receives in place, :class:`~.router.InFlight` ``into``):
+router sends and receives in place, :class:`~.router.InFlight` ``into``). The all-to-alls have one message
+per *run* of a lane's tokens in the head buffer (:func:`~zeppelin_megatron.planner.head_parallel.lane_runs`:
+own tokens ``[o, o + c)`` of lane ``x`` fill head rows ``[r, r + c)``), so nothing is permuted:
 
-* to heads, sender: ``S`` [a, n_own, w, D], slot ``y`` = own tokens, lane ``y``'s heads;
-  receiver: ``R`` [n_b, w, D] in *lane order* (lane ``x``'s tokens at rows ``off[x] ..
-  off[x] + n[x]``, its own slot copied from ``S[l]``), then one ``index_select`` per part by
-  ``perm`` (lane order -> head-buffer order);
-* to tokens, sender: the head-buffer rows in lane order (one ``index_select`` by ``order``),
-  message to lane ``x`` = rows ``off[x] .. off[x] + n[x]``; receiver: ``T`` [a, n_own, w, D],
-  slot ``y`` = own tokens, lane ``y``'s heads, written into the attention-buffer rows.
+* to heads, sender: ``S`` [a, n_own, w, D], slot ``y`` = own tokens, lane ``y``'s heads; a message is
+  ``S[y][o:o + c]``; receiver: ``R`` [n_b, w, D] in head-buffer order, each message landing at its rows
+  ``R[r:r + c]`` (its own slot's runs copied from ``S[l]``); one block (Ulysses): ``q_h``, ``k_h``, ``v_h``
+  are column views of ``R`` (the kernel takes row-strided inputs); several blocks: ``q_h`` and the packed
+  ``kv_h`` the ring circulates are copied out of ``R`` once;
+* to tokens, sender: the head buffer itself (forward ``out_h``; backward the packed ``[n_b, w, D]``
+  gradients, :meth:`HeadIndex.grads_send`), a message to lane ``x`` = rows ``[r, r + c)`` of one of
+  ``x``'s runs; receiver: ``T`` [a, n_own, w, D], slot ``y`` = own tokens, lane ``y``'s heads, messages
+  landing at ``T[y][o:o + c]``, then written into the attention-buffer rows.
 
 What each carries (``w``): forward ``heads`` q, k, v (``hq_l + 2 hkv_l``, model dtype), forward
 ``tokens`` out (``hq_l``, model dtype), backward ``heads`` dout (``hq_l``, model dtype), backward
@@ -106,18 +110,26 @@ class Exchange:
     recv: torch.Tensor
 
 
+Run = tuple[int, int, int]
+"""``(message, start, end)``: a message of an all-to-all and the rows it covers."""
+
+LaneRun = tuple[int, int, int, int]
+"""``(message, lane, start, end)``: a message, the lane whose slot it belongs to and the own rows it covers."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class HeadIndex:
     """A member's head-parallel ring on one device (module docstring), built once per plan.
 
     ``rows`` [n_own]: own attention-buffer rows, ``span`` ``(start, end)`` when they are ``range(start, end)``
     (``RingPart.span``: ``narrow`` views and slice copies instead of gathers and ``index_copy_``; None: gathers);
-    ``counts[x]`` / ``offsets[x]``: lane ``x``'s tokens and first lane-order row; ``order`` [n_b]: head-buffer
-    row of each lane-order row, ``perm`` its inverse; ``kv_cols[x]``: lane ``x``'s dK then dV columns
-    (``2 hkv_l``) of a [*, 2 Hkv, D] buffer, ``kv_ranges[x]`` the same heads as a range; ``kv_pick`` [a hkv_l]:
-    the K/V head of every lane's slot (None when ``a | Hkv``: the identity, each K/V head in one lane); message
-    maps ``(message, lane)`` of the ``heads`` (send: receiver lane, receive:
-    sender lane) and ``tokens`` transfers.
+    ``counts[x]``: lane ``x``'s tokens; ``block``: the head buffer's rows (``n_b``); ``blocks``: the ring's blocks
+    (one: Ulysses, the head buffers are views of what arrived); ``own_runs``: this lane's ``(own, row, count)``
+    runs (:func:`~zeppelin_megatron.planner.head_parallel.lane_runs`); ``kv_cols[x]``: lane ``x``'s dK then dV
+    columns (``2 hkv_l``) of a [*, 2 Hkv, D] buffer, ``kv_ranges[x]`` the same heads as a range; ``kv_pick``
+    [a hkv_l]: the K/V head of every lane's slot (None when ``a | Hkv``: the identity, each K/V head in one
+    lane). Messages: ``heads_send`` (message, receiver lane, own rows), ``heads_recv`` (message, head rows),
+    ``tokens_send`` (message, head rows), ``tokens_recv`` (message, sender lane, own rows).
     """
 
     ring: int
@@ -129,24 +141,21 @@ class HeadIndex:
     rows: torch.Tensor
     span: tuple[int, int] | None
     counts: tuple[int, ...]
-    offsets: tuple[int, ...]
-    order: torch.Tensor
-    perm: torch.Tensor
+    block: int
+    blocks: int
+    own_runs: tuple[tuple[int, int, int], ...]
     kv_cols: tuple[torch.Tensor, ...]
     kv_ranges: tuple[tuple[int, int], ...]
     kv_pick: torch.Tensor | None
-    heads_send: tuple[tuple[int, int], ...]
-    heads_recv: tuple[tuple[int, int], ...]
-    tokens_send: tuple[tuple[int, int], ...]
-    tokens_recv: tuple[tuple[int, int], ...]
+    heads_send: tuple[LaneRun, ...]
+    heads_recv: tuple[Run, ...]
+    tokens_send: tuple[Run, ...]
+    tokens_recv: tuple[LaneRun, ...]
 
     @property
     def own(self) -> int:
         """Tokens this rank holds of the ring (its attention-buffer rows)."""
         return self.counts[self.lane]
-
-    def _lane_slice(self, buf: torch.Tensor, x: int) -> torch.Tensor:
-        return buf[self.offsets[x]:self.offsets[x] + self.counts[x]]
 
     def _own(self, t: torch.Tensor) -> torch.Tensor:
         """``t``'s own rows [n_own, ...] (:func:`~.rows.take`: a view on a span, else a gather)."""
@@ -161,7 +170,7 @@ class HeadIndex:
 
     def qkv_to_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Exchange:
         """Forward ``heads``: ``q`` [T_a, Hq, D], ``k``, ``v`` [T_a, Hkv, D] -> the exchange
-        (receive buffer ``R`` [n_b, hq_l + 2 hkv_l, D], lane order, own slot filled)."""
+        (receive buffer ``R`` [n_b, hq_l + 2 hkv_l, D], head-buffer order, own runs filled)."""
         a, n, hq_l, hkv_l, d = self.a2a, self.own, self.hq_l, self.hkv_l, self.shape.d
         send = q.new_empty((a, n, hq_l + 2 * hkv_l, d))
         send[:, :, :hq_l].copy_(self._own(q).view(n, a, hq_l, d).transpose(0, 1))
@@ -174,16 +183,19 @@ class HeadIndex:
 
     def heads_qkv(self, ex: Exchange) -> tuple[torch.Tensor, torch.Tensor]:
         """The head buffers after the forward ``heads`` exchange: ``q_h`` [n_b, hq_l, D] and the packed
-        ``kv_h`` [2, n_b, hkv_l, D] (K, then V, as the ring's buffers), head-buffer (block seq-major) order."""
-        hq_l, hkv_l = self.hq_l, self.hkv_l
-        kv_h = ex.recv.new_empty((2, ex.recv.shape[0], hkv_l, self.shape.d))
-        torch.index_select(ex.recv[:, hq_l:hq_l + hkv_l], 0, self.perm, out=kv_h[0])
-        torch.index_select(ex.recv[:, hq_l + hkv_l:], 0, self.perm, out=kv_h[1])
-        return ex.recv[:, :hq_l].index_select(0, self.perm), kv_h
+        ``kv_h`` [2, n_b, hkv_l, D] (K, then V, as the ring's buffers), head-buffer (block seq-major) order.
+        One block: views of the receive buffer (rows ``hq_l + 2 hkv_l`` columns apart); several: copied out
+        once, contiguous (the ring sends ``kv_h`` whole and gathers ``q_h`` rows)."""
+        recv, hq_l, hkv_l = ex.recv, self.hq_l, self.hkv_l
+        q_h = recv[:, :hq_l]
+        kv_h = recv[:, hq_l:].unflatten(1, (2, hkv_l)).transpose(0, 1)
+        if self.blocks == 1:
+            return q_h, kv_h
+        return q_h.contiguous(), kv_h.contiguous()
 
     def out_to_tokens(self, out_h: torch.Tensor) -> Exchange:
         """Forward ``tokens``: ``out_h`` [n_b, hq_l, D] -> the exchange (``T`` [a, n_own, hq_l, D])."""
-        return self._to_tokens(out_h.index_select(0, self.order))
+        return self._to_tokens(out_h.contiguous())
 
     def tokens_out(self, ex: Exchange, out: torch.Tensor) -> None:
         """Write the received output rows into ``out`` [T_a, Hq, D] (own rows, every lane's heads)."""
@@ -201,20 +213,28 @@ class HeadIndex:
         return self._to_heads(send)
 
     def heads_dout(self, ex: Exchange) -> torch.Tensor:
-        """``dout_h`` [n_b, hq_l, D] in head-buffer order."""
-        return ex.recv.index_select(0, self.perm)
+        """``dout_h`` [n_b, hq_l, D] in head-buffer order: the receive buffer itself."""
+        return ex.recv
+
+    def grads_buffer(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """An empty ``[n_b, hq_l + 2 hkv_l, D]`` send buffer for the backward ``tokens`` exchange, in ``dtype``
+        (:func:`grads_wire_dtype`): dq, then dK, then dV columns, head-buffer order (:meth:`grads_send`)."""
+        return torch.empty((self.block, self.hq_l + 2 * self.hkv_l, self.shape.d), dtype=dtype, device=device)
 
     def grads_to_tokens(self, dq_h: torch.Tensor, dk_h: torch.Tensor, dv_h: torch.Tensor,
                         dtype: torch.dtype | None = None) -> Exchange:
         """Backward ``tokens``: ``dq_h`` [n_b, hq_l, D], ``dk_h``, ``dv_h`` [n_b, hkv_l, D] (one dtype: the
         accumulator's after a ring of several blocks, the kernel's own after one block) -> the exchange
-        (``T`` [a, n_own, hq_l + 2 hkv_l, D]) in ``dtype`` (default: theirs; :func:`grads_wire_dtype`). A
-        narrower ``dtype`` casts each gradient once, whole, before the gather into the send buffer (one pass
-        of ``n_b`` rows: cheaper than gathering in the wider dtype and casting the gathered rows)."""
+        (``T`` [a, n_own, hq_l + 2 hkv_l, D]) in ``dtype`` (default: theirs; :func:`grads_wire_dtype`): each
+        gradient copied once into :meth:`grads_buffer`'s columns, cast on the way where ``dtype`` differs."""
+        send = self.grads_buffer(dtype or dq_h.dtype, dq_h.device)
         hq_l, hkv_l = self.hq_l, self.hkv_l
-        send = dq_h.new_empty((dq_h.shape[0], hq_l + 2 * hkv_l, self.shape.d), dtype=dtype or dq_h.dtype)
         for c0, c1, x in ((0, hq_l, dq_h), (hq_l, hq_l + hkv_l, dk_h), (hq_l + hkv_l, hq_l + 2 * hkv_l, dv_h)):
-            torch.index_select(x.to(send.dtype), 0, self.order, out=send[:, c0:c1])
+            send[:, c0:c1].copy_(x)
+        return self.grads_send(send)
+
+    def grads_send(self, send: torch.Tensor) -> Exchange:
+        """The backward ``tokens`` exchange of a filled :meth:`grads_buffer` (``T`` [a, n_own, w, D])."""
         return self._to_tokens(send)
 
     def tokens_grads(self, ex: Exchange, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
@@ -243,18 +263,24 @@ class HeadIndex:
     # -- buffers ----------------------------------------------------------------------------------
 
     def _to_heads(self, send: torch.Tensor) -> Exchange:
-        """``send`` [a, n_own, w, D] -> payloads per receiver lane, receive buffer [n_b, w, D] (lane order)."""
-        recv = send.new_empty((sum(self.counts), *send.shape[2:]))
-        self._lane_slice(recv, self.lane).copy_(send[self.lane])
-        return Exchange(payloads={i: send[y].view(-1) for i, y in self.heads_send},
-                        into={i: self._lane_slice(recv, x).view(-1) for i, x in self.heads_recv}, recv=recv)
+        """``send`` [a, n_own, w, D] -> payloads per message (a run of slot ``y``), receive buffer [n_b, w, D]
+        in head-buffer order (the own slot's runs copied in place)."""
+        recv = send.new_empty((self.block, *send.shape[2:]))
+        mine = send[self.lane]
+        for o, r, c in self.own_runs:
+            recv[r:r + c].copy_(mine[o:o + c])
+        return Exchange(payloads={i: send[y, o0:o1].view(-1) for i, y, o0, o1 in self.heads_send},
+                        into={i: recv[r0:r1].view(-1) for i, r0, r1 in self.heads_recv}, recv=recv)
 
     def _to_tokens(self, send: torch.Tensor) -> Exchange:
-        """``send`` [n_b, w, D] (lane order) -> payloads per lane, receive buffer [a, n_own, w, D]."""
+        """``send`` [n_b, w, D] (head-buffer order) -> payloads per message (a run of a lane's rows), receive
+        buffer [a, n_own, w, D] (the own runs copied into slot ``lane``)."""
         recv = send.new_empty((self.a2a, self.own, *send.shape[1:]))
-        recv[self.lane].copy_(self._lane_slice(send, self.lane))
-        return Exchange(payloads={i: self._lane_slice(send, x).view(-1) for i, x in self.tokens_send},
-                        into={i: recv[y].view(-1) for i, y in self.tokens_recv}, recv=recv)
+        mine = recv[self.lane]
+        for o, r, c in self.own_runs:
+            mine[o:o + c].copy_(send[r:r + c])
+        return Exchange(payloads={i: send[r0:r1].view(-1) for i, r0, r1 in self.tokens_send},
+                        into={i: recv[y, o0:o1].view(-1) for i, y, o0, o1 in self.tokens_recv}, recv=recv)
 
 
 def grads_wire_dtype(index: HeadIndex, dtype: torch.dtype, acc: torch.dtype) -> torch.dtype:
@@ -271,37 +297,50 @@ def grads_wire_dtype(index: HeadIndex, dtype: torch.dtype, acc: torch.dtype) -> 
 def head_index(program: RankProgram, part: RingPart, shape: HeadShape, device: torch.device) -> HeadIndex:
     """The :class:`HeadIndex` of member ``part`` of a head-parallel ring (``part.a2a > 1``).
 
-    Example: one sequence of 16 over ranks (0, 1, 2, 3), ``a2a = 2``, rank 1 (block 0, lane 1):
-    lane 0 fills head-buffer rows (0, 1, 6, 7), lane 1 rows (2, 3, 4, 5), so ``order`` is
-    ``[0, 1, 6, 7, 2, 3, 4, 5]`` and ``counts`` ``(4, 4)``.
+    Example: one sequence of 16 over ranks (0, 1, 2, 3), ``a2a = 2``, rank 1 (block 0, lane 1): lane 0's
+    runs are ``(0, 0, 2)`` and ``(2, 6, 2)`` (own tokens 0-1 at head rows 0-1, 2-3 at rows 6-7), lane 1's
+    one run ``(0, 2, 4)``; so rank 1 receives two ``heads`` messages from rank 0 (into rows ``[0, 2)`` and
+    ``[6, 8)``) and sends rank 0 its output rows ``[0, 2)`` and ``[6, 8)`` in two ``tokens`` messages.
     """
     a, b, lane = part.a2a, part.position, part.lane
     assert b is not None and lane is not None and a > 1, "head_index needs a member of a head-parallel ring"
     hq, hkv, d = shape
     heads = [lane_heads(hq, hkv, a, x) for x in range(a)]
     hq_l, hkv_l = hq // a, lane_kv_heads(hkv, a)
-    lane_rows = [part.lane_rows(x) for x in range(a)]
-    order = [r for rows in lane_rows for r in rows]
-    perm = [0] * len(order)
-    for i, r in enumerate(order):
-        perm[r] = i
-    counts = tuple(len(rows) for rows in lane_rows)
-    offsets = tuple(sum(counts[:x]) for x in range(a))
+    runs = [part.lane_runs(x) for x in range(a)]
+    counts = tuple(sum(c for _, _, c in rs) for rs in runs)
     as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
     pick = [h for _, (k0, k1) in heads for h in range(k0, k1)]
     lane_of = {r: i % a for i, r in enumerate(part.ranks)}
     me = part.ranks[b * a + lane]
 
-    def maps(kind: str) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
-        msgs = program.transfers[TransferId(part.ring, 0, kind)].messages  # type: ignore[arg-type]
-        return (tuple((i, lane_of[m.dst]) for i, m in enumerate(msgs) if m.src == me),
-                tuple((i, lane_of[m.src]) for i, m in enumerate(msgs) if m.dst == me))
+    Sent = list[tuple[int, int, tuple[int, int, int]]]
 
-    (hs, hr), (ts, tr) = maps("heads"), maps("tokens")
+    def messages(kind: str) -> tuple[Sent, Sent]:
+        """``(message, other lane, run)`` of the messages this rank sends / receives: the ``k``-th message of a
+        pair carries run ``k`` of the lane whose tokens it moves (the sender's in ``heads``, the receiver's in
+        ``tokens``; the lowering's order)."""
+        msgs = program.transfers[TransferId(part.ring, 0, kind)].messages  # type: ignore[arg-type]
+        seen: dict[tuple[int, int], int] = {}
+        sent: Sent = []
+        got: Sent = []
+        for i, m in enumerate(msgs):
+            if me not in (m.src, m.dst):
+                continue
+            k = seen[(m.src, m.dst)] = seen.get((m.src, m.dst), -1) + 1
+            run = runs[lane_of[m.src] if kind == "heads" else lane_of[m.dst]][k]
+            assert run[2] == m.tokens, (kind, i, run, m.tokens)
+            (sent if m.src == me else got).append((i, lane_of[m.dst if m.src == me else m.src], run))
+        return sent, got
+
+    (hs, hr), (ts, tr) = messages("heads"), messages("tokens")
     return HeadIndex(
         ring=part.ring, a2a=a, lane=lane, hq_l=hq_l, hkv_l=hkv_l, shape=shape, rows=as_t(part.rows), span=part.span,
-        counts=counts, offsets=offsets, order=as_t(order), perm=as_t(perm),
+        counts=counts, block=sum(counts), blocks=part.size, own_runs=runs[lane],
         kv_cols=tuple(as_t([*range(k0, k1), *range(hkv + k0, hkv + k1)]) for _, (k0, k1) in heads),
         kv_ranges=tuple(kr for _, kr in heads),
         kv_pick=None if pick == list(range(hkv)) else as_t(pick),
-        heads_send=hs, heads_recv=hr, tokens_send=ts, tokens_recv=tr)
+        heads_send=tuple((i, y, o, o + c) for i, y, (o, _, c) in hs),
+        heads_recv=tuple((i, r, r + c) for i, _, (_, r, c) in hr),
+        tokens_send=tuple((i, r, r + c) for i, _, (_, r, c) in ts),
+        tokens_recv=tuple((i, y, o, o + c) for i, y, (o, _, c) in tr))

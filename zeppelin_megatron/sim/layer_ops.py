@@ -22,12 +22,15 @@ Link = Literal["nvl", "nic"]
 
 @dataclass(frozen=True)
 class Leg:
-    """One flow of a chain: ``nbytes`` from ``src`` to ``dst`` over ``link``."""
+    """One flow of a chain: ``nbytes`` from ``src`` to ``dst`` over ``link``; ``messages``: the point-to-point
+    messages it stands for, sent back to back between the same two ranks (NCCL runs a group's operations to
+    one peer in order), each paying the link latency: the flow waits ``messages x`` the latency."""
 
     src: int
     dst: int
     nbytes: float
     link: Link
+    messages: int = 1
 
 
 @dataclass
@@ -73,9 +76,9 @@ def nic_ports(cost: CostModel, leg: Leg) -> tuple[tuple[str, int, int], tuple[st
     return ("nic_out", cl.node_of(leg.src), cl.nic_of(leg.src)), ("nic_in", cl.node_of(leg.dst), cl.nic_of(leg.dst))
 
 
-def hop(cost: CostModel, src: int, dst: int, nbytes: float) -> Leg:
+def hop(cost: CostModel, src: int, dst: int, nbytes: float, messages: int = 1) -> Leg:
     cl = cost.cluster
-    return Leg(src, dst, float(nbytes), "nvl" if cl.node_of(src) == cl.node_of(dst) else "nic")
+    return Leg(src, dst, float(nbytes), "nvl" if cl.node_of(src) == cl.node_of(dst) else "nic", messages)
 
 
 def pairs_transfer(key: tuple, category: str, cost: CostModel,

@@ -336,12 +336,18 @@ def build_layer_program(plan: StepPlan, cost: CostModel, attention_comm: str = "
             key = ("ring", ring.ranks, tid.step) if ring.a2a == 1 else ("ring", ring.ranks, ring.a2a, tid.kind)
             if ring.part:  # parts of one rank tuple (planner/ring_parts.py): each its own transfers
                 key += (("part", ring.part),)
-            if tid.kind in ("heads", "tokens"):  # a head-parallel ring's all-to-alls: one NVLink flow per message
-                shared = lanes_share_kv(kv_heads_per_rank(cost), ring.a2a)  # fp32 gradients, summed at home
+            if tid.kind in ("heads", "tokens"):  # a head-parallel ring's all-to-alls: one NVLink flow per pair,
+                shared = lanes_share_kv(kv_heads_per_rank(cost), ring.a2a)  # its messages (one per run) in order
                 per_token = a2a_token_bytes(shape_of(cost, ring.a2a), charges, ring.blocks,
                                             shared)[tid.kind == "tokens"]
-                keys[tid] = add(Traffic(key, "group", [[hop(cost, m.src, m.dst, m.tokens * per_token)]
-                                                      for m in t.messages if m.tokens]))
+                pairs: dict[tuple[int, int], list[int]] = {}
+                for m in t.messages:
+                    if m.tokens:
+                        tally = pairs.setdefault((m.src, m.dst), [0, 0])
+                        tally[0] += m.tokens
+                        tally[1] += 1
+                keys[tid] = add(Traffic(key, "group", [[hop(cost, src, dst, n * per_token, k)]
+                                                      for (src, dst), (n, k) in pairs.items()]))
             elif tid.kind == "kv":  # a lane's K/V: 2 lane_kv_heads D elements per token, chunks of the blocks
                 g, lane = ring.blocks, shape_of(cost, ring.a2a)
                 nbytes = factor * lane.b * lane.ekv * sum(

@@ -118,8 +118,9 @@ def _resources(cost: CostModel) -> dict[tuple, float]:
 def _flow(cost: CostModel, hop: Leg, tag: object) -> Flow:
     cl = cost.cluster
     if hop.link == "nvl":
-        return Flow(hop.nbytes, (("nvl_out", hop.src), ("nvl_in", hop.dst)), cl.nvlink_latency_us * 1e-3, tag)
-    return Flow(hop.nbytes, nic_ports(cost, hop), cl.nic_latency_us * 1e-3, tag)
+        return Flow(hop.nbytes, (("nvl_out", hop.src), ("nvl_in", hop.dst)),
+                    hop.messages * cl.nvlink_latency_us * 1e-3, tag)
+    return Flow(hop.nbytes, nic_ports(cost, hop), hop.messages * cl.nic_latency_us * 1e-3, tag)
 
 
 def _layer_bytes(program: LayerProgram, cost: CostModel) -> tuple[float, dict[tuple[int, int], float]]:

@@ -13,6 +13,11 @@ Shapes: ``q`` [T_q, Hq, D]; ``k``, ``v`` [T_k, Hkv, D] with ``Hq % Hkv == 0``
 Causal masks are *bottom-right* aligned (the flash-attention convention): query
 ``a`` of a segment with ``Lq`` queries and ``Lk`` keys sees keys
 ``b <= a + (Lk - Lq)``. Zeppelin only asks for causal blocks with ``Lq == Lk``.
+
+Inputs may be row-strided views (a head-parallel ring's head buffers, :mod:`..heads`); a backend that
+needs them contiguous copies them. Optional: ``backward_into(dout, q, k, v, out, lse, batch, scale, dq, dk,
+dv)``, the backward writing its gradients into the given (strided) buffers; the engine uses it where a
+kernel has it (``flash_attn``, ``reference``) and copies what ``backward`` returns otherwise.
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ Backward calls ``flash_attn_interface._flash_attn_varlen_backward``, whose
 keyword set changed across releases (``window_size`` tuple vs. ``_left/_right``,
 ``softcap``, ``alibi_slopes``, ``deterministic``, ``rng_state``); the call is
 bound to whatever parameters the installed version declares. flash-attn takes
-fewer K/V heads natively (GQA) and returns dK/dV with Hkv heads.
+fewer K/V heads natively (GQA) and returns dK/dV with Hkv heads. Inputs need only their last
+dimension contiguous (flash-attn addresses rows and heads by their strides): column views of a
+head-parallel ring's receive buffer go in as they are (:mod:`..heads`), other layouts are copied
+first; :meth:`FlashAttnKernel.backward_into` writes the gradients into given buffers (views welcome).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class FlashAttnKernel:
         from flash_attn import flash_attn_varlen_func
 
         res = flash_attn_varlen_func(
-            q.contiguous(), k.contiguous(), v.contiguous(), batch.cu_q, batch.cu_k, batch.max_q, batch.max_k,
+            _rows(q), _rows(k), _rows(v), batch.cu_q, batch.cu_k, batch.max_q, batch.max_k,
             dropout_p=0.0, softmax_scale=scale, causal=batch.causal, return_attn_probs=True,
         )
         out, lse = res[0], res[1]
@@ -70,11 +73,29 @@ class FlashAttnKernel:
         batch: VarlenBatch,
         scale: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+        self.backward_into(dout, q, k, v, out, lse, batch, scale, dq, dk, dv)
+        return dq, dk, dv
+
+    def backward_into(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        batch: VarlenBatch,
+        scale: float,
+        dq: torch.Tensor,
+        dk: torch.Tensor,
+        dv: torch.Tensor,
+    ) -> None:
+        """:meth:`backward` writing ``dq`` [T_q, Hq, D], ``dk``, ``dv`` [T_k, Hkv, D] in place (any row and
+        head strides, the last dimension contiguous)."""
         fn, params = _backward_fn()
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         kwargs: dict[str, Any] = {
-            "dout": dout.contiguous(), "q": q, "k": k, "v": v, "out": out.contiguous(),
+            "dout": _rows(dout), "q": _rows(q), "k": _rows(k), "v": _rows(v), "out": _rows(out),
             "softmax_lse": lse.transpose(0, 1).float().contiguous(), "dq": dq, "dk": dk, "dv": dv,
             "cu_seqlens_q": batch.cu_q, "cu_seqlens_k": batch.cu_k,
             "max_seqlen_q": batch.max_q, "max_seqlen_k": batch.max_k,
@@ -88,5 +109,11 @@ class FlashAttnKernel:
         missing = [p for p in kwargs if p not in params]
         if missing:
             raise RuntimeError(f"unsupported flash-attn version: _flash_attn_varlen_backward lacks {missing}")
+        if any(x.stride(-1) != 1 for x in (dq, dk, dv)):
+            raise ValueError("backward_into needs dq, dk, dv with a contiguous last dimension")
         fn(**kwargs)
-        return dq, dk, dv
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as flash-attn takes it: as it is when its last dimension is contiguous, else a contiguous copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()

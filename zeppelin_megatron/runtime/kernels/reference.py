@@ -106,3 +106,22 @@ class ReferenceKernel:
             dk[rk] = dks.view(lk, hkv, groups, d).sum(2).to(k.dtype)
             dv[rk] = dvs.view(lk, hkv, groups, d).sum(2).to(v.dtype)
         return dq, dk, dv
+
+    def backward_into(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        batch: VarlenBatch,
+        scale: float,
+        dq: torch.Tensor,
+        dk: torch.Tensor,
+        dv: torch.Tensor,
+    ) -> None:
+        """:meth:`backward` written into ``dq``, ``dk``, ``dv`` (views welcome), as flash-attn's
+        ``backward_into`` does: the engine's in-place path, checked on CPU."""
+        for dst, src in zip((dq, dk, dv), self.backward(dout, q, k, v, out, lse, batch, scale)):
+            dst.copy_(src)
