@@ -14,14 +14,14 @@ from zeppelin_megatron.planner.cost_heads import (
     a2a_bytes_per_token, head_ring_time, head_widths, lane_hops, lane_kv_bytes_per_token,
 )
 from zeppelin_megatron.planner.grouped import pack_sizes
-from zeppelin_megatron.planner.head_parallel import head_split_error
+from zeppelin_megatron.planner.head_parallel import head_split_error, lane_runs
 from zeppelin_megatron.planner.packed import head_parallel_threshold, packed_assignments
 from zeppelin_megatron.planner.local_schedule import ring_timeline
 from zeppelin_megatron.planner.partition_context import Assignment
 from zeppelin_megatron.planner.plan import LocalSlot, SequencePlan, StepPlan
 from zeppelin_megatron.planner.predict import predict
 from zeppelin_megatron.planner.workloads import long_tailed_batch
-from zeppelin_megatron.planner.zigzag import position_ranges
+from zeppelin_megatron.planner.zigzag import position_ranges, ring_max_tokens
 
 
 def _cost(spec: str = "1x8", *, q: int | None = None, kv: int | None = None, tp: int = 1) -> CostModel:
@@ -62,7 +62,9 @@ def _plan(cost: CostModel, lengths: list[int], groups: list[tuple[int, ...]], wi
 
 def test_ulysses_time_by_hand() -> None:
     """8192 tokens on one node of 8 (NVLink 450 GB/s, 5 us), a = 8: each rank holds 1024 tokens and sends
-    7 peers 1024 x 4096 bytes (q, k, v slices of 4 heads + dout slice, bf16) = 29.36 MB: 0.0702 ms; back
+    7 peers 1024 x 4096 bytes (q, k, v slices of 4 heads + dout slice, bf16) = 29.36 MB in two messages each
+    (its two zigzag chunks, apart in the head buffer: head_parallel.lane_runs; lane 7's meet), each paying the
+    5 us latency: 0.0752 ms; back
     as much (out, and the one call's dq, dk, dv in bf16, as a ring of several blocks sends its accumulators too,
     cast once; 1024 x 7168 = 51.38 MB with fp32 gradients, which only lanes sharing K/V heads send); one call over
     4 of 32 heads
@@ -70,13 +72,30 @@ def test_ulysses_time_by_hand() -> None:
     cost = _cost()
     assert a2a_bytes_per_token(cost, 8) == (4096, 4096) and lane_kv_bytes_per_token(cost, 8) == 2048
     h = head_ring_time(cost, tuple(range(8)), [8192], 8)
-    assert h.heads_ms == pytest.approx(0.005 + 7 * 1024 * 4096 / 450e6)
-    assert h.tokens_ms == pytest.approx(0.005 + 7 * 1024 * 4096 / 450e6)
+    assert h.heads_ms == pytest.approx(0.010 + 7 * 1024 * 4096 / 450e6)
+    assert h.tokens_ms == pytest.approx(0.010 + 7 * 1024 * 4096 / 450e6)
     assert a2a_bytes_per_token(cost, 8, blocks=1) == (4096, 4096)
     assert h.diag == pytest.approx(cost.causal_ms(8192) / 8) and h.diag < cost.call_overhead_ms
-    assert h.total == pytest.approx(1.0925 + 2 * (0.005 + 7 * 1024 * 4096 / 450e6)) == pytest.approx(1.232989, abs=1e-6)
+    assert h.total == pytest.approx(1.0925 + 2 * (0.010 + 7 * 1024 * 4096 / 450e6)) == pytest.approx(1.242989, abs=1e-6)
     assert h.step_comm_ms == 0 and h.lane_bytes == 0 and h.own == cost.call_overhead_ms
     assert plain_ring_ms(cost, tuple(range(8)), [8192], True) == pytest.approx(8 * 1.0925)
+
+
+@pytest.mark.parametrize("lengths,a", [([8192], 8), ([8192, 4096, 2048], 8), ([8192, 4096], 2), ([64, 40, 24], 4)])
+def test_all_to_all_latency_counts_the_busiest_pairs_messages(lengths: list[int], a: int) -> None:
+    """head_ring_time charges each all-to-all the latency once per message of the busiest lane pair (one message per
+    run of a lane's tokens, head_parallel.lane_runs, as the lowering sends them): 2 per sequence at a > 2 (a middle
+    lane's two chunks never meet), one per sequence plus one at a = 2 (lane 0: its late chunk and the next
+    sequence's early chunk meet; lane 1: its two chunks meet); exactly the most runs of any lane (sequences long
+    enough for every chunk to hold tokens)."""
+    cost = _cost()
+    ranks = tuple(range(a))
+    h = head_ring_time(cost, ranks, lengths, a)
+    runs = max(len(lane_runs(lengths, a, a, 0, x)) for x in range(a))
+    assert runs == (2 * len(lengths) if a > 2 else len(lengths) + 1)
+    held = sum(ring_max_tokens(s, a) for s in lengths)
+    heads_b, _ = a2a_bytes_per_token(cost, a, 1)
+    assert h.heads_ms == pytest.approx(runs * 0.005 + (a - 1) * held * heads_b / 450e6)
 
 
 def test_hybrid_across_nodes_by_hand() -> None:

@@ -68,9 +68,18 @@ def test_head_parallel_wires_carry_each_kind_at_its_own_size() -> None:
         for ring, hx in dev.heads.items():
             part = next(p for p in dev.program.rings if p.ring == ring)
             assert hx.rows.tolist() == list(part.rows) and hx.own == len(part.rows)
-            assert sorted(hx.order.tolist()) == list(range(sum(hx.counts)))
-            assert hx.order[hx.perm].tolist() == list(range(sum(hx.counts)))  # perm inverts order
-            assert len(hx.heads_send) == len(hx.heads_recv) == len(hx.tokens_send) == hx.a2a - 1
+            # the own runs and the received messages' rows fill the head buffer exactly once (messages land in
+            # place); what it sends covers its own tokens once per other lane, as what comes home does
+            filled = [r for _, r, c in hx.own_runs for r in range(r, r + c)]
+            filled += [r for _, r0, r1 in hx.heads_recv for r in range(r0, r1)]
+            assert sorted(filled) == list(range(hx.block)) and hx.block == sum(hx.counts)
+            for sends in (hx.heads_send, hx.tokens_recv):
+                lanes = {y for _, y, _, _ in sends}
+                assert lanes == (set(range(hx.a2a)) - {hx.lane} if hx.own else set())
+                for y in lanes:
+                    assert sorted(r for _, z, o0, o1 in sends if z == y for r in range(o0, o1)) == list(range(hx.own))
+            assert sorted(r for _, r0, r1 in hx.tokens_send for r in range(r0, r1)) == sorted(
+                r for _, r0, r1 in hx.heads_recv for r in range(r0, r1))
     assert {(k, b) for k, b, _, _ in seen} >= {("heads", False), ("heads", True), ("tokens", False),
                                                ("tokens", True), ("kv", False), ("acc", True)}
 

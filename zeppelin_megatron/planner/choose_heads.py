@@ -33,7 +33,7 @@ plain that the simulator runs far slower (Llama-13B prolong-128k, 128 GPUs: a
 Example (Llama-7B, one H100 node, call overhead 1.09 ms): one sequence of 8192
 tokens on ranks 0-7: the plain ring pays the overhead and the charges at each of
 its 8 steps (9.36 ms; 8.74 uncharged); Ulysses (``a = 8``) is one call over
-``1/8`` of the heads plus two all-to-alls (1.33 ms; 1.23 uncharged): ``a = 8`` is chosen.
+``1/8`` of the heads plus two all-to-alls (1.29 ms; 1.24 uncharged): ``a = 8`` is chosen.
 
 Pure and deterministic.
 """

@@ -34,9 +34,11 @@ the rank's ``hq`` query heads (per tensor-parallel rank). Per member::
 Worked example (Llama-7B: 32 query and 32 K/V heads of 128, bf16; one node of
 8 GPUs, NVLink 450 GB/s, 5 us): one sequence of 8192 tokens on ranks 0-7 at
 ``a = 8`` (Ulysses, ``m = 1``): each rank holds 1024 tokens; ``heads`` sends 7
-peers ``1024 * (4 + 8 + 4) * 128 * 2`` bytes each, 29.4 MB in all, 0.070 ms;
-``tokens`` ``1024 * (4 * 128 * 2 + 12 * 128 * 4)`` bytes each, 51.4 MB,
-0.119 ms; the kernel is ``causal_ms(8192) / 8``.
+peers ``1024 * (4 + 8 + 4) * 128 * 2`` bytes each, 29.4 MB in all, in two
+messages a peer (the rank's two zigzag chunks land apart in the head buffer,
+:func:`~.head_parallel.lane_runs`), 0.075 ms (5 us a message); ``tokens`` as
+many (forward out, backward dq, dk, dv in bf16: one call's gradients are final),
+0.075 ms; the kernel is ``causal_ms(8192) / 8``.
 
 Pure, standard library only.
 """
@@ -166,8 +168,12 @@ def head_ring_time(cost: CostModel, ranks: Sequence[int], lengths: Sequence[int]
     held = sum(ring_max_tokens(s, g) for s in lengths)
     block = sum(ring_chunk_pair_tokens(s, m) for s in lengths)  # rows of a member's head buffer
     heads_b, tokens_b = a2a_bytes_per_token(cost, a2a, m)
-    heads_ms = cost.nvlink_ms((a2a - 1) * held * heads_b)
-    tokens_ms = cost.nvlink_ms((a2a - 1) * held * tokens_b)
+    # a pair's messages, one per run of a lane's tokens (head_parallel.lane_runs), each pay the latency (nvlink_ms
+    # counts one): two runs per sequence for a middle lane; a = 2: one per sequence and one more (lane 0's late and
+    # the next sequence's early chunk meet, lane 1's two chunks meet); fewer where short sequences leave chunks empty
+    extra = (2 * len(lengths) - 1 if a2a > 2 else len(lengths)) * cost.cluster.nvlink_latency_us * 1e-3
+    heads_ms = cost.nvlink_ms((a2a - 1) * held * heads_b) + extra
+    tokens_ms = cost.nvlink_ms((a2a - 1) * held * tokens_b) + extra
     lane_bytes = st.wire_bytes
     comm = _lane_comm_ms(cost, ranks, a2a, lane_bytes) if m > 1 else 0.0
     # plan_step's layouts give every ring contiguous rows (api.engine_order), so the all-to-alls' copies are priced

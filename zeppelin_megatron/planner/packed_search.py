@@ -28,9 +28,10 @@ Three families of candidates, each a placement without a remap (the linear layou
   ``k / P`` (at most :data:`LEAD_MAX`); the leading
   group then takes part in packing the rest as one more group (``packed_groups(..., first=k, lead=top)``,
   weighed per rank) that takes whole documents only, so its ranks are *filled* up to the others' load instead
-  of idling beside a ring too small for a node. Example: Llama-7B arxiv-64k on 1 x 8 GPUs, 256k tokens, batch
-  0: the longest document (32.9k) on a ring over ranks 0-1, which absorbs one more, the other 22 whole (four of
-  them on ranks 0-1): charged prediction 3645 ms against 3666 without filled leads. FlexSP's plan for
+  of idling beside a ring too small for a node. Example: Llama-7B prolong-64k on 1 x 8 GPUs, 256k tokens, batch
+  1 of 4: the longest document (40.0k) leads on ranks 0-1; the search from that lead ends with it on a
+  head-parallel ring over ranks 0-3 with two more documents, ranks 0 and 1 also holding whole ones: charged
+  prediction 3662 ms against 3744 without filled leads. FlexSP's plan for
   Llama-13B TP 2 arxiv-64k on 16 GPUs (8 ranks) has that shape too: one Ulysses pair and six single GPUs
   (simulated 7009 ms; Zeppelin 7125 -> 7031 with filled leads).
 * *Wide* packings (:mod:`.packed_wide`, 2026-11-27): per CP size from 2 on, the threshold packing with spans for

@@ -26,14 +26,14 @@ nothing else changes (the same tokens on the same ranks, the same widths). :func
 a ring's parts by the same timeline (:func:`parts_time`). Pure, deterministic.
 
 Worked example (Llama-7B, ``charges="zeppelin"``, one node of 8 H100s, Ulysses over ranks 0-7, ms per layer):
-sequences of 32 768 and 24 576 tokens as one ring: heads 0.462 + body 19.153 + tokens 0.462 = 20.077. In
-parts, ``A = [32768]`` (heads 0.266, body 12.184, tokens 0.266) and ``B = [24576]`` (0.201, 6.969, 0.201):
-``A`` ends at 0.266 + 12.184 = 12.450, ``B``'s heads arrived at 0.467, ``B`` ends at 12.450 + 6.969 =
-19.419, its tokens at 19.620 (``A``'s left at 12.716): 19.620 < 20.077, so the ring is split (the step
+sequences of 32 768 and 24 576 tokens as one ring: heads 0.477 + body 19.153 + tokens 0.477 = 20.107. In
+parts, ``A = [32768]`` (heads 0.271, body 12.184, tokens 0.271) and ``B = [24576]`` (0.206, 6.969, 0.206):
+``A`` ends at 0.271 + 12.184 = 12.455, ``B``'s heads arrived at 0.477, ``B`` ends at 12.455 + 6.969 =
+19.424, its tokens at 19.630 (``A``'s left at 12.726): 19.630 < 20.107, so the ring is split (the step
 simulates 1031.1 -> 1016.4 ms over 32 layers; tests/planner/test_ring_parts.py). Two sequences of 8192 and
-6144 tokens are not: their all-to-alls take 0.24 ms, less than a second call costs (at least the call
-overhead, 1.09 ms): 2.399 against 1.618. With a third sequence of 16 384 tokens: whole 23.519, two parts
-(32 768 | 24 576 + 16 384) 22.932, three 22.736: three parts.
+6144 tokens are not: their all-to-alls take 0.27 ms, less than a second call costs (at least the call
+overhead, 1.09 ms): 2.409 against 1.648. With a third sequence of 16 384 tokens: whole 23.569, two parts
+(32 768 | 24 576 + 16 384) 22.952, three 22.746: three parts.
 """
 
 from __future__ import annotations
