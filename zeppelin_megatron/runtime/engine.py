@@ -200,8 +200,7 @@ class AttentionEngine:
         if into is None:
             return hx.grads_to_tokens(*self.kernel.backward(*args))
         send = hx.grads_buffer(dout_h.dtype, dout_h.device)
-        hq_l, hkv_l = hx.hq_l, hx.hkv_l
-        into(*args, send[:, :hq_l], send[:, hq_l:hq_l + hkv_l], send[:, hq_l + hkv_l:])
+        into(*args, *hx.grad_columns(send))
         return hx.grads_send(send)
 
     def local_backward(self, chunk: int, saved: tuple[torch.Tensor, torch.Tensor], dout: torch.Tensor | None,

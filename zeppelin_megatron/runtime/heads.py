@@ -141,7 +141,6 @@ class HeadIndex:
     rows: torch.Tensor
     span: tuple[int, int] | None
     counts: tuple[int, ...]
-    block: int
     blocks: int
     own_runs: tuple[tuple[int, int, int], ...]
     kv_cols: tuple[torch.Tensor, ...]
@@ -151,6 +150,11 @@ class HeadIndex:
     heads_recv: tuple[Run, ...]
     tokens_send: tuple[Run, ...]
     tokens_recv: tuple[LaneRun, ...]
+
+    @property
+    def block(self) -> int:
+        """Rows of the head buffer (``n_b``): every lane's tokens of the block."""
+        return sum(self.counts)
 
     @property
     def own(self) -> int:
@@ -221,6 +225,13 @@ class HeadIndex:
         (:func:`grads_wire_dtype`): dq, then dK, then dV columns, head-buffer order (:meth:`grads_send`)."""
         return torch.empty((self.block, self.hq_l + 2 * self.hkv_l, self.shape.d), dtype=dtype, device=device)
 
+    def grad_columns(self, send: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The dq [n_b, hq_l, D], dK and dV [n_b, hkv_l, D] column views of a :meth:`grads_buffer` (what a kernel's
+        ``backward_into`` writes, what :meth:`grads_to_tokens` copies into). Example: ``hq_l = 4``, ``hkv_l = 1``:
+        columns ``[0, 4)``, ``[4, 5)``, ``[5, 6)``."""
+        hq_l, hkv_l = self.hq_l, self.hkv_l
+        return send[:, :hq_l], send[:, hq_l:hq_l + hkv_l], send[:, hq_l + hkv_l:]
+
     def grads_to_tokens(self, dq_h: torch.Tensor, dk_h: torch.Tensor, dv_h: torch.Tensor,
                         dtype: torch.dtype | None = None) -> Exchange:
         """Backward ``tokens``: ``dq_h`` [n_b, hq_l, D], ``dk_h``, ``dv_h`` [n_b, hkv_l, D] (one dtype: the
@@ -228,9 +239,8 @@ class HeadIndex:
         (``T`` [a, n_own, hq_l + 2 hkv_l, D]) in ``dtype`` (default: theirs; :func:`grads_wire_dtype`): each
         gradient copied once into :meth:`grads_buffer`'s columns, cast on the way where ``dtype`` differs."""
         send = self.grads_buffer(dtype or dq_h.dtype, dq_h.device)
-        hq_l, hkv_l = self.hq_l, self.hkv_l
-        for c0, c1, x in ((0, hq_l, dq_h), (hq_l, hq_l + hkv_l, dk_h), (hq_l + hkv_l, hq_l + 2 * hkv_l, dv_h)):
-            send[:, c0:c1].copy_(x)
+        for column, x in zip(self.grad_columns(send), (dq_h, dk_h, dv_h)):
+            column.copy_(x)
         return self.grads_send(send)
 
     def grads_send(self, send: torch.Tensor) -> Exchange:
@@ -336,7 +346,7 @@ def head_index(program: RankProgram, part: RingPart, shape: HeadShape, device: t
     (hs, hr), (ts, tr) = messages("heads"), messages("tokens")
     return HeadIndex(
         ring=part.ring, a2a=a, lane=lane, hq_l=hq_l, hkv_l=hkv_l, shape=shape, rows=as_t(part.rows), span=part.span,
-        counts=counts, block=sum(counts), blocks=part.size, own_runs=runs[lane],
+        counts=counts, blocks=part.size, own_runs=runs[lane],
         kv_cols=tuple(as_t([*range(k0, k1), *range(hkv + k0, hkv + k1)]) for _, (k0, k1) in heads),
         kv_ranges=tuple(kr for _, kr in heads),
         kv_pick=None if pick == list(range(hkv)) else as_t(pick),
