@@ -118,3 +118,31 @@ def test_link_times_are_link_ms_with_the_links_terms() -> None:
                 assert cost.nic_ms(nbytes, nics) == cost.link_ms(nbytes / nics, p.nic_GBps or c.nic_GBps,
                                                                  c.nic_latency_us)
     assert base.nvlink_ms(0) == base.nic_ms(-1.0) == 0.0
+
+
+@pytest.mark.parametrize("model", ["llama_3b", "llama_7b", "llama_13b"])
+def test_ring_may_beat_local_rules_out_only_rings_that_lose(model: str) -> None:
+    """Where ``ring_may_beat_local`` says no, every ring of that size (inside a node, across nodes, routed or
+    not) is at least as slow as one GPU: the partitioner and the packings skip pricing it on that word. And it
+    does rule out the short documents of a batch (else it would save nothing)."""
+    from zeppelin_megatron.planner import load_model
+
+    cost = CostModel(model=load_model(f"configs/models/{model}.yaml"), cluster=load_cluster("4x8"))
+    ruled_out = 0
+    for s in [64, 500, 1000, 2047, 4096, 6000, 9000, 16384, 40000]:
+        for g in (2, 4, 8, 16, 32):
+            if s < 2 * g or cost.ring_may_beat_local(s, g):
+                continue
+            ruled_out += 1
+            for inter, proxies in ((False, 1), (True, 1), (True, 4)):
+                assert cost.ring_ms(s, g, inter_node=inter, proxies=proxies) >= cost.local_ms(s), (s, g, inter)
+    assert ruled_out >= 5
+    assert cost.ring_may_beat_local(40000, 2)
+
+
+def test_least_linear_ms_per_token_bounds_linear_ms() -> None:
+    cost = CostModel(model=profile_shaped_model(), cluster=load_cluster("1x8"))
+    least = cost.least_linear_ms_per_token()
+    rates = [cost.linear_ms(t) / t for t in (1, 7, 100, 1000, 3000, 8192, 12345, 65536, 10 ** 6)]
+    assert all(least <= r * (1 + 1e-12) for r in rates)
+    assert any(math.isclose(least, cost.linear_ms(r.tokens) / r.tokens) for r in cost.profile.linear)

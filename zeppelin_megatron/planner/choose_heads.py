@@ -173,9 +173,8 @@ def _fill_aware(lengths: Sequence[int], assignments: "Sequence[Assignment]", gro
     arrive: dict[tuple[int, int], float] = {}
     gaps, _ = ring_timeline(plain, cost, arrive)
     fill: dict[tuple[int, int], float] = {}  # (rank, ring index) -> waits a local call fits in
-    for (r, k, _j), gap in gaps.items():
-        if gap > o:
-            fill[(r, k)] = fill.get((r, k), 0.0) + gap
+    for (r, k, _j), gap in [x for x in gaps.items() if x[1] > o]:  # few of the many steps' waits
+        fill[(r, k)] = fill.get((r, k), 0.0) + gap
     free = [0.0] * world  # F_r
     for (r, _k), g in fill.items():
         free[r] += g

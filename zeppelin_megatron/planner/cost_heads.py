@@ -227,8 +227,8 @@ def _lane_comm_ms(cost: CostModel, ranks: Sequence[int], a2a: int, nbytes: float
     the bytes, so the slowest hop is one of those two whatever ``nbytes``; the same values as the maximum over
     every hop)."""
     g, first = len(ranks), ranks[0]
-    aligned = first % cost.cluster.gpus_per_node == 0 and ranks[-1] == first + g - 1 and \
-        all(r == first + i for i, r in enumerate(ranks))  # consecutive from a node's first GPU: a packing's group
+    # consecutive from a node's first GPU: a packing's group
+    aligned = first % cost.cluster.gpus_per_node == 0 and tuple(ranks) == tuple(range(first, first + g))
     key = ("lane_shape_aligned", g, a2a) if aligned else ("lane_shape", tuple(ranks), a2a)
     shape = cost._cache.get(key)
     if shape is None:

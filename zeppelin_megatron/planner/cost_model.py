@@ -277,6 +277,14 @@ class CostModel:
             self._cache[key] = hit
         return hit
 
+    def ring_may_beat_local(self, s: int, ring: int) -> bool:
+        """``False`` when no ring of ``ring`` GPUs can take sequence ``s`` faster than one GPU: each of its
+        ``ring`` kernel calls pays at least the call overhead (:meth:`ring_ms` is at least ``ring * o``), so
+        ``local_ms(s) <= ring * o`` rules it out before any ring is priced; ``True`` says nothing. Example
+        (Llama-7B on H100, ``o`` about 1.09 ms): a 4096-token document, about 1.8 ms whole, never pays on a
+        ring."""
+        return self.local_ms(s) > ring * self.profile.call_overhead_ms
+
     def comm_ratio(self, s: int, ring: int, *, inter_node: bool, proxies: int = 1) -> float:
         """Compute-to-communication ratio of one off-diagonal ring step."""
         _, off = self.ring_compute_profile(s, ring)
@@ -290,6 +298,16 @@ class CostModel:
         if hit is None:  # memoised: every prediction asks for every rank's tokens
             hit = self._linear[tokens] = 0.0 if tokens <= 0 else tokens * self._lin_ms_per_token(tokens)
         return hit
+
+    def least_linear_ms_per_token(self) -> float:
+        """The least ``linear_ms(t) / t`` over all ``t``: at one of the profile's linear rows (the rate is
+        interpolated between them over ``log2(t)`` and held beyond), so ``tokens *`` this bounds
+        :meth:`linear_ms` from below; the floors of the packed search use it. Memoised."""
+        hit = self._cache.get(("least_linear_ms_per_token",))
+        if hit is None:
+            hit = self._cache[("least_linear_ms_per_token",)] = min(self.linear_ms(r.tokens) / r.tokens
+                                                                 for r in self.profile.linear)
+        return hit  # type: ignore[no-any-return]
 
     # -- ring blocks by orientation (simulator) -------------------------------------------------
     def block_fitted_ms(self, q_len: int, k_len: int) -> float:

@@ -226,7 +226,7 @@ def step_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost: 
     if not options.remap_overlap:
         oh = cost.call_overhead_ms
         att = [max(t, o + (max(x, oh) if x > 0 else 0.0)) for t, o, x in zip(tot, own, local)]
-    per_token = min(cost.linear_ms(r.tokens) / r.tokens for r in cost.profile.linear)
+    per_token = cost.least_linear_ms_per_token()
     return cost.model.layers * max(max(att), (sum(att) + per_token * sum(lengths)) / world)
 
 

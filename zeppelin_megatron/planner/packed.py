@@ -154,11 +154,13 @@ def whole_work(lengths: Sequence[int], cost: CostModel, ranks: int) -> list[floa
 def split_pays(cost: CostModel, s: int, g: int) -> bool:
     """A ``g``-way ring of ``s`` tokens hides its transfer (``comm_ratio >= 1``) and beats one GPU
     (``ring_ms < local_ms``); ``False`` for ``g < 2`` or ``s < 2 g`` (zigzag needs two chunks per rank)."""
+    if g < 2 or s < 2 * g or not cost.ring_may_beat_local(s, g):
+        return False
     key = ("split_pays", s, g)
     hit = cost._cache.get(key)
     if hit is None:  # memoised: every packing of a step asks for every sequence
         inter = g > cost.cluster.gpus_per_node
-        hit = cost._cache[key] = (g > 1 and s >= 2 * g and cost.comm_ratio(s, g, inter_node=inter) >= 1.0
+        hit = cost._cache[key] = (cost.comm_ratio(s, g, inter_node=inter) >= 1.0
                                   and cost.ring_ms(s, g, inter_node=inter) < cost.local_ms(s))
     return hit  # type: ignore[no-any-return]
 
@@ -449,7 +451,7 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
     sequence, 123 936 tokens, sharded over ``cp = 8`` on Llama-7B: about 6.4 s a step, far above a 2.5 s plan, so
     that packing is never built."""
     cap = cost.cluster.tokens_per_gpu
-    per_token = min(cost.linear_ms(r.tokens) / r.tokens for r in cost.profile.linear)
+    per_token = cost.least_linear_ms_per_token()
 
     def on_ring(ss: Sequence[int], g: int = cp) -> float:  # the cheapest ring of ss over g ranks, its busiest tokens
         peak = max(map(sum, zip(*(zigzag_counts(s, g) for s in ss))))
@@ -489,8 +491,7 @@ def _group_shapes(cost: CostModel, cp: int) -> tuple[tuple[int, ...], ...]:
     shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
     for b in range(cl.world_size // cp):
         ranks = tuple(range(b * cp, (b + 1) * cp))
-        first = cl.node_of(ranks[0])
-        shapes.setdefault(tuple(cl.node_of(r) - first for r in ranks), ranks)
+        shapes.setdefault(tuple(cl.node_of(r) - cl.node_of(ranks[0]) for r in ranks), ranks)
     cost._cache[key] = out = tuple(shapes.values())
     return out
 

@@ -400,7 +400,7 @@ def lead_floor(top: Sequence[int], k: int, cost: CostModel, options: PlannerOpti
     ``0 .. k-1`` holds the sequences ``top``: the ring's :func:`~.grouped.ring_floor` total under :data:`CHARGES`
     plus the least linear ms per token times the tokens its busiest rank holds, for every layer (the leading
     ranks hold nothing else)."""
-    per_token = min(cost.linear_ms(r.tokens) / r.tokens for r in cost.profile.linear)
+    per_token = cost.least_linear_ms_per_token()
     total = ring_floor(cost, tuple(range(k)), list(top), options.head_parallel, CHARGES)[0]
     return cost.model.layers * (total + per_token * _peak(top, k))
 

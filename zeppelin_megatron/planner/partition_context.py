@@ -90,7 +90,8 @@ class PartitionContext:
         hit = self._intra_ok.get((s, g))
         if hit is None:
             cost = self.cost
-            hit = (s >= 2 * g and cost.comm_ratio(s, g, inter_node=False) >= self.options.min_ratio
+            hit = (s >= 2 * g and cost.ring_may_beat_local(s, g)
+                   and cost.comm_ratio(s, g, inter_node=False) >= self.options.min_ratio
                    and cost.ring_ms(s, g, inter_node=False) < cost.local_ms(s))
             self._intra_ok[(s, g)] = hit
         return hit
@@ -100,7 +101,8 @@ class PartitionContext:
         hit = self._inter_ok.get((s, ranks))
         if hit is None:
             cost = self.cost
-            hit = (s >= 2 * ranks and cost.comm_ratio(s, ranks, inter_node=True, proxies=self.proxies)
+            hit = (s >= 2 * ranks and cost.ring_may_beat_local(s, ranks)
+                   and cost.comm_ratio(s, ranks, inter_node=True, proxies=self.proxies)
                    >= self.options.min_ratio and self.inter_ms(s, ranks) < cost.local_ms(s))
             self._inter_ok[(s, ranks)] = hit
         return hit
