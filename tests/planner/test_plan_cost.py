@@ -8,8 +8,10 @@ packings of packed_wide; a fourth there since a hybrid ring's gradients go home 
 cheaper and put one more packing's floor under the step to beat: plan_speed medians 46.4-47.5 ms against 45.6-46.9,
 interleaved; two more in all since whole-document moves, planner/whole_moves.py, on seeds 1 and 2, whose kept
 packings trade documents and are finished again with their widths kept, which costs less than a finish choosing
-them: about 2 ms, with the trades' 1-2 ms, and predictions rounded 5x faster, predict._round, on every step), so a
-change that adds work to every step fails here first."""
+them: about 2 ms, with the trades' 1-2 ms, and predictions rounded 5x faster, predict._round, on every step; one to
+four more packings since 2026-11-28, when the partitioner's plan became the bar on its token-balanced layout alone,
+api._lazy_partition, a looser bar than its full layout choice: 11 / 11 / 15 / 13 / 11 against 11 / 10 / 11 / 12 / 10,
+for about 4.5 ms less finishing on each step), so a change that adds work to every step fails here first."""
 
 from __future__ import annotations
 
@@ -39,5 +41,5 @@ def test_plan_speed_batches_finish_two_candidates_and_pack_a_few_times(monkeypat
         counts.update(finished=0, packings=0)
         plan = plan_step(long_tailed_batch(1 << 20, seed), cost)
         per_plan.append((counts["finished"], counts["packings"], plan.origin))
-    assert all(f <= 4 and p <= 12 for f, p, _ in per_plan) and sum(f for f, _, _ in per_plan) <= 14, per_plan
+    assert all(f <= 4 and p <= 15 for f, p, _ in per_plan) and sum(f for f, _, _ in per_plan) <= 14, per_plan
     assert all(o == "packed" for _, _, o in per_plan), per_plan  # a packed plan wins each (docs/planner.md)

@@ -14,6 +14,7 @@ from .linear_layout import linear_layout
 from .layout_check import engine_attention_layout
 from .layout_choice import choose_plan
 from .options import REMAP_CHOICES, PlannerOptions
+from .packed import CHARGES
 from .packed_search import best_packed
 from .partition import partition
 from .partition_context import Assignment
@@ -103,13 +104,17 @@ REMAP_BOUND = 0.25
 def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOptions) -> StepPlan:
     # Candidates are compared unvalidated and in planner order (_candidate); only the winner is validated
     # and written in engine order (_final): a losing candidate's checks and reordering would be wasted work.
-    plan = _candidate(lengths, partition(lengths, cost_model, options), cost_model, options)
-    plan = _unrouted_partition(lengths, cost_model, options, plan)
+    placed = partition(lengths, cost_model, options)
+    # with packing on, the partitioner's placement is first finished on the token-balanced layout alone: the bar the
+    # packed candidates must beat; its other layouts (remap="auto") only where none does (_lazy_partition)
+    lazy = options.packed and options.remap == "auto"
+    plan = _partition_plan(lengths, placed, cost_model, replace(options, remap=True) if lazy else options)
     # packed and CP-group candidates balance tokens with attention (packed.py, grouped.py): finished without a remap
     no_remap = replace(options, remap=False)
     if options.packed:
-        plan = best_packed(lengths, cost_model, options, plan, lambda a, widths=None: _candidate(
+        packed = best_packed(lengths, cost_model, options, plan, lambda a, widths=None: _candidate(
             lengths, a, cost_model, no_remap, widths).evolve(origin="packed"))
+        plan = _lazy_partition(lengths, placed, cost_model, options, plan) if lazy and packed is plan else packed
     if options.grouped:  # opt-in
         plan = best_plan(lengths, cost_model, options, plan,
                          lambda a: _candidate(lengths, a, cost_model, no_remap).evolve(origin="grouped"))
@@ -118,6 +123,33 @@ def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOption
         if parted is not plan:
             plan = parted.evolve(predicted=predict(parted, cost_model))
     return _final(plan)
+
+
+def _partition_plan(lengths: list[int], placed: Sequence[Assignment], cost_model: CostModel,
+                    options: PlannerOptions) -> StepPlan:
+    """The partitioner's candidate: ``placed`` finished (:func:`_candidate`), or the unrouted partition's plan where
+    that predicts lower (:func:`_unrouted_partition`)."""
+    return _unrouted_partition(lengths, cost_model, options, _candidate(lengths, placed, cost_model, options))
+
+
+def _lazy_partition(lengths: list[int], placed: Sequence[Assignment], cost_model: CostModel, options: PlannerOptions,
+                    bar: StepPlan) -> StepPlan:
+    """Where no packed candidate beats ``bar`` (the partitioner's plan on the token-balanced layout alone), the
+    partitioner's plan with every linear layout ``options.remap`` allows (:func:`_partition_plan`), or ``bar`` where
+    that predicts lower under :data:`~.packed.CHARGES` (``bar`` is one of its layouts, chosen there by the uncharged
+    prediction; ties keep the full choice).
+
+    The packed search runs against ``bar`` instead of the partitioner's full choice, which takes about a tenth of
+    the planning time (the workload-balanced layouts and their remap windows): on the 120 steps of
+    docs/BENCHMARKS.md's 60 configurations and ``benchmarks/plan_speed.py``'s batches a packed candidate beats
+    ``bar`` (by 2-41%), so this is never called and the plans are those of the full choice first. Where it is,
+    the step plans as if the choice had been made first, except that a packed candidate predicting between
+    ``bar`` and the full choice loses to ``bar`` (the better of the two partitioner plans under the charges)."""
+    full = _partition_plan(lengths, placed, cost_model, options)
+    if full.predicted is None or bar.predicted is None:
+        return full
+    full_ms = predict(full, cost_model, charges=CHARGES).step_ms
+    return bar if predict(bar, cost_model, charges=CHARGES).step_ms < full_ms - 1e-6 else full
 
 
 def _unrouted_partition(lengths: list[int], cost_model: CostModel, options: PlannerOptions,

@@ -102,22 +102,25 @@ def ring_steps(cost: "CostModel", lengths: Sequence[int], g: int, *, a2a: int = 
     o = cost.call_overhead_ms
     sh = shape_of(cost, a2a)
     diag_k = off_k = early_k = late_k = 0.0
-    pair = chunk = step = 0
-    for s in lengths:
-        d, f = cost.ring_compute_profile(s, g)
-        diag_k += d
-        off_k += f
-        p = ring_chunk_pair_tokens(s, g)
-        c = -(-s // (2 * g))
-        pair, chunk = pair + p, chunk + c
-        step += p
-        if g > 1 and charges != "none":
-            fit = cost._cache.get(("fitted", s, g))
-            if fit is None:  # memoised: a sequence's blocks recur in every ring, width and charge model it is priced in
-                fit = cost._cache[("fitted", s, g)] = (cost.block_fitted_ms(p, c), cost.block_fitted_ms(c, p))
+    pair = chunk = 0
+    cache, fitted = cost._cache, g > 1 and charges != "none"
+    for s in lengths:  # per sequence, memoised: its steps recur in every ring, width and charge model it is priced in
+        one = cache.get(("ring_seq", s, g))
+        if one is None:
+            one = cache[("ring_seq", s, g)] = (*cost.ring_compute_profile(s, g), ring_chunk_pair_tokens(s, g),
+                                               -(-s // (2 * g)))
+        diag_k += one[0]
+        off_k += one[1]
+        pair += one[2]
+        chunk += one[3]
+        if fitted:
+            fit = cache.get(("fitted", s, g))
+            if fit is None:
+                fit = cache[("fitted", s, g)] = (cost.block_fitted_ms(one[2], one[3]),
+                                                 cost.block_fitted_ms(one[3], one[2]))
             early_k += fit[0]
             late_k += fit[1]
-    wire = int(round(wire_factor(sh, charges) * sh.b * sh.ekv * step)) if g > 1 else 0
+    wire = int(round(wire_factor(sh, charges) * sh.b * sh.ekv * pair)) if g > 1 else 0
     diag = max(diag_k / a2a, o)
     if charges == "none":
         off = max(off_k / a2a, o)
