@@ -91,6 +91,41 @@ def test_ring_steps_terms_by_hand() -> None:
     assert ring == 50331648 + 41943040 + 67108864 + 16777216 + 125829120
 
 
+@pytest.mark.parametrize("lengths, g, a2a", [([4096], 4, 1), ([70001, 333, 12345], 8, 1), ([99999], 1, 8),
+                                              ([65536, 4097], 2, 4), ([5000], 4, 2)])
+def test_ring_steps_charges_are_call_bytes_exactly(lengths: list[int], g: int, a2a: int) -> None:
+    """ring_steps prices the calls from per-row byte rates (engine_ring._zeppelin_bytes, memoised): call_bytes'
+    own sums to the last bit; and a head-parallel ring's all-to-all copies are zeppelin_a2a_bytes' own."""
+    from zeppelin_megatron.planner.cost_heads import head_ring_time
+    from zeppelin_megatron.planner.engine_costs import ulysses_call_bytes, zeppelin_a2a_bytes
+    from zeppelin_megatron.planner.zigzag import ring_chunk_pair_tokens, ring_max_tokens
+
+    cost = _cost()
+    sh, o = shape_of(cost, a2a), cost.call_overhead_ms
+    pairs = [ring_chunk_pair_tokens(s, g) for s in lengths]
+    chunks = [-(-s // (2 * g)) for s in lengths]
+    pair, chunk = sum(pairs), sum(chunks)
+    st = ring_steps(cost, lengths, g, a2a=a2a)
+    diag = (ulysses_call_bytes(sh, pair) if a2a > 1 and g == 1 else
+            call_bytes(sh, "diag", pair, pair, kv_all=True, first_late=False)
+            + (zeppelin_ring_bytes(sh, pair) if a2a == 1 else 0.0))
+    assert st.diag == max(sum(cost.ring_compute_profile(s, g)[0] for s in lengths) / a2a, o) + hbm_ms(cost, diag)
+    if g > 1:
+        early_k = sum(cost.block_fitted_ms(p, c) for p, c in zip(pairs, chunks)) / a2a
+        late_k = sum(cost.block_fitted_ms(c, p) for p, c in zip(pairs, chunks)) / a2a
+        late = hbm_ms(cost, call_bytes(sh, "late", chunk, pair, kv_all=True, first_late=False))
+        assert st.early == max(early_k, o) + hbm_ms(cost, call_bytes(sh, "early", pair, chunk, kv_all=False,
+                                                                      first_late=False))
+        assert st.late == max(late_k, o) + late
+        assert st.first_late == hbm_ms(cost, call_bytes(sh, "late", chunk, pair, kv_all=True, first_late=True)) - late
+    if a2a > 1:  # the ring over one node's first g * a2a GPUs (8 here)
+        ranks = tuple(range(g * a2a))
+        h = head_ring_time(cost, ranks, lengths, a2a, "zeppelin")
+        held = sum(ring_max_tokens(s, len(ranks)) for s in lengths)
+        copies = sum(zeppelin_a2a_bytes(shape_of(cost), a2a, held, pair, contiguous=True, blocks=g).values())
+        assert h.copy_ms == hbm_ms(cost, copies) + st.copy_ms
+
+
 def test_ring_steps_te_and_none() -> None:
     cost = _cost()
     sh, o = shape_of(cost), cost.call_overhead_ms

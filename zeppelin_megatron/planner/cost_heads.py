@@ -82,7 +82,12 @@ def a2a_bytes_per_token(cost: CostModel, a2a: int, blocks: int = 2) -> tuple[int
     4096``; tokens ``4 * 128 * 2 + (4 + 2 * 4) * 128 * 2 = 4096``; 32 / 4 heads (GQA), several blocks:
     tokens ``4 * 128 * 2 + (4 + 2 * 1) * 128 * 4 = 4096``.
     """
-    return a2a_token_bytes(shape_of(cost, a2a), "zeppelin", blocks, lanes_share_kv(kv_heads_per_rank(cost), a2a))
+    key = ("a2a_bytes_per_token", a2a, blocks > 1)
+    hit = cost._cache.get(key)
+    if hit is None:  # memoised: every head-parallel ring time asks
+        hit = cost._cache[key] = a2a_token_bytes(shape_of(cost, a2a), "zeppelin", blocks,
+                                                 lanes_share_kv(kv_heads_per_rank(cost), a2a))
+    return hit  # type: ignore[no-any-return]
 
 
 def head_widths(cost: CostModel, ranks: Sequence[int]) -> tuple[int, ...]:
@@ -181,8 +186,8 @@ def head_ring_time(cost: CostModel, ranks: Sequence[int], lengths: Sequence[int]
     # per ring of 8192 rows a rank on Llama-7B, a small bias toward head-parallel widths in choose_widths)
     a2a_copy = 0.0
     if charges == "zeppelin":
-        a2a_copy = hbm_ms(cost, sum(zeppelin_a2a_bytes(shape_of(cost), a2a, held, block, contiguous=True,
-                                                       blocks=m).values()))
+        per_own, per_row = _a2a_copy_rates(cost, a2a, m)
+        a2a_copy = hbm_ms(cost, per_own * held + per_row * block)
     elif charges == "te":
         a2a_copy = hbm_ms(cost, sum(te_a2a_bytes(shape_of(cost), a2a, held, block).values()))
     own = a2a_copy + st.diag + (m - 1) * st.off + st.first_late
@@ -197,6 +202,19 @@ def head_ring_time(cost: CostModel, ranks: Sequence[int], lengths: Sequence[int]
                        lane_bytes=float(lane_bytes), copy_ms=a2a_copy + st.copy_ms)
     cost._cache[key] = hit
     return hit
+
+
+def _a2a_copy_rates(cost: CostModel, a2a: int, blocks: int) -> tuple[float, float]:
+    """:func:`~.engine_costs.zeppelin_a2a_bytes` (contiguous rows) per held token and per head-buffer row: each of
+    its terms is one of the two counts times a size, so a member's copies are ``held * x + block * y`` exactly
+    (integers, in floats). Memoised per width and whether the ring has one block (all the bytes depend on)."""
+    key = ("a2a_copy_rates", a2a, blocks == 1)
+    hit = cost._cache.get(key)
+    if hit is None:
+        sh = shape_of(cost)
+        hit = cost._cache[key] = tuple(sum(zeppelin_a2a_bytes(sh, a2a, n, rows, contiguous=True, blocks=blocks)
+                                           .values()) for n, rows in ((1, 0), (0, 1)))
+    return hit  # type: ignore[no-any-return]
 
 
 def lane_hops(cost: CostModel, ranks: Sequence[int], a2a: int, nbytes: float) -> list[tuple[int, int, float]]:

@@ -132,18 +132,47 @@ def ring_steps(cost: "CostModel", lengths: Sequence[int], g: int, *, a2a: int = 
         copy = buf + (g - 1) * max(early - max(early_k / a2a, o), late - max(late_k / a2a, o))
         hit = RingSteps(diag=diag + buf, early=early, late=late, first_late=0.0, copy_ms=copy, wire_bytes=wire)
     else:
-        diag_c = hbm_ms(cost, ulysses_call_bytes(sh, pair) if a2a > 1 and g == 1 else  # Ulysses: one call
-                        call_bytes(sh, "diag", pair, pair, kv_all=True, first_late=False)
-                        + (zeppelin_ring_bytes(sh, pair) if a2a == 1 else 0.0))
-        early_c = hbm_ms(cost, call_bytes(sh, "early", pair, chunk, kv_all=False, first_late=False))
-        late_c = hbm_ms(cost, call_bytes(sh, "late", chunk, pair, kv_all=True, first_late=False))
-        first = hbm_ms(cost, call_bytes(sh, "late", chunk, pair, kv_all=True, first_late=True)) - late_c \
-            if g > 1 else 0.0
+        d, e, lt, fl = _zeppelin_bytes(cost, a2a, g == 1)
+        diag_c = hbm_ms(cost, d * pair)
+        early_c = hbm_ms(cost, e[0] * pair + e[1] * chunk)
+        late_c = hbm_ms(cost, lt[0] * pair + lt[1] * chunk)
+        first = hbm_ms(cost, fl[0] * pair + fl[1] * chunk) - late_c if g > 1 else 0.0
         early, late = max(early_k / a2a, o) + early_c, max(late_k / a2a, o) + late_c
         copy = diag_c + (g - 1) * (early_c if early >= late else late_c) + first
         hit = RingSteps(diag=diag + diag_c, early=early, late=late, first_late=first, copy_ms=copy, wire_bytes=wire)
     cost._cache[key] = hit
     return hit
+
+
+Coef = tuple[float, float]
+
+
+def _zeppelin_bytes(cost: "CostModel", a2a: int, one: bool) -> tuple[float, Coef, Coef, Coef]:
+    """The ``zeppelin`` charges' call bytes of :func:`ring_steps` per row, memoised per ``(a2a, one)`` (``one``: a
+    ring of one position): every term of :func:`~.engine_costs.call_bytes`, :func:`~.engine_costs.zeppelin_ring_bytes`
+    and :func:`~.engine_costs.ulysses_call_bytes` is rows times a per-row size, so the bytes of ``pair`` rows and
+    ``chunk`` keys are ``pair * x + chunk * y`` exactly (integers, in floats). Returns the diagonal call's bytes per
+    pair row, then ``(x, y)`` of the ``early``, ``late`` and first ``late`` calls. Example: the ``early`` call of
+    2 query rows and 1 key row is ``2 * call_bytes(early, 1, 0) + call_bytes(early, 0, 1)``."""
+    key = ("zeppelin_bytes", a2a, one)
+    hit = cost._cache.get(key)
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
+    sh = shape_of(cost, a2a)
+
+    def per_row(kind: str, first_late: bool) -> Coef:  # (per pair row, per chunk row) as ring_steps passes them
+        if kind == "early":  # both chunks' queries (pair) against one chunk's keys
+            return (call_bytes(sh, kind, 1, 0, kv_all=False, first_late=False),
+                    call_bytes(sh, kind, 0, 1, kv_all=False, first_late=False))
+        return (call_bytes(sh, kind, 0, 1, kv_all=True, first_late=first_late),  # late: chunk queries, pair keys
+                call_bytes(sh, kind, 1, 0, kv_all=True, first_late=first_late))
+
+    diag = (ulysses_call_bytes(sh, 1) if a2a > 1 and one else
+            call_bytes(sh, "diag", 1, 0, kv_all=True, first_late=False)
+            + call_bytes(sh, "diag", 0, 1, kv_all=True, first_late=False)
+            + (zeppelin_ring_bytes(sh, 1) if a2a == 1 else 0.0))
+    cost._cache[key] = out = (diag, per_row("early", False), per_row("late", False), per_row("late", True))
+    return out
 
 
 def local_copy_ms_per_token(cost: "CostModel", charges: str = "zeppelin") -> float:
