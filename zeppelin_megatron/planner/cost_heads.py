@@ -45,8 +45,7 @@ Pure, standard library only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from .cost_model import CostModel
 from .engine_costs import a2a_token_bytes, hbm_ms, shape_of, zeppelin_a2a_bytes
@@ -116,8 +115,7 @@ def head_widths(cost: CostModel, ranks: Sequence[int]) -> tuple[int, ...]:
     return widths
 
 
-@dataclass(frozen=True, slots=True)
-class HeadRingTime:
+class HeadRingTime(NamedTuple):  # a NamedTuple: made on every head-parallel ring priced (see RingSteps)
     """One head-parallel ring's per-layer times (ms) and bytes, per member (module docstring).
 
     ``total``: what every member spends in the ring; ``own``: its kernel time
