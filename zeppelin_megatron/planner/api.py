@@ -146,8 +146,6 @@ def _lazy_partition(lengths: list[int], placed: Sequence[Assignment], cost_model
     the step plans as if the choice had been made first, except that a packed candidate predicting between
     ``bar`` and the full choice loses to ``bar`` (the better of the two partitioner plans under the charges)."""
     full = _partition_plan(lengths, placed, cost_model, options)
-    if full.predicted is None or bar.predicted is None:
-        return full
     full_ms = predict(full, cost_model, charges=CHARGES).step_ms
     return bar if predict(bar, cost_model, charges=CHARGES).step_ms < full_ms - 1e-6 else full
 

@@ -283,7 +283,7 @@ class CostModel:
         ``local_ms(s) <= ring * o`` rules it out before any ring is priced; ``True`` says nothing. Example
         (Llama-7B on H100, ``o`` about 1.09 ms): a 4096-token document, about 1.8 ms whole, never pays on a
         ring."""
-        return self.local_ms(s) > ring * self.profile.call_overhead_ms
+        return self.local_ms(s) > ring * self.call_overhead_ms
 
     def comm_ratio(self, s: int, ring: int, *, inter_node: bool, proxies: int = 1) -> float:
         """Compute-to-communication ratio of one off-diagonal ring step."""

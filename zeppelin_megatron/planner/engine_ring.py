@@ -42,7 +42,7 @@ gathered and the dq / dK/dV accumulations (1.55 GB with the fused merge, 0.52 ms
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 from .engine_costs import (
     call_bytes, hbm_ms, shape_of, ulysses_call_bytes, wire_factor, zeppelin_local_bytes, zeppelin_ring_bytes,
@@ -101,21 +101,17 @@ def ring_steps(cost: "CostModel", lengths: Sequence[int], g: int, *, a2a: int = 
     sh = shape_of(cost, a2a)
     diag_k = off_k = early_k = late_k = 0.0
     pair = chunk = 0
-    cache, fitted = cost._cache, g > 1 and charges != "none"
-    for s in lengths:  # per sequence, memoised: its steps recur in every ring, width and charge model it is priced in
-        one = cache.get(("ring_seq", s, g))
-        if one is None:
-            one = cache[("ring_seq", s, g)] = (*cost.ring_compute_profile(s, g), ring_chunk_pair_tokens(s, g),
-                                               -(-s // (2 * g)))
-        diag_k += one[0]
-        off_k += one[1]
-        pair += one[2]
-        chunk += one[3]
-        if fitted:
-            fit = cache.get(("fitted", s, g))
-            if fit is None:
-                fit = cache[("fitted", s, g)] = (cost.block_fitted_ms(one[2], one[3]),
-                                                 cost.block_fitted_ms(one[3], one[2]))
+    for s in lengths:
+        d, f = cost.ring_compute_profile(s, g)
+        diag_k += d
+        off_k += f
+        p = ring_chunk_pair_tokens(s, g)
+        c = -(-s // (2 * g))
+        pair, chunk = pair + p, chunk + c
+        if g > 1 and charges != "none":
+            fit = cost._cache.get(("fitted", s, g))
+            if fit is None:  # memoised: a sequence's blocks recur in every ring, width and charge model it is priced in
+                fit = cost._cache[("fitted", s, g)] = (cost.block_fitted_ms(p, c), cost.block_fitted_ms(c, p))
             early_k += fit[0]
             late_k += fit[1]
     wire = int(round(wire_factor(sh, charges) * sh.b * sh.ekv * pair)) if g > 1 else 0
@@ -158,18 +154,18 @@ def _zeppelin_bytes(cost: "CostModel", a2a: int, one: bool) -> tuple[float, Coef
         return hit  # type: ignore[no-any-return]
     sh = shape_of(cost, a2a)
 
-    def per_row(kind: str, first_late: bool) -> Coef:  # (per pair row, per chunk row) as ring_steps passes them
-        if kind == "early":  # both chunks' queries (pair) against one chunk's keys
-            return (call_bytes(sh, kind, 1, 0, kv_all=False, first_late=False),
-                    call_bytes(sh, kind, 0, 1, kv_all=False, first_late=False))
-        return (call_bytes(sh, kind, 0, 1, kv_all=True, first_late=first_late),  # late: chunk queries, pair keys
-                call_bytes(sh, kind, 1, 0, kv_all=True, first_late=first_late))
+    def rates(nbytes: Callable[[int, int], float]) -> Coef:  # bytes of (pair, chunk) = pair * x + chunk * y
+        return nbytes(1, 0), nbytes(0, 1)
 
-    diag = (ulysses_call_bytes(sh, 1) if a2a > 1 and one else
-            call_bytes(sh, "diag", 1, 0, kv_all=True, first_late=False)
-            + call_bytes(sh, "diag", 0, 1, kv_all=True, first_late=False)
-            + (zeppelin_ring_bytes(sh, 1) if a2a == 1 else 0.0))
-    cost._cache[key] = out = (diag, per_row("early", False), per_row("late", False), per_row("late", True))
+    # the calls as ring_steps makes them: early, both chunks' queries (pair) against one chunk's keys; late, one
+    # chunk's queries against both chunks' keys
+    diag = rates(lambda p, c: ulysses_call_bytes(sh, p) if a2a > 1 and one else  # Ulysses: one call
+                 call_bytes(sh, "diag", p, p, kv_all=True, first_late=False)
+                 + (zeppelin_ring_bytes(sh, p) if a2a == 1 else 0.0))[0]  # over the pair rows alone
+    early = rates(lambda p, c: call_bytes(sh, "early", p, c, kv_all=False, first_late=False))
+    late = rates(lambda p, c: call_bytes(sh, "late", c, p, kv_all=True, first_late=False))
+    first = rates(lambda p, c: call_bytes(sh, "late", c, p, kv_all=True, first_late=True))
+    cost._cache[key] = out = (diag, early, late, first)
     return out
 
 

@@ -124,8 +124,12 @@ def zigzag_tokens(length: int, ring_size: int, position: int) -> int:
     g = ring_size
     if not 0 <= position < g or length < 2 * g:
         zigzag_ranges(length, ring_size, position)  # raises the explanatory error
-    base, extra = divmod(length, 2 * g)
-    return 2 * base + (position < extra) + (2 * g - 1 - position < extra)
+    return _position_tokens(*divmod(length, 2 * g), g, position)
+
+
+def _position_tokens(base: int, extra: int, g: int, p: int) -> int:
+    """Position ``p``'s tokens of a ring of ``g`` (:func:`zigzag_tokens`), from ``divmod(length, 2g)``."""
+    return 2 * base + (p < extra) + (2 * g - 1 - p < extra)
 
 
 @lru_cache(maxsize=65536)
@@ -137,8 +141,8 @@ def zigzag_counts(length: int, ring_size: int) -> tuple[int, ...]:
     g = ring_size
     if length < 2 * g:
         zigzag_ranges(length, g, 0)  # raises the explanatory error
-    base, extra = divmod(length, 2 * g)  # zigzag_tokens' closed form, checked once for every position
-    return tuple(2 * base + (p < extra) + (2 * g - 1 - p < extra) for p in range(g))
+    base, extra = divmod(length, 2 * g)  # checked once for every position
+    return tuple(_position_tokens(base, extra, g, p) for p in range(g))
 
 
 def ring_max_tokens(length: int, ring_size: int) -> int:
