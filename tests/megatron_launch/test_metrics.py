@@ -23,7 +23,7 @@ from .helpers import H100_YAML
 def plans():
     cluster = load_cluster(f"2x8@{H100_YAML}")
     cost = CostModel(model=LLAMA_7B, cluster=cluster)
-    batches = [[60_000, 30_000] + [2_000] * 100, [4_096] * 64, [100_000, 500, 700, 9_000] + [1_000] * 50]
+    batches = [[90_000, 30_000] + [2_000] * 85, [4_096] * 64, [100_000, 500, 700, 9_000] + [1_000] * 50]
     # the partitioner's plans (rings across nodes to count); packed plans: tests/planner/test_packed.py
     return [plan_step(b, cost, PlannerOptions(packed=False)) for b in batches]
 
@@ -31,11 +31,11 @@ def plans():
 def test_plan_metrics_counts_and_bytes(plans) -> None:
     p = plans[0]
     m = plan_metrics(p)
-    assert m.sequences == 102 and m.tokens == 290_000
-    assert m.local + m.intra_node + m.inter_node == 102
+    assert m.sequences == 87 and m.tokens == 290_000
+    assert m.local + m.intra_node + m.inter_node == 87
     assert m.local == sum(1 for s in p.sequences if s.placement == "local")
     assert m.inter_node == sum(1 for s in p.sequences if s.placement == "inter_node") >= 1
-    assert m.routed_hops == len(p.routing)
+    assert m.routed_hops == len(p.routing) >= 1
     assert m.predicted_ms == p.predicted.step_ms
     att = attention_time(p.predicted)
     assert m.attention_max_ms == max(att) and m.attention_mean_ms == pytest.approx(sum(att) / 16)
@@ -124,7 +124,7 @@ def test_writer_validation() -> None:
 def test_paths_counted_per_sequence(plans) -> None:
     """Split sequences run as a ring, an all-to-all over heads (a2a = ranks) or a hybrid (1 < a2a < ranks)."""
     from dataclasses import replace
-    p = plans[0]  # 60k on all 16 ranks of 2 x 8, 30k on ranks 0-8, the rest local
+    p = plans[0]  # 90k on all 16 ranks of 2 x 8, 30k on ranks 0-8 (routed), the rest local
     seqs = [replace(s, a2a=1) for s in p.sequences]
     (big,) = [i for i, s in enumerate(seqs) if len(s.ranks) == 16]
     seqs[big] = replace(seqs[big], a2a=8)  # all-to-all in each node, ring over the 2 nodes

@@ -152,7 +152,7 @@ def test_ring_steps_te_and_none() -> None:
 def test_ring_time_none_is_the_old_rule() -> None:
     """Under ``charges="none"`` a lone sequence's ring costs what CostModel.ring_ms says (the baselines' rule)."""
     cost = _cost()
-    total, own, nbytes = ring_time(cost, (0, 1, 2, 3), [65536], {})  # default: "none"
+    total, own, nbytes, _ = ring_time(cost, (0, 1, 2, 3), [65536], {})  # default: "none"
     assert total == pytest.approx(cost.ring_ms(65536, 4, inter_node=False))
     assert nbytes == 3 * cost.ring_step_bytes(65536, 4)
     charged = ring_time(cost, (0, 1, 2, 3), [65536], {}, "zeppelin")

@@ -19,8 +19,9 @@ from .packed_search import best_packed
 from .partition import partition
 from .partition_context import Assignment
 from .plan import PlanError, SequencePlan, StepPlan
-from .predict import predict
+from .predict import predict, ring_loads
 from .ring_parts import split_rings
+from .routing import outside_relays
 from .zigzag import ring_ranges
 
 __all__ = ["plan_step", "check_lengths", "engine_order", "REMAP_CHOICES"]
@@ -98,7 +99,8 @@ def plan_step(lengths: Sequence[int], cost_model: CostModel, options: PlannerOpt
 
 
 REMAP_BOUND = 0.25
-"""Predicted remap / predicted step above which ``plan_step`` also partitions without routing."""
+"""(Predicted remap + longest relay waits) / predicted step above which ``plan_step`` also partitions without
+routing (:func:`_unrouted_partition`)."""
 
 
 def _plan_step(lengths: list[int], cost_model: CostModel, options: PlannerOptions) -> StepPlan:
@@ -153,25 +155,36 @@ def _lazy_partition(lengths: list[int], placed: Sequence[Assignment], cost_model
 def _unrouted_partition(lengths: list[int], cost_model: CostModel, options: PlannerOptions,
                         plan: StepPlan) -> StepPlan:
     """``plan``, or the plan of the partition made without routing where that predicts a lower step; tried
-    only when routing is on and ``plan``'s predicted remap exceeds :data:`REMAP_BOUND` of its predicted step.
+    only when routing is on and ``plan``'s predicted remap and its longest relay waits (:func:`_relay_ms`), the
+    two costs of routing the partitioner does not score, exceed :data:`REMAP_BOUND` of its predicted step.
 
     The partitioner places sequences on attention time and ring costs (routed hops cheaper), not on the
     remap the placement then needs; where the remap dominates, a routed placement can predict slower
-    than the unrouted one (Llama-7B prolong-64k on 128 GPUs with the NICs 30% slower: 2285 against
-    1855 ms predicted, 3192 against 1919 simulated). The second partition costs about one more planning
-    pass, so it is not tried on steps the remap does not dominate (the remap is at most 15% of the
-    predicted step on ``benchmarks/plan_speed.py``'s batches, at most 23% on the 120 steps of
-    docs/BENCHMARKS.md's configurations at nominal bandwidths: none of them plans twice). The unrouted
+    than the unrouted one (Llama-7B prolong-64k on 128 GPUs with the NICs 30% slower: 2975 against
+    1843 ms predicted, 3151 against 1856 simulated; remap 24% and relay waits 24% of its step). The second
+    partition costs about one more planning pass, so it is not tried elsewhere (remap and relay waits are at
+    most 15% of the predicted step on ``benchmarks/plan_speed.py``'s batches; one of the 120 steps of
+    docs/BENCHMARKS.md's configurations at nominal bandwidths plans twice, Llama-13B github-64k on 128 GPUs,
+    batch 0: remap 20% and relay waits 16%, the same plan). The unrouted
     partition's plan still gets routed and unrouted layout
     candidates (``options`` unchanged there); ties keep ``plan``."""
     pred = plan.predicted
-    if not options.routing or pred is None or pred.remap_ms <= REMAP_BOUND * pred.step_ms:
+    if not options.routing or pred is None or pred.remap_ms + _relay_ms(plan, cost_model) <= REMAP_BOUND * pred.step_ms:
         return plan
     plain = partition(lengths, cost_model, replace(options, routing=False))
     alt = _candidate(lengths, plain, cost_model, options)
     if alt.predicted is not None and alt.predicted.step_ms < pred.step_ms - 1e-6:
         return alt
     return plan
+
+
+def _relay_ms(plan: StepPlan, cost_model: CostModel) -> float:
+    """The step's longest relay waits: ``layers`` times the most any rank of ``plan`` waits a layer as a relay, a
+    GPU outside a routed ring that carries part of its hops (:func:`~.predict.ring_time`); 0 without one."""
+    if not any(outside_relays(ring.ranks, plan.routes_for(ring.ranks).values(), plan.gpus_per_node)
+               for ring in plan.rings if ring.a2a == 1):
+        return 0.0
+    return cost_model.model.layers * max(ring_loads(plan, cost_model).relay)
 
 
 def _finish(lengths: list[int], assignments: Sequence[Assignment], cost_model: CostModel,

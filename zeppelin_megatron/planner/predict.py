@@ -80,7 +80,7 @@ from .plan import Prediction, StepPlan
 from .remap_cost import coupled_ms, remap_layer_ms, remap_ranks
 from .remap_windows import staying_rows
 from .ring_parts import family_time
-from .routing import Route
+from .routing import Route, outside_relays
 from .zigzag import next_position
 
 __all__ = ["predict", "attention_time", "ring_time", "rank_attention", "remap_time", "ring_loads", "RingLoads",
@@ -99,7 +99,7 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
     world = plan.world_size
     layers = cost.model.layers
     o = cost.call_overhead_ms
-    ring_total, ring_own, fixed, intra_b, inter_b = ring_loads(plan, cost, charges)
+    ring_total, ring_own, fixed, intra_b, inter_b, _ = ring_loads(plan, cost, charges)
     local = [0.0] * world
     by_length: dict[int, float] = {}  # batches repeat lengths
     per_token = local_copy_ms_per_token(cost, charges)  # the engine's copies around local calls
@@ -161,15 +161,16 @@ def predict(plan: StepPlan, cost: CostModel, charges: str = "none") -> Predictio
 
 class RingLoads(NamedTuple):
     """Per rank, one layer, what its rings cost (:func:`ring_loads`): ``total`` the summed ring totals (the
-    time its rings hold it, waits included), ``own`` its kernels, copies and head-parallel all-to-alls,
-    ``fixed`` those all-to-alls alone (neither kernel time nor a wait that local work fills), and the bytes it
-    sends over NVLink and the network."""
+    time its rings hold it, waits included), ``own`` its kernels, copies, head-parallel all-to-alls and relay
+    waits, ``fixed`` those all-to-alls and waits (neither kernel time nor a wait that local work fills), the
+    bytes it sends over NVLink and the network, and ``relay`` its relay waits alone (:func:`ring_time`)."""
 
     total: list[float]
     own: list[float]
     fixed: list[float]
     intra_bytes: list[float]
     inter_bytes: list[float]
+    relay: list[float]
 
 
 def ring_loads(plan: StepPlan, cost: CostModel, charges: str = "none") -> RingLoads:
@@ -183,7 +184,8 @@ def ring_loads(plan: StepPlan, cost: CostModel, charges: str = "none") -> RingLo
     ring_own = [0.0] * world
     intra_b = [0.0] * world
     inter_b = [0.0] * world
-    fixed = [0.0] * world  # head-parallel all-to-alls: neither kernel time nor a wait local work fills
+    fixed = [0.0] * world  # head-parallel all-to-alls, relay waits: neither kernel time nor a wait local work fills
+    relays = [0.0] * world  # relay waits alone
     # ring parts (ring_parts.py): head-parallel rings over the same ranks at the same width, in queue order
     parts: dict[tuple[tuple[int, ...], int], list[list[int]]] = {}
     for ring in plan.rings:
@@ -213,15 +215,21 @@ def ring_loads(plan: StepPlan, cost: CostModel, charges: str = "none") -> RingLo
                 fixed[src] += a2a_ms
             continue
         routes = plan.routes_for(ring.ranks)
-        total, own, nbytes = ring_time(cost, ring.ranks, lengths, routes, charges)
+        total, own, nbytes, relay = ring_time(cost, ring.ranks, lengths, routes, charges)
         for p, src in enumerate(ring.ranks):
             side = intra_b if cl.node_of(src) == cl.node_of(ring.ranks[next_position(p, g)]) else inter_b
             side[src] += (g - 1) * nbytes
         for r in ring.ranks:
             ring_total[r] += total
             ring_own[r] += own
+        # a relay waits for the ring's transfers and runs nothing meanwhile: no local work fills it
+        for r in outside_relays(ring.ranks, routes.values(), plan.gpus_per_node):
+            ring_total[r] += relay
+            ring_own[r] += relay
+            fixed[r] += relay
+            relays[r] += relay
 
-    return RingLoads(ring_total, ring_own, fixed, intra_b, inter_b)
+    return RingLoads(ring_total, ring_own, fixed, intra_b, inter_b, relays)
 
 
 def copied_ranks(plan: StepPlan) -> set[int] | None:
@@ -248,11 +256,23 @@ def remap_time(
     return remap_layer_ms(plan, cost, proxies), intra, inter
 
 
+class RingTime(NamedTuple):
+    """One plain ring's per-layer times (:func:`ring_time`): ``total`` (what each member pays), ``own`` (its
+    kernels and copies), ``wire_bytes`` (what one hop moves per step) and ``relay_wait`` (what a relay of its
+    routed hops, a proxy GPU outside the ring, waits in its program: :func:`ring_time`)."""
+
+    total: float
+    own: float
+    wire_bytes: int
+    relay_wait: float
+
+
 def ring_time(
     cost: CostModel, ranks: Sequence[int], lengths: Sequence[int], routes: Mapping[tuple[int, int], Route],
     charges: str = "none",
-) -> tuple[float, float, int]:
-    """One ring's per-layer times: ``(total, own kernel and copy time, bytes one hop moves per step)``.
+) -> RingTime:
+    """One ring's per-layer times (:class:`RingTime`): total, own kernel and copy time, bytes one hop moves per
+    step, and a relay's wait.
 
     ``lengths``: the sequences sharing the ring (one call per step for all of
     them); ``routes``: the routed cross-node hops by ``(src, dst)`` (a hop
@@ -264,6 +284,15 @@ def ring_time(
     ``diag + (g-1) * off + first_late`` (:func:`~.engine_ring.ring_steps`: each step at
     least the call overhead, plus its copies). Example: one sequence alone on a
     ring under ``charges="none"`` is :meth:`CostModel.ring_ms` when each hop has the same proxies.
+
+    A relay (:attr:`~.routing.RoutePart.relays`) waits for the ring's transfers one after the other and runs
+    nothing of its own meanwhile (its program's relay waits, :mod:`.lowering`): transfer ``j`` leaves when the
+    members start step ``j`` (step 1 once the diagonal block and the first transfer are done, each later step
+    ``max(off, comm)`` after), so the last, ``g - 2``, arrives ``relay_wait = max(diag, comm) + (g - 3) *
+    max(off, comm) + comm`` after the ring starts (``comm`` for ``g = 2``). Example (Llama-7B on 2 x 4 H100s,
+    zeppelin charges, 65536 tokens over ranks 0, 1, 4, 5, both cross hops routed over two proxies: diag 26.9 ms,
+    off 25.5, comm 13.1): ``relay_wait = 26.9 + 25.5 + 13.1 = 65.5`` ms a layer; simulated, the relay waits
+    from the ring's start to 64.9 ms after it.
     """
     cl = cost.cluster
     g = len(ranks)
@@ -279,7 +308,8 @@ def ring_time(
             comm = max(comm, cost.routed_ms(nbytes, len(route.proxies) if route else 1))
     total = st.diag + (g - 1) * max(st.off, comm) + st.first_late
     own = st.diag + (g - 1) * st.off + st.first_late
-    return total, own, nbytes
+    relay = comm if g == 2 else max(st.diag, comm) + (g - 3) * max(st.off, comm) + comm
+    return RingTime(total, own, nbytes, relay)
 
 
 def rank_attention(

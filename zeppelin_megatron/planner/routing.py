@@ -20,7 +20,7 @@ transfer; hops without a route go direct.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from .cluster import Cluster
 from .zigzag import next_position
@@ -28,7 +28,7 @@ from .zigzag import next_position
 if TYPE_CHECKING:
     from .cost_model import CostModel
 
-__all__ = ["Route", "RoutePart", "split_counts", "route_parts", "cross_hops", "plan_routing"]
+__all__ = ["Route", "RoutePart", "split_counts", "route_parts", "outside_relays", "cross_hops", "plan_routing"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,15 @@ def route_parts(route: Route, n: int, gpus_per_node: int) -> list[RoutePart]:
             out.append(RoutePart(k, offset, count, path))
         offset += count
     return out
+
+
+def outside_relays(ring: Sequence[int], routes: Iterable[Route], gpus_per_node: int) -> tuple[int, ...]:
+    """The ranks outside ``ring`` that relay a part of one of its ``routes`` (ascending): proxy GPUs that walk the
+    ring's transfers without holding any of its tokens. Example: ring ``(0, 4)`` on 2 x 4 GPUs, both hops routed
+    over local indices ``(0, 1)``: ranks 1 and 5 (``0 -> 1 -> 5 -> 4`` and ``4 -> 5 -> 1 -> 0``)."""
+    members = set(ring)
+    return tuple(sorted({r for route in routes for part in route_parts(route, len(route.proxies), gpus_per_node)
+                         for r in part.relays if r not in members}))
 
 
 def cross_hops(ring: Sequence[int], cluster: Cluster) -> list[tuple[int, int]]:
