@@ -83,8 +83,8 @@ from .ring_parts import family_time
 from .routing import Route, outside_relays
 from .zigzag import next_position
 
-__all__ = ["predict", "attention_time", "ring_time", "rank_attention", "remap_time", "ring_loads", "RingLoads",
-           "copied_ranks"]
+__all__ = ["predict", "attention_time", "ring_time", "RingTime", "rank_attention", "remap_time", "ring_loads",
+           "RingLoads", "copied_ranks"]
 
 _SCALE = 1e6
 """Predictions are rounded to ``1 / _SCALE`` ms (and MB): :func:`_round`."""
