@@ -93,7 +93,7 @@ from .lowering_remap import RemapExchange, lower_remaps, rank_remap
 from .plan import StepPlan
 from .plan_parts import TokenRange
 from .remap_windows import staying_rows
-from .routing import route_parts
+from .routing import outside_relays
 from .transfers import ACC_TAG, HEADS_TAG, KV_TAG, ROUNDS, TOKENS_TAG, Hop, Message, Transfer, TransferId, message_hops
 from .zigzag import next_position, ring_source, zigzag_tokens
 
@@ -258,12 +258,10 @@ class StepProgram:
 def participants(plan: StepPlan, k: int, routing: bool) -> tuple[int, ...]:
     """Ring ``k``'s members and the relays of its routed hops, ascending."""
     ring = plan.rings[k]
-    who = set(ring.ranks)
-    if routing and ring.a2a == 1:
-        for route in plan.routes_for(ring.ranks).values():  # one element per proxy names every part's path
-            for rp in route_parts(route, len(route.proxies), plan.gpus_per_node):
-                who.update(rp.relays)
-    return tuple(sorted(who))
+    if not (routing and ring.a2a == 1):
+        return tuple(sorted(ring.ranks))
+    return tuple(sorted({*ring.ranks, *outside_relays(ring.ranks, plan.routes_for(ring.ranks).values(),
+                                                      plan.gpus_per_node)}))
 
 
 def _transfers(plan: StepPlan, k: int, routing: bool) -> tuple[list[Transfer], list[Transfer], list[Transfer]]:
