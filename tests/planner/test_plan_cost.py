@@ -11,7 +11,9 @@ packings trade documents and are finished again with their widths kept, which co
 them: about 2 ms, with the trades' 1-2 ms, and predictions rounded 5x faster, predict._round, on every step; one to
 four more packings since 2026-11-28, when the partitioner's plan became the bar on its token-balanced layout alone,
 api._lazy_partition, a looser bar than its full layout choice: 11 / 11 / 15 / 13 / 11 against 11 / 10 / 11 / 12 / 10,
-for about 4.5 ms less finishing on each step), so a change that adds work to every step fails here first."""
+for about 4.5 ms less finishing on each step; one more on seed 1 since whole documents may join a head-parallel ring,
+planner/whole_moves.py, whose kept packing then trades: 2 / 4 / 3 / 3 / 2 finishes), so a change that adds work to every
+step fails here first."""
 
 from __future__ import annotations
 

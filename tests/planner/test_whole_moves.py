@@ -1,5 +1,5 @@
-"""Whole documents traded off the busiest ranks of the kept packed plan, and documents moved between its
-head-parallel rings (planner/whole_moves.py, PlannerOptions.packed_moves)."""
+"""Whole documents traded off the busiest ranks of the kept packed plan, documents moved between its head-parallel
+rings, and whole documents joining one (planner/whole_moves.py, PlannerOptions.packed_moves)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from zeppelin_megatron.planner.partition_context import Assignment
 from zeppelin_megatron.planner.plan import StepPlan
 from zeppelin_megatron.planner.predict import predict
 from zeppelin_megatron.planner.ring_parts import split_rings
-from zeppelin_megatron.planner.whole_moves import move_whole, trade_whole
+from zeppelin_megatron.planner.whole_moves import Moved, move_whole, trade_whole
 from zeppelin_megatron.planner.workloads import long_tailed_batch
 from zeppelin_megatron.sim.lengths import sample_steps
 from zeppelin_megatron.sim.simulator import simulate
@@ -36,6 +36,20 @@ def _finish(lengths: Sequence[int], assignments: Sequence[Assignment], cost: Cos
             widths: Sequence[int]) -> StepPlan:
     """As best_packed finishes a traded placement: no remap, the kept plan's widths."""
     return api._candidate(list(lengths), assignments, cost, replace(PlannerOptions(), remap=False), widths)
+
+
+def _moved_ok(before: Sequence[Assignment], moved: Moved, ring_ranks: set[tuple[int, ...]]) -> bool:
+    """Every change a trade may make: a whole document to another rank, a ring's document to another ring of as
+    many ranks, or a whole document onto a ring the plan had (``moved.widths`` naming it)."""
+    return all(a == b or a.placement == b.placement == "local"
+               or "local" not in (a.placement, b.placement) and len(a.ranks) == len(b.ranks)
+               or a.placement == "local" and b.ranks in ring_ranks and i in moved.widths
+               for i, (a, b) in enumerate(zip(before, moved.assignments)))
+
+
+def _widths(plan: StepPlan, moved: Moved) -> list[int]:
+    """The widths best_packed finishes a traded placement with: the kept plan's, a joined document its ring's."""
+    return [moved.widths.get(i, s.a2a) for i, s in enumerate(plan.sequences)]
 
 
 def test_worked_example() -> None:
@@ -82,11 +96,10 @@ def test_trades_predict_what_they_promise(spec: str, model: str | None, dist: st
     assert moved is not None and moved.after_ms < moved.before_ms
     assert moved == move_whole(lengths, _placement(plan), ran, cost, CHARGES)
     assert moved.before_ms == pytest.approx(predict(ran, cost, charges=CHARGES).step_ms, abs=1e-5)
-    traded = split_rings(_finish(lengths, moved.assignments, cost, [s.a2a for s in plan.sequences]), cost)
+    traded = split_rings(_finish(lengths, moved.assignments, cost, _widths(plan, moved)), cost)
     assert moved.after_ms == pytest.approx(predict(traded, cost, charges=CHARGES).step_ms, abs=1e-5)
-    changed = [(a, b) for a, b in zip(_placement(plan), moved.assignments) if a != b]
-    assert changed and all(a.placement == b.placement == "local" or "local" not in (a.placement, b.placement)
-                           and len(a.ranks) == len(b.ranks) for a, b in changed)
+    assert _placement(plan) != moved.assignments
+    assert _moved_ok(_placement(plan), moved, {r.ranks for r in ran.rings})
     assert max(traded.rank_tokens[1]) <= cost.cluster.tokens_per_gpu
     assert {r.ranks for r in traded.rings} <= {r.ranks for r in ran.rings}
 
@@ -123,6 +136,33 @@ def test_a_document_moves_between_rings() -> None:
     assert simulate(plan, cost).step_ms < simulate(plain, cost).step_ms
 
 
+def test_a_whole_document_joins_a_ring() -> None:
+    """Llama-7B on 2 x 4 GPUs, ten documents: the kept packing's busiest rank, 7, is a member of the ring holding
+    16030 tokens and also holds whole documents, none of which any rank can take below it (19.25 ms a layer against
+    18.2-18.9); its 1016-token document joins the other node's head-parallel ring (ranks 0-3, width 4, which then
+    holds five documents), which stays below: the step, charged, 616.1 -> 603.9 ms predicted, 610.8 -> 603.7
+    simulated. Moved.widths names the joined document with its ring's width, and the finished plan keeps it."""
+    cost = _cost("2x4", tokens_per_gpu=24_696)
+    lengths = [2522, 1016, 17740, 1850, 2436, 2623, 16030, 1829, 2239, 1107]
+    plan, plain = plan_step(lengths, cost), plan_step(lengths, cost, MOVELESS)
+    assert plain.sequences[1].placement == "local" and plain.sequences[1].ranks[0] >= 4
+    assert (plan.sequences[1].placement, plan.sequences[1].ranks, plan.sequences[1].a2a) == (
+        "intra_node", (0, 1, 2, 3), 4)
+    assert {r.ranks for r in plan.rings} == {r.ranks for r in plain.rings}
+    ran = split_rings(plain, cost)
+    moved = move_whole(lengths, _placement(plain), ran, cost, CHARGES)
+    assert moved is not None and moved.widths == {1: 4}
+    traded = split_rings(_finish(lengths, moved.assignments, cost, _widths(plain, moved)), cost)
+    assert moved.after_ms == pytest.approx(predict(traded, cost, charges=CHARGES).step_ms, abs=1e-5)
+    assert predict(plan, cost, charges=CHARGES).step_ms < predict(plain, cost, charges=CHARGES).step_ms - 10.0
+    assert simulate(plan, cost).step_ms < simulate(plain, cost).step_ms - 5.0
+    assert StepPlan.from_json(plan.to_json()) == plan
+    too_short = [70, 2522, 17740, 1850, 2436, 2623, 16030, 1829, 2239, 1107]
+    moved = move_whole(too_short, _placement(plan_step(too_short, cost, MOVELESS)),
+                       split_rings(plan_step(too_short, cost, MOVELESS), cost), cost, CHARGES)
+    assert moved is None or all(too_short[i] >= 2 * 4 for i in moved.widths)
+
+
 def test_no_trades_with_a_remap() -> None:
     """A plan whose linear layout is not its attention layout (a remap) gets no trades: the remap, not the whole
     documents' ranks, balances its linear modules."""
@@ -150,14 +190,14 @@ def test_trades_on_random_batches(lengths: list[int], spec: str) -> None:
     assert predict(plan, cost, charges=CHARGES).step_ms <= predict(plain, cost, charges=CHARGES).step_ms + 1e-6
     if plain.origin != "packed":
         return
-    widths = [s.a2a for s in plain.sequences]
-    ran = split_rings(_finish(lengths, _placement(plain), cost, widths), cost)
+    ran = split_rings(_finish(lengths, _placement(plain), cost, [s.a2a for s in plain.sequences]), cost)
     moved = move_whole(lengths, _placement(plain), ran, cost, CHARGES)
     if moved is None:
         return
-    traded = split_rings(_finish(lengths, moved.assignments, cost, widths), cost)
+    traded = split_rings(_finish(lengths, moved.assignments, cost, _widths(plain, moved)), cost)
     assert moved.after_ms < moved.before_ms
     assert moved.after_ms == pytest.approx(predict(traded, cost, charges=CHARGES).step_ms, abs=1e-5)
     assert max(traded.rank_tokens[1]) <= cost.cluster.tokens_per_gpu
-    assert all(a == b or a.placement == b.placement == "local" or "local" not in (a.placement, b.placement)
-               and len(a.ranks) == len(b.ranks) for a, b in zip(_placement(plain), moved.assignments))
+    assert _moved_ok(_placement(plain), moved, {r.ranks for r in ran.rings})
+    assert all(traded.sequences[i].a2a == w and traded.sequences[i].placement != "local"
+               for i, w in moved.widths.items())

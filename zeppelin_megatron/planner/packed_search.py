@@ -171,7 +171,8 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
 def _moved(lengths: Sequence[int], placed: Sequence[Assignment], best: StepPlan, cost: CostModel,
            options: PlannerOptions, finish: Finish) -> StepPlan:
     """``best`` (the kept packed candidate, finished from ``placed``) or its placement with whole documents
-    traded (:func:`~.whole_moves.move_whole`, finished with ``best``'s widths), whichever predicts the lower step
+    traded (:func:`~.whole_moves.move_whole`, finished with ``best``'s widths, a whole document that joined a
+    head-parallel ring with its ring's: :attr:`~.whole_moves.Moved.widths`), whichever predicts the lower step
     under :data:`CHARGES` as ``plan_step`` runs it: with its rings in parts where that pays
     (:func:`~.ring_parts.split_rings`, when ``options.ring_parts``), since the parts change a ring's time and the
     waits its ranks' whole documents fill. The trades' own step is that prediction (:class:`~.whole_moves.Moved`:
@@ -182,7 +183,7 @@ def _moved(lengths: Sequence[int], placed: Sequence[Assignment], best: StepPlan,
     moved = move_whole(lengths, placed, ran, cost, CHARGES, parts=parts)
     if moved is None:
         return best
-    return finish(moved.assignments, widths=[x.a2a for x in best.sequences])  # the same rings: their widths kept
+    return finish(moved.assignments, widths=[moved.widths.get(i, x.a2a) for i, x in enumerate(best.sequences)])
 
 
 def _led(lengths: Sequence[int], top: list[int], lead: Assignment, cost: CostModel, options: PlannerOptions,

@@ -1,5 +1,5 @@
-"""Whole documents moved or swapped off the busiest ranks of a finished packed plan, and documents moved between
-its head-parallel rings (:func:`move_whole`).
+"""Whole documents moved or swapped off the busiest ranks of a finished packed plan, documents moved between its
+head-parallel rings, and whole documents joining one (:func:`move_whole`).
 
 A packing (:mod:`.packed`) places documents by *estimates*: a group's work is the sum of its documents' work
 at one linear cost per token, and whole documents go, heaviest first, to the least-loaded rank of the group
@@ -27,11 +27,20 @@ head-parallel ring, one of that ring's documents may move to another head-parall
 the same width, sharing no rank with it, where every member of both ends below ``b``'s time (the lowest such
 maximum; receivers least-loaded first; :data:`RING_TRIES` receivers timed in all): at 128 GPUs the busiest ranks
 are often a ring holding two long documents beside rings holding one (Llama-3B prolong-64k, batch 0: a ring over
-16 ranks with 53.1k and 50.8k tokens at 32.2 ms a layer, others at 28.1-29.5). A ring is timed as
+16 ranks with 53.1k and 50.8k tokens at 32.2 ms a layer, others at 28.1-29.5). Where neither lowers ``b``, one of
+``b``'s whole documents may *join* a head-parallel ring ``b`` is not a member of (sharded over its ranks at its
+width, in two zigzag chunks per member, ``s >= 2 g``, within every member's room) where ``b`` and every member end
+below ``b``'s time (the lowest such maximum, ties: the shorter document; ``b``'s documents longest first, rings
+least-loaded first, :data:`RING_TRIES` timed in all): a document too long for any rank's gap is not too long for a
+ring's (Llama-7B prolong-128k on 128 GPUs, batch 0: rank 0, a member of the ring over ranks 0-31 that holds one
+122k-token document, also holds a 6478-token one whole, 65.7 ms a layer, charged, against 60.8 and 61.6 on the
+members of two other rings of 32 ranks that hold no whole document; a single rank taking it would end above 70, the
+ring over ranks 64-95 at 61.5; rank 1's 6107 tokens then join the other one). :attr:`Moved.widths` names each
+joined document with its ring's width, which the finished plan gives it. A ring is timed as
 :func:`~.predict.ring_loads` times it (:meth:`RingMoves.terms`: in parts where
 :func:`~.ring_parts.split_rings` would split it), so the step stays exact. Each trade or move lowers the rank
 times sorted in descending order (lexicographically), so the loop ends; it stops after ``2 P`` of them at most.
-Routes and widths stay as they were (a moved document keeps its width, its receiver's):
+Routes and widths stay as they were (a moved document keeps its width, its receiver's; a joined one takes its ring's):
 :func:`~.packed_search.best_packed` finishes the traded placement with the same widths and keeps it where its
 step is lower.
 
@@ -73,6 +82,8 @@ class Moved(NamedTuple):
     assignments: list[Assignment]
     before_ms: float
     after_ms: float
+    widths: dict[int, int] = {}
+    """The block width of each whole document that joined a head-parallel ring (its ring's), by index."""
 
 
 def move_whole(lengths: Sequence[int], assignments: Sequence[Assignment], plan: StepPlan, cost: CostModel,
@@ -107,6 +118,16 @@ class RingShift(NamedTuple):
     new: tuple[tuple[int, ...], int]
     before: tuple[tuple[float, float], tuple[float, float]]
     after: tuple[tuple[float, float], tuple[float, float]]
+
+
+class RingJoin(NamedTuple):
+    """Whole document ``seq`` joined the head-parallel ring ``ring`` (a ``(ranks, width)`` key); ``before`` and
+    ``after``: the ring's ``(total, own)`` terms without and with it."""
+
+    seq: int
+    ring: tuple[tuple[int, ...], int]
+    before: tuple[float, float]
+    after: tuple[float, float]
 
 
 class RingMoves(NamedTuple):
@@ -176,7 +197,8 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
 
     spare = {r for r in range(world) if hides(r)}  # ranks whose ring waits would hide part of a document
     where = [a.ranks[0] if a.placement == "local" else -1 for a in assignments]
-    ring_of: dict[int, Assignment] = {}  # documents moved to another ring: its assignment
+    ring_of: dict[int, Assignment] = {}  # documents moved to another ring, or whole ones that joined one
+    widths: dict[int, int] = {}  # whole documents that joined a head-parallel ring: its width
     on_ring = {k: assignments[v[0]] for k, v in rings.members.items()} if rings else {}  # each ring's assignment
     first = order[-1][0]
     moved = False
@@ -238,6 +260,42 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
                         best = cand
         return None if best is None else best[3]
 
+    def ring_join(b: int, top: float, rings: RingMoves) -> RingJoin | None:
+        """A whole document of ``b`` sharded over a head-parallel ring ``b`` is not a member of, where ``b`` and every
+        member end below ``top``: the lowest such maximum (ties: the shorter document), trying ``b``'s documents
+        longest first and rings least-loaded first, at most :data:`RING_TRIES` pairs timed; ``None`` when none
+        lowers ``b``. A document joins only a ring it can be zigzag-split over (two chunks per member) within every
+        member's room."""
+        best: tuple[float, int, RingJoin] | None = None
+        keys = sorted((max(times[x] for x in k[0]), k) for k, seqs in rings.members.items() if seqs and b not in k[0])
+        if not keys or keys[0][0] >= top - 1e-9:
+            return None  # no ring below b: none can end below it
+        tries = 0
+        for i, s in reversed(_distinct(held[b], lengths)):
+            giver = time(b, loc[b] - call(b, s), tokens[b] - s, len(held[b]) - 1)
+            if giver >= top - 1e-9:
+                continue
+            for peak, key in keys:
+                if peak >= top - 1e-9 or (best is not None and peak >= best[0]):
+                    break  # the rest are busier: a receiver ends above its busiest member
+                ranks, a2a = key
+                if s < 2 * len(ranks):
+                    continue
+                shares = zigzag_counts(s, len(ranks))
+                if any(tokens[x] + t > cap for x, t in zip(ranks, shares)):
+                    continue
+                if tries >= RING_TRIES:
+                    return None if best is None else best[2]
+                tries += 1
+                seqs = rings.members[key]
+                t0 = rings.terms(ranks, [lengths[j] for j in seqs], a2a)
+                t1 = rings.terms(ranks, [lengths[j] for j in sorted(seqs + [i])], a2a)
+                taker = max(shifted(x, t1[0] - t0[0], t1[1] - t0[1], t) for x, t in zip(ranks, shares))
+                value = max(giver, taker)
+                if value < top - 1e-9 and (best is None or (value, s) < best[:2]):
+                    best = (value, s, RingJoin(i, key, t0, t1))
+        return None if best is None else best[2]
+
     for _ in range(2 * world):
         top = order[-1][0]
         b = order[bisect_left(order, (top, -1))][1]  # the busiest (ties: the lowest rank)
@@ -276,7 +334,27 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
                 break
             shift = ring_move(b, top, rings)
             if shift is None:
-                break
+                join = ring_join(b, top, rings)
+                if join is None:
+                    break
+                i, joined, (t0, o0), (t1, o1) = join
+                s = lengths[i]
+                loc[b] -= call(b, s)
+                tokens[b] -= s
+                held[b].remove(i)
+                retime(b)
+                kinds[b] = None
+                ring_of[i] = on_ring[joined]
+                widths[i] = joined[1]
+                rings.members[joined].append(i)
+                rings.members[joined].sort()
+                for x, t in zip(joined[0], zigzag_counts(s, len(joined[0]))):
+                    tot[x] += t1 - t0
+                    own[x] += o1 - o0
+                    tokens[x] += t
+                    retime(x)
+                moved = True
+                continue
             i, old_key, new_key, old_terms, new_terms = shift
             rings.members[old_key].remove(i)
             ring_of[i] = on_ring[new_key]
@@ -308,9 +386,9 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
     layers = cost.model.layers
     if not moved or layers * order[-1][0] >= layers * first - 1e-6:  # predictions are rounded to 1e-6 ms
         return None
-    traded = [Assignment("local", (where[i],)) if a.placement == "local" else ring_of.get(i, a)
+    traded = [ring_of[i] if i in ring_of else Assignment("local", (where[i],)) if a.placement == "local" else a
               for i, a in enumerate(assignments)]
-    return Moved(traded, layers * first, layers * order[-1][0])
+    return Moved(traded, layers * first, layers * order[-1][0], widths)
 
 
 RING_TRIES = 6
