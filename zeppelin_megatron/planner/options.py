@@ -104,8 +104,8 @@ class PlannerOptions:
     call of its own; ablation: ``False``)."""
     packed_moves: bool = True
     """The kept packed candidate's whole documents traded off its busiest ranks (moved, or swapped for shorter
-    ones), and documents moved between its head-parallel rings, by the finished plan's own per-rank times
-    (:mod:`.whole_moves`), kept where that predicts a lower step; ablation: ``False``."""
+    ones), documents moved between its head-parallel rings, and whole documents joining one, by the finished plan's
+    own per-rank times (:mod:`.whole_moves`), kept where that predicts a lower step; ablation: ``False``."""
     grouped: bool = False
     """Also try TE-CP-a2a+p2p-style candidates (:mod:`.grouped`: every split sequence on a whole CP group of
     nodes, head-parallel) and keep one where it beats the partitioner's plan on both the predicted step and
