@@ -260,6 +260,16 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
                         best = cand
         return None if best is None else best[3]
 
+    def reprice(ring: tuple[int, ...], before: tuple[float, float], after: tuple[float, float], s: int,
+                sign: int) -> None:
+        """The members of ``ring`` after a document of ``s`` tokens left it (``sign = -1``) or came (``1``): its
+        ``(total, own)`` terms ``before`` -> ``after``, each member's zigzag share of the tokens, their times."""
+        for x, t in zip(ring, zigzag_counts(s, len(ring))):
+            tot[x] += after[0] - before[0]
+            own[x] += after[1] - before[1]
+            tokens[x] += sign * t
+            retime(x)
+
     def ring_join(b: int, top: float, rings: RingMoves) -> RingJoin | None:
         """A whole document of ``b`` sharded over a head-parallel ring ``b`` is not a member of, where ``b`` and every
         member end below ``top``: the lowest such maximum (ties: the shorter document), trying ``b``'s documents
@@ -337,7 +347,7 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
                 join = ring_join(b, top, rings)
                 if join is None:
                     break
-                i, joined, (t0, o0), (t1, o1) = join
+                i, joined, before, after = join
                 s = lengths[i]
                 loc[b] -= call(b, s)
                 tokens[b] -= s
@@ -348,11 +358,7 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
                 widths[i] = joined[1]
                 rings.members[joined].append(i)
                 rings.members[joined].sort()
-                for x, t in zip(joined[0], zigzag_counts(s, len(joined[0]))):
-                    tot[x] += t1 - t0
-                    own[x] += o1 - o0
-                    tokens[x] += t
-                    retime(x)
+                reprice(joined[0], before, after, s, 1)
                 moved = True
                 continue
             i, old_key, new_key, old_terms, new_terms = shift
@@ -360,13 +366,8 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
             ring_of[i] = on_ring[new_key]
             rings.members[new_key].append(i)
             rings.members[new_key].sort()
-            for ring, (t0, o0), (t1, o1), sign in ((old_key[0], old_terms[0], new_terms[0], -1),
-                                                   (new_key[0], old_terms[1], new_terms[1], 1)):
-                for x, t in zip(ring, zigzag_counts(lengths[i], len(ring))):
-                    tot[x] += t1 - t0
-                    own[x] += o1 - o0
-                    tokens[x] += sign * t
-                    retime(x)
+            reprice(old_key[0], old_terms[0], new_terms[0], lengths[i], -1)
+            reprice(new_key[0], old_terms[1], new_terms[1], lengths[i], 1)
             moved = True
             continue
         _, s, u, r, i, j = best
