@@ -218,6 +218,17 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
         else:
             spare.discard(x)
 
+    def taking(rings: RingMoves, key: tuple[tuple[int, ...], int], i: int,
+               shares: Sequence[int]) -> tuple[tuple[float, float], tuple[float, float], float]:
+        """The head-parallel ring ``key`` taking document ``i`` (``shares``: its zigzag tokens per member): the ring's
+        ``(total, own)`` terms before and after, and its busiest member's time after."""
+        ranks, a2a = key
+        theirs = rings.members[key]
+        before = rings.terms(ranks, [lengths[j] for j in theirs], a2a)
+        after = rings.terms(ranks, [lengths[j] for j in sorted(theirs + [i])], a2a)
+        grown = (after[0] - before[0], after[1] - before[1])
+        return before, after, max(shifted(x, *grown, t) for x, t in zip(ranks, shares))
+
     def ring_move(b: int, top: float, rings: RingMoves) -> RingShift | None:
         """A document of a head-parallel ring holding ``b`` moved to another ring over as many ranks at the same
         width where every member of both ends below ``top``: the lowest such maximum (ties: the shorter document,
@@ -250,10 +261,7 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
                     if tries >= RING_TRIES:
                         return None if best is None else best[3]
                     tries += 1
-                    theirs = rings.members[other]
-                    o0 = rings.terms(other[0], [lengths[j] for j in theirs], a2a)
-                    o1 = rings.terms(other[0], [lengths[j] for j in sorted(theirs + [i])], a2a)
-                    taker = max(shifted(x, o1[0] - o0[0], o1[1] - o0[1], t) for x, t in zip(other[0], shares))
+                    o0, o1, taker = taking(rings, other, i, shares)
                     value = max(giver, taker)
                     cand = (value, lengths[i], i, RingShift(i, key, other, (before, o0), (after, o1)))
                     if value < top - 1e-9 and (best is None or cand[:3] < best[:3]):
@@ -276,19 +284,22 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
         longest first and rings least-loaded first, at most :data:`RING_TRIES` pairs timed; ``None`` when none
         lowers ``b``. A document joins only a ring it can be zigzag-split over (two chunks per member) within every
         member's room."""
+        mine = _distinct(held[b], lengths)
+        if not mine:
+            return None
         best: tuple[float, int, RingJoin] | None = None
         keys = sorted((max(times[x] for x in k[0]), k) for k, seqs in rings.members.items() if seqs and b not in k[0])
         if not keys or keys[0][0] >= top - 1e-9:
             return None  # no ring below b: none can end below it
         tries = 0
-        for i, s in reversed(_distinct(held[b], lengths)):
+        for i, s in reversed(mine):
             giver = time(b, loc[b] - call(b, s), tokens[b] - s, len(held[b]) - 1)
             if giver >= top - 1e-9:
                 continue
             for peak, key in keys:
                 if peak >= top - 1e-9 or (best is not None and peak >= best[0]):
                     break  # the rest are busier: a receiver ends above its busiest member
-                ranks, a2a = key
+                ranks = key[0]
                 if s < 2 * len(ranks):
                     continue
                 shares = zigzag_counts(s, len(ranks))
@@ -297,10 +308,7 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
                 if tries >= RING_TRIES:
                     return None if best is None else best[2]
                 tries += 1
-                seqs = rings.members[key]
-                t0 = rings.terms(ranks, [lengths[j] for j in seqs], a2a)
-                t1 = rings.terms(ranks, [lengths[j] for j in sorted(seqs + [i])], a2a)
-                taker = max(shifted(x, t1[0] - t0[0], t1[1] - t0[1], t) for x, t in zip(ranks, shares))
+                t0, t1, taker = taking(rings, key, i, shares)
                 value = max(giver, taker)
                 if value < top - 1e-9 and (best is None or (value, s) < best[:2]):
                     best = (value, s, RingJoin(i, key, t0, t1))
