@@ -5,10 +5,13 @@ Run::
     python benchmarks/simulate_tables.py --jobs 2 > /tmp/sim.md
     python benchmarks/sensitivity.py --configs ... > /tmp/sens.md
     python benchmarks/write_benchmarks_md.py /tmp/sim.md [--sensitivity /tmp/sens.md]
+    python benchmarks/write_benchmarks_md.py --sensitivity /tmp/sens.md   # the sensitivity section alone
 
-Only the text between ``<!-- BEGIN simulate_tables -->`` and ``<!-- END simulate_tables -->`` (and,
-with ``--sensitivity``, between ``<!-- BEGIN sensitivity -->`` and ``<!-- END sensitivity -->``)
-changes. A missing marker or an empty input is an error naming it; nothing is written then.
+Only the text between ``<!-- BEGIN simulate_tables -->`` and ``<!-- END simulate_tables -->`` (when the
+tables are given) and between ``<!-- BEGIN sensitivity -->`` and ``<!-- END sensitivity -->`` (with
+``--sensitivity``) changes, so the sensitivity runs (about 18 minutes) can be refreshed without the
+tables (about 50). A missing marker, an empty input or no input at all is an error naming it; nothing is
+written then.
 """
 
 from __future__ import annotations
@@ -33,13 +36,18 @@ def splice(text: str, section: str, tables: str) -> str:
     return f"{head}{begin}\n{tables.strip()}\n{end}{tail}"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, doc: Path | None = None) -> None:
+    """Splice the given outputs into ``doc`` (default: this checkout's docs/BENCHMARKS.md)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("tables", help="output of benchmarks/simulate_tables.py")
+    ap.add_argument("tables", nargs="?", default=None, help="output of benchmarks/simulate_tables.py")
     ap.add_argument("--sensitivity", default=None, help="output of benchmarks/sensitivity.py")
-    args = ap.parse_args()
-    doc = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
-    text = splice(doc.read_text(), "simulate_tables", Path(args.tables).read_text())
+    args = ap.parse_args(argv)
+    if args.tables is None and args.sensitivity is None:
+        ap.error("nothing to write: give the tables (simulate_tables.py's output), --sensitivity, or both")
+    doc = doc or Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
+    text = doc.read_text()
+    if args.tables:
+        text = splice(text, "simulate_tables", Path(args.tables).read_text())
     if args.sensitivity:
         text = splice(text, "sensitivity", Path(args.sensitivity).read_text())
     doc.write_text(text)
