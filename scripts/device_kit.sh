@@ -46,12 +46,12 @@ done
 if [ -n "$SOURCE" ]; then
     rm -rf "$KIT/megatron-lm"
     mkdir -p "$KIT/megatron-lm"
-    tree=$(mktemp -d)
+    tree=$SOURCE
     if [[ "$SOURCE" == *@* ]]; then
         repo=${SOURCE%@*} ref=${SOURCE##*@}
+        tree=$(mktemp -d)
+        trap 'rm -rf "$tree"' EXIT
         git -C "$repo" archive "$ref" | tar -x -C "$tree" || { echo "git archive $ref of $repo failed" >&2; exit 1; }
-    else
-        tree=$SOURCE
     fi
     [ -f "$tree/pretrain_gpt.py" ] && [ -d "$tree/megatron" ] \
         || { echo "$SOURCE has no pretrain_gpt.py and megatron/: not a Megatron-LM checkout" >&2; exit 1; }

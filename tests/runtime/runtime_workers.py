@@ -74,25 +74,32 @@ def rel_err(a: torch.Tensor, b: torch.Tensor, scale: float) -> float:
 
 
 def check_attention(group: ZeppelinGroup, plan: StepPlan, *, dtype: torch.dtype, routing: bool, hq: int,
-                    hkv: int, d: int = 8, seed: int = 0) -> None:
+                    hkv: int, d: int = 8, seed: int = 0, device: str = "cpu", backend: str | None = "reference",
+                    tol: float | None = None) -> None:
+    """``zeppelin_attention`` on this rank's linear rows (on ``device``, kernel ``backend``; ``None``: the device's
+    default) against per-sequence causal SDPA in float64: outputs and dq/dk/dv within ``tol`` of the batch's
+    largest reference value (default 1e-9 in float64, else 1e-5)."""
     rank = group.rank
     data = global_data(plan, hq, hkv, d, seed)
     scale = 0.7 / d ** 0.5
     ref = reference(data, scale)
     lin = plan.linear_layout[rank]
     e = lambda h: torch.zeros(0, h, d, dtype=torch.float64)  # noqa: E731
-    q = gather(lin, [x[0] for x in data], e(hq)).to(dtype).requires_grad_(True)
-    k = gather(lin, [x[1] for x in data], e(hkv)).to(dtype).requires_grad_(True)
-    v = gather(lin, [x[2] for x in data], e(hkv)).to(dtype).requires_grad_(True)
-    dout = gather(lin, [x[3] for x in data], e(hq)).to(dtype)
-    out = zeppelin_attention(q, k, v, plan, group, softmax_scale=scale, routing=routing, backend="reference")
+    q = gather(lin, [x[0] for x in data], e(hq)).to(device, dtype).requires_grad_(True)
+    k = gather(lin, [x[1] for x in data], e(hkv)).to(device, dtype).requires_grad_(True)
+    v = gather(lin, [x[2] for x in data], e(hkv)).to(device, dtype).requires_grad_(True)
+    dout = gather(lin, [x[3] for x in data], e(hq)).to(device, dtype)
+    out = zeppelin_attention(q, k, v, plan, group, softmax_scale=scale, routing=routing, backend=backend)
     out.backward(dout)
-    tol = 1e-9 if dtype == torch.float64 else 1e-5
-    what = f"rank {rank} plan {plan.nodes}x{plan.gpus_per_node} {dtype} routing={routing} Hq={hq} Hkv={hkv}"
-    assert out.shape == q.shape and out.dtype == dtype, what
+    if tol is None:
+        tol = 1e-9 if dtype == torch.float64 else 1e-5
+    what = (f"rank {rank} plan {plan.nodes}x{plan.gpus_per_node} {device} {dtype} routing={routing} Hq={hq} "
+            f"Hkv={hkv}")
+    assert out.shape == q.shape and out.dtype == dtype and out.device.type == torch.device(device).type, what
     for name, got, idx in (("out", out, 0), ("dq", q.grad, 1), ("dk", k.grad, 2), ("dv", v.grad, 3)):
+        assert got is not None and got.dtype == dtype and got.device.type == out.device.type, f"{what}: {name}"
         want = gather(lin, [r[idx] for r in ref], e(got.shape[1]))
-        err = rel_err(got.detach(), want, max(float(r[idx].abs().max()) for r in ref))
+        err = rel_err(got.detach().cpu(), want, max(float(r[idx].abs().max()) for r in ref))
         assert err <= tol, f"{what}: {name} relative error {err:.3e} > {tol:g}"
 
 

@@ -17,52 +17,34 @@ import torch.distributed as dist
 
 from dist_harness import spawn
 from plan_factory import random_plan
-from zeppelin_megatron.runtime import ZeppelinGroup, zeppelin_attention
+from zeppelin_megatron.runtime import ZeppelinGroup
 from zeppelin_megatron.runtime.ring import merge_lse_
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def _engine_case(device: str, dtype: torch.dtype, backend: str | None, tol: float) -> None:
-    """One rank: a random 1 x 1 plan (local sequences only), the engine against float64 SDPA per sequence."""
-    from runtime_workers import gather, global_data, reference
+def _engine_worker(rank: int, world: int, device: str) -> None:
+    """One rank: a random 1 x 1 plan (local sequences only), the engine against float64 SDPA per sequence
+    (runtime_workers.check_attention on ``device``)."""
+    from runtime_workers import check_attention
 
-    dev = torch.device(device)
+    assert world == 1 and rank == 0
     group = ZeppelinGroup(process_group=None, gpus_per_node=1)
     plan = random_plan(11, 1, 1)
-    hq, hkv, d = 8, 2, 64
-    data = global_data(plan, hq, hkv, d, seed=3)
-    scale = d ** -0.5
-    ref = reference(data, scale)
-    lin = plan.linear_layout[0]
-    empty = lambda h: torch.zeros(0, h, d, dtype=torch.float64)  # noqa: E731
-    q, k, v = (gather(lin, [x[i] for x in data], empty(h)).to(dev, dtype).requires_grad_(True)
-               for i, h in ((0, hq), (1, hkv), (2, hkv)))
-    dout = gather(lin, [x[3] for x in data], empty(hq)).to(dev, dtype)
-    out = zeppelin_attention(q, k, v, plan, group, softmax_scale=scale, backend=backend)
-    out.backward(dout)
-    for name, got, idx in (("out", out, 0), ("dq", q.grad, 1), ("dk", k.grad, 2), ("dv", v.grad, 3)):
-        assert got is not None and got.device.type == dev.type and got.dtype == dtype, name
-        want = gather(lin, [r[idx] for r in ref], empty(got.shape[1]))
-        peak = max(float(r[idx].abs().max()) for r in ref)
-        err = float((got.detach().double().cpu() - want).abs().max()) / peak
-        assert err <= tol, f"{device} {dtype} {name}: relative error {err:.3e} > {tol:g}"
+    check_attention(group, plan, dtype=torch.float32, routing=True, hq=8, hkv=2, d=64, seed=3, device=device,
+                    backend="reference", tol=1e-5)
+    if device == "cuda":  # the device's default kernel (available_backends)
+        check_attention(group, plan, dtype=torch.bfloat16, routing=True, hq=8, hkv=2, d=64, seed=3, device=device,
+                        backend=None, tol=3e-2)
 
 
-def _engine_worker(rank: int, world: int, device: str) -> None:
-    assert world == 1 and rank == 0
-    _engine_case(device, torch.float32, "reference", 1e-5)
-    if device == "cuda":
-        _engine_case(device, torch.bfloat16, None, 3e-2)  # the device's default kernel (available_backends)
-
-
-def _nccl_entry(device: str) -> None:
+def _nccl_entry() -> None:
     from dist_harness import _free_port
 
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
                             device_id=torch.device("cuda", 0))
     try:
-        _engine_worker(0, 1, device)
+        _engine_worker(0, 1, "cuda")
     finally:
         dist.destroy_process_group()
 
@@ -75,7 +57,7 @@ def test_engine_in_a_group_of_one_on_cpu_gloo() -> None:
 @CUDA
 def test_engine_in_a_group_of_one_on_cuda_nccl() -> None:
     torch.cuda.set_device(0)
-    _nccl_entry("cuda")
+    _nccl_entry()
 
 
 def _merge_case(device: str) -> None:
