@@ -63,7 +63,7 @@ from .cost_heads import head_ring_time, head_widths
 from .cost_model import CostModel
 from .grouped import rank_floors, ring_floor
 from .options import PlannerOptions
-from .partition_context import Assignment
+from .partition_context import Assignment, assignments_of
 from .plan import PlanError
 from .zigzag import zigzag_counts
 
@@ -256,13 +256,13 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
     pop, push, replace = heapq.heappop, heapq.heappush, heapq.heapreplace
     for i in order:
         s = lengths[i]
+        w, b = heap[0]  # never empty here: the groups set aside are pushed back
         skipped = []
-        while heap and (g_tok[heap[0][1]] + s > room if heap[0][1] < n_groups else
-                        shard[i] or g_tok[n_groups] + s > lead_room):
+        while g_tok[b] + s > room if b < n_groups else shard[i] or g_tok[b] + s > lead_room:  # no room: set aside
             skipped.append(pop(heap))
-        if not heap:
-            raise PlanError(f"sequence {i} ({s} tokens) fits in no group of {cp * cap} tokens (cp = {cp})")
-        w, b = heap[0]
+            if not heap:
+                raise PlanError(f"sequence {i} ({s} tokens) fits in no group of {cp * cap} tokens (cp = {cp})")
+            w, b = heap[0]
         where[i] = b
         g_tok[b] += s
         replace(heap, (w + (work[i] if b < n_groups else scale * work[i]), b))
@@ -276,13 +276,14 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
         for r, t in zip(ranks, zigzag_counts(lengths[i], len(ranks))):
             load[r] += work[i] / len(ranks)
             tok[r] += t
+    spans_of = [tuple(range(first + b * cp, first + (b + 1) * cp)) for b in range(n_groups)]
     for i, s in enumerate(lengths):
         if shard[i]:
-            ranks = tuple(range(first + where[i] * cp, first + (where[i] + 1) * cp))
-            groups[i] = ranks
+            groups[i] = ranks = spans_of[where[i]]
+            per, t = work[i] / cp, -(-s // cp)
             for r in ranks:
-                load[r] += work[i] / cp
-                tok[r] += -(-s // cp)
+                load[r] += per
+                tok[r] += t
     # whole sequences: per group, ranks by (work, rank), the least-loaded one with room
     rank_heaps = [sorted((load[r], r) for r in range(first + b * cp, first + (b + 1) * cp)) for b in range(n_groups)]
     if led:
@@ -401,8 +402,7 @@ def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int, *, head
             held[r] += t
     if max(held) > cl.tokens_per_gpu:
         return None
-    return [Assignment("local", g) if len(g) == 1 else
-            Assignment("intra_node" if cl.node_of(g[0]) == cl.node_of(g[-1]) else "inter_node", g) for g in groups]
+    return assignments_of(groups, cl)
 
 
 def packed_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost: CostModel,

@@ -37,22 +37,30 @@ Three families of candidates, each a placement without a remap (the linear layou
 * *Wide* packings (:mod:`.packed_wide`, 2026-11-27): per CP size from 2 on, the threshold packing with spans for
   the longest documents a CP group alone would load above the mean (:func:`~.packed_wide.wide_spans`: rings over
   ``2 cp, 4 cp, ...`` ranks that the packing fills around). They are bounded before the threshold is searched
-  (a CP size whose longest document alone loses is then still tried with spans), and *deferred*: made and judged
-  after the other candidates, against the best of them, lowest bound first (:func:`_span_floor`), so fewer are
-  made.
+  (a CP size whose longest document alone loses is then still tried with spans), and *deferred*: made only when
+  their bound (:func:`_span_floor`) is the lowest left (below).
 
 Every candidate is bounded from below before it is finished (:func:`~.packed.quick_floor` before packing,
 the leading ring's :func:`~.grouped.ring_floor` before packing the rest, :func:`~.packed.packed_floor` after);
-those below the step to beat are finished lowest floor first and one is kept only where its predicted step
-under :data:`~.packed.CHARGES` is lower (module docstring of :mod:`.packed`: why charged). The kept candidate's
-whole documents are then traded off its busiest ranks by the finished plan's own times (:mod:`.whole_moves`,
-``options.packed_moves``), finished with its widths and kept where the step falls. Pure and deterministic.
+one is kept only where its predicted step under :data:`~.packed.CHARGES` is lower than the best so far (module
+docstring of :mod:`.packed`: why charged). The search is *best first* (2026-11-28): after the uniform packings, the
+candidates made (each at its floor) and the led, filled-lead and wide packings still to make (each at a bound on
+the floors of what it can make: :func:`lead_floor`, :func:`_span_floor`) wait in one queue; the lowest is finished,
+or made, until the lowest is at or above the best step so far. A candidate finished early can so rule out a
+family before its sweep runs (the families were made before any candidate was finished until then), and what is
+finished is what finishing every candidate made would keep, since no floor exceeds its prediction. On the 125
+plans of docs/BENCHMARKS.md's 120 steps and ``benchmarks/plan_speed.py``'s five batches, the same plans;
+``plan_speed.py``'s batches make 54 packings instead of 61 and finish 13 candidates instead of 14. The kept
+candidate's whole documents are then traded off its busiest ranks by the finished plan's own times
+(:mod:`.whole_moves`, ``options.packed_moves``), finished with its widths and kept where the step falls. Pure and
+deterministic.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from itertools import accumulate
+from itertools import accumulate, count
 from typing import Callable, Literal, Protocol, Sequence
 
 from .cost_model import CostModel
@@ -92,8 +100,10 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
     the smaller ``cp``). ``finish`` turns assignments into a finished plan whose linear layout is its attention
     layout. ``plan`` unchanged when ``options.remap`` is ``True`` (token-balanced layout forced) or ``plan`` has
     no prediction. Led, filled-lead and wide packings only with head-parallel rings on (their wider rings run
-    head-parallel). Wide packings (:mod:`.packed_wide`) are made after every other candidate is judged, lowest
-    :func:`_span_floor` first, and judged against the best of them (ties keep the others).
+    head-parallel). The uniform packings are made first, against ``plan``'s step; then best first (module
+    docstring): the candidates and the led, filled-lead and wide families in one queue by floor or bound (at equal
+    values a family before a candidate, candidates by ``cp`` then the order made, families leads, filled leads,
+    wide), each family made against the best step when it comes up.
 
     Per CP size, smallest first: a ``cp`` whose longest document is sharded in every packing and alone puts
     the floor at the step to beat is skipped whole (no threshold searched) unless its wide spans' bound is
@@ -122,23 +132,33 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
     deferred: list[Deferred] = []
     _sweep(lengths, cost, options, best_ms, 0, keep, threshold="with" if options.packed_threshold else "without",
            defer=deferred if options.head_parallel and options.packed_wide else None)
-    fills = fill_splits(lengths, cost) if options.head_parallel and options.packed_fill else []
+    # best first: the kept candidates (each at its floor) and the families still to make (leads, filled leads, wide
+    # packings: each at a bound on the floors of what it makes) in one queue, lowest first, so that a candidate
+    # judged first can rule a family out before it is made. Keys: (bound, 0 for a family / 1 for a candidate, ...):
+    # at equal bounds a family first (it may make a candidate that sorts before), candidates by (floor, cp, order
+    # recorded), families by kind (leads, filled leads, wide) and order
+    queue: list[tuple[float, int, int, object, object]] = []
+    order = count()
+
+    def push_floors() -> None:
+        for floor, cp, assignments in floors:
+            heapq.heappush(queue, (floor, 1, cp, next(order), assignments))
+        floors.clear()
+
+    push_floors()
     if options.head_parallel and options.packed_leads:
-        for k, top in lead_splits(lengths, cost):
-            bound = lead_floor([lengths[i] for i in top], k, cost, options)
+        for j, (k, top) in enumerate(lead_splits(lengths, cost)):
             lead = Assignment("intra_node" if k <= cost.cluster.gpus_per_node else "inter_node", tuple(range(k)))
-            if bound >= best_ms or lead.placement not in options.placements:
-                continue  # the leading ring alone loses
-            chosen = _led(lengths, top, lead, cost, options, best_ms, bound)
-            if chosen is not None:
-                keep(chosen[2], chosen[1], chosen[0])
-    if fills:
-        for k, top in fills:
-            where = "intra_node" if k <= cost.cluster.gpus_per_node else "inter_node"
-            if where in options.placements and lead_floor([lengths[i] for i in top], k, cost, options) < best_ms:
-                chosen = _filled(lengths, top, k, cost, options, best_ms)
-                if chosen is not None:
-                    keep(chosen[2], chosen[1], chosen[0])
+            if lead.placement in options.placements:
+                bound = lead_floor([lengths[i] for i in top], k, cost, options)
+                heapq.heappush(queue, (bound, 0, 0, j, (top, lead)))
+    if options.head_parallel and options.packed_fill:
+        for j, (k, top) in enumerate(fill_splits(lengths, cost)):
+            if ("intra_node" if k <= cost.cluster.gpus_per_node else "inter_node") in options.placements:
+                bound = lead_floor([lengths[i] for i in top], k, cost, options)
+                heapq.heappush(queue, (bound, 0, 1, j, (top, k)))
+    for bound, cp, shard_from, spans in deferred:
+        heapq.heappush(queue, (bound, 0, 2, (cp, shard_from, spans), (cp, shard_from, spans)))
     placed: Sequence[Assignment] = ()  # the kept candidate's placement
 
     def judge(assignments: Sequence[Assignment]) -> None:
@@ -149,20 +169,29 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
         if ms < best_ms - 1e-6:
             best, best_ms, placed = cand, ms, assignments
 
-    for floor, _cp, assignments in sorted(floors, key=lambda x: (x[0], x[1])):  # the likeliest winner first
-        if floor >= best_ms:
-            break  # a candidate's prediction (rounded to 1e-6 ms) is above best_ms - 1e-6: no win; floors ascend
-        judge(assignments)
-    for bound, cp, shard_from, spans in sorted(deferred):  # judged against the best so far: fewer made
-        if bound >= best_ms:
-            break
-        made = packed_assignments(lengths, cost, cp, head_parallel=True, shard_from=shard_from,
-                                  absorb=options.packed_absorb, wide=spans)
-        if (made is None or any(a.placement not in options.placements for a in made)
-                or tuple(made) in seen or packed_floor(lengths, made, cost, options) >= best_ms):
+    # a candidate whose floor is at least best_ms predicts (rounded to 1e-6 ms) above best_ms - 1e-6: no win; nor
+    # anything a family at or above it makes
+    while queue and queue[0][0] < best_ms:
+        bound, candidate, kind, _, item = heapq.heappop(queue)
+        if candidate:
+            judge(item)  # type: ignore[arg-type]
             continue
-        seen.add(tuple(made))
-        judge(made)
+        chosen: tuple[float, int, list[Assignment]] | None = None
+        if kind == 0:
+            top, lead = item  # type: ignore[misc]
+            chosen = _led(lengths, top, lead, cost, options, best_ms, bound)
+        elif kind == 1:
+            top, k = item  # type: ignore[misc]
+            chosen = _filled(lengths, top, k, cost, options, best_ms)
+        else:
+            cp, shard_from, spans = item  # type: ignore[misc]
+            wide = packed_assignments(lengths, cost, cp, head_parallel=True, shard_from=shard_from,
+                                      absorb=options.packed_absorb, wide=spans)
+            if wide is not None and all(a.placement in options.placements for a in wide):
+                keep(wide, cp)
+        if chosen is not None:
+            keep(chosen[2], chosen[1], chosen[0])
+        push_floors()
     if placed and options.packed_moves:
         best = _moved(lengths, placed, best, cost, options, finish)
     return best

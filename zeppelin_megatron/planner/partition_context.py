@@ -21,13 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from .cluster import Cluster
 from .cost_model import CostModel
 from .options import PlannerOptions
 from .predict import ring_time
 from .routing import Route, plan_routing
 from .zigzag import ring_max_tokens
 
-__all__ = ["Assignment", "PartitionContext", "NODE_HEADROOM"]
+__all__ = ["Assignment", "assignments_of", "PartitionContext", "NODE_HEADROOM"]
 
 NODE_HEADROOM = 0.05
 """Fraction of a node's token capacity level 1 leaves free while it can (fragmentation)."""
@@ -40,6 +41,21 @@ class Assignment:
 
     placement: str
     ranks: tuple[int, ...]
+
+
+def assignments_of(groups: Sequence[tuple[int, ...]], cluster: Cluster) -> list[Assignment]:
+    """Each sequence's :class:`Assignment` from its ranks ``groups[i]``: ``local`` on one rank, ``intra_node`` on
+    ranks of one node, else ``inter_node``; one object per distinct rank tuple (sequences of one group share it).
+    Example (nodes of 8): ``[(3,), (0, 1), (6, 7, 8, 9)]`` -> ``local``, ``intra_node``, ``inter_node``."""
+    made: dict[tuple[int, ...], Assignment] = {}
+    out = []
+    for g in groups:
+        a = made.get(g)
+        if a is None:
+            one_node = len({cluster.node_of(r) for r in g}) == 1
+            a = made[g] = Assignment("local" if len(g) == 1 else "intra_node" if one_node else "inter_node", g)
+        out.append(a)
+    return out
 
 
 class PartitionContext:
