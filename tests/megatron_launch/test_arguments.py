@@ -47,6 +47,16 @@ def test_flags_defaults_and_negations() -> None:
     assert cfg.options == PlannerOptions(routing=False, remap=False, placements=("local", "intra_node"))
 
 
+def test_plan_worker_flag() -> None:
+    assert zeppelin_config_from_args(_parse(["--zeppelin", "--zeppelin-cluster", "2x8"])).plan_worker
+    off = _parse(["--zeppelin", "--zeppelin-cluster", "2x8", "--zeppelin-plan-worker", "off"])
+    assert not zeppelin_config_from_args(off).plan_worker
+    with pytest.raises(SystemExit):
+        _parse(["--zeppelin", "--zeppelin-plan-worker", "maybe"])
+    with pytest.raises(ZeppelinArgsError, match="--zeppelin-plan-worker must be on or off, got 1"):
+        ZeppelinConfig(cluster="2x8", plan_worker=1)  # type: ignore[arg-type]
+
+
 def test_unknown_backend_rejected_by_parser() -> None:
     with pytest.raises(SystemExit):
         _parse(["--zeppelin", "--zeppelin-backend", "nope"])

@@ -78,3 +78,20 @@ def test_use_zeppelin_model_sets_spec_and_hook_once() -> None:
     assert cfg.pre_wrap_hooks == [print, prepare_model_chunks]
     with pytest.raises(ZeppelinArgsError, match="transformer_layer_spec"):
         use_zeppelin_model(object())
+
+
+def test_iterators_plan_in_a_worker_process_when_they_prefetch() -> None:
+    from zeppelin_megatron.megatron.arguments import ZeppelinConfig
+    from zeppelin_megatron.megatron.data.plan_worker import PlanWorker
+    from zeppelin_megatron.megatron.pretrain import iterator_planner
+    from zeppelin_megatron.planner.setup import build_planning
+
+    planning = build_planning("1x4", tokens_per_gpu=4096)
+    worker = iterator_planner(ZeppelinConfig(cluster="1x4"), planning)  # the default: prefetch 2, worker on
+    try:
+        assert isinstance(worker, PlanWorker)
+        assert worker([3000, 20, 900]).to_json() == planning([3000, 20, 900]).to_json()
+    finally:
+        worker.close()  # type: ignore[attr-defined]
+    assert iterator_planner(ZeppelinConfig(cluster="1x4", plan_worker=False), planning) is planning
+    assert iterator_planner(ZeppelinConfig(cluster="1x4", prefetch=0), planning) is planning  # inline: nothing to hide

@@ -126,6 +126,10 @@ def add_zeppelin_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help=f"Compute/communication ratio a split needs (default {_PLANNER.min_ratio:g}).")
     g.add_argument("--zeppelin-prefetch", type=int, default=2,
                    help="Micro-steps planned and read ahead in a background thread (0, 1 or 2; default 2).")
+    g.add_argument("--zeppelin-plan-worker", choices=("on", "off"), default="on",
+                   help="With prefetch, plan in a worker process (one per rank, the planner only) instead of on the "
+                        "prefetch thread, whose planning would hold the GIL in turns with the training thread "
+                        "(default: on; off: plan on the thread).")
     g.add_argument("--zeppelin-metrics", action=argparse.BooleanOptionalAction, default=True,
                    help="Per-step Zeppelin metrics in the log, tensorboard and wandb (default: on).")
     return parser
@@ -142,6 +146,7 @@ class ZeppelinConfig:
     backend: str | None = None
     check_plan: bool = False
     prefetch: int = 2
+    plan_worker: bool = True
     metrics: bool = True
     timeout: float = DEFAULT_TIMEOUT_S
 
@@ -162,6 +167,8 @@ class ZeppelinConfig:
             raise ZeppelinArgsError(f"options is a {type(self.options).__name__}, expected a PlannerOptions")
         if isinstance(self.prefetch, bool) or self.prefetch not in (0, 1, 2):
             raise ZeppelinArgsError(f"--zeppelin-prefetch must be 0, 1 or 2, got {self.prefetch!r}")
+        if not isinstance(self.plan_worker, bool):
+            raise ZeppelinArgsError(f"--zeppelin-plan-worker must be on or off, got {self.plan_worker!r}")
         t = self.timeout
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
             raise ZeppelinArgsError(f"--zeppelin-timeout must be a positive number of seconds, got {t!r}")
@@ -220,6 +227,14 @@ def planner_options_from_args(args: argparse.Namespace) -> PlannerOptions:
     return PlannerOptions(**values)
 
 
+def _on_off(args: argparse.Namespace, name: str, flag: str, default: bool) -> bool:
+    """An ``on`` / ``off`` flag (``default`` where the namespace lacks it)."""
+    value = getattr(args, name, "on" if default else "off")
+    if value not in ("on", "off"):
+        raise ZeppelinArgsError(f"{flag} {value}: expected on or off")
+    return value == "on"
+
+
 def zeppelin_config_from_args(args: argparse.Namespace) -> ZeppelinConfig:
     """Read the ``--zeppelin*`` flags of a parsed command line."""
     if not getattr(args, "zeppelin", False):
@@ -232,6 +247,7 @@ def zeppelin_config_from_args(args: argparse.Namespace) -> ZeppelinConfig:
         backend=args.zeppelin_backend,
         check_plan=args.zeppelin_check_plan,
         prefetch=args.zeppelin_prefetch,
+        plan_worker=_on_off(args, "zeppelin_plan_worker", "--zeppelin-plan-worker", True),
         metrics=args.zeppelin_metrics,
         timeout=getattr(args, "zeppelin_timeout", DEFAULT_TIMEOUT_S),
     )

@@ -63,7 +63,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from .arguments import ZeppelinArgsError
+from ..planner import StepPlan
+from ..planner.setup import PlanningSetup
+from .arguments import ZeppelinArgsError, ZeppelinConfig
 from .metrics import MetricsWriter, StepMetricsRecorder
 from .planning import ZeppelinSetup
 from .startup import (
@@ -337,6 +339,16 @@ def use_zeppelin_model(model_config: Any) -> Any:
 # -- data -----------------------------------------------------------------------------------
 
 
+def iterator_planner(config: ZeppelinConfig, planner: PlanningSetup) -> Callable[[Sequence[int]], StepPlan]:
+    """What a data iterator plans with: ``planner`` in a worker process (:class:`~.data.plan_worker.PlanWorker`,
+    closed with the iterator) when it prefetches and ``--zeppelin-plan-worker`` is on (the default), so planning
+    never holds the training process's GIL; else ``planner`` itself (on the prefetch thread, or inline)."""
+    if config.prefetch > 0 and config.plan_worker:
+        from .data.plan_worker import PlanWorker
+        return PlanWorker(planner)
+    return planner
+
+
 def _iterator(prefix_arg: Any, *, setup: ZeppelinSetup, rank: int, consumed_samples: int, seed: int) -> Iterator[Any]:
     from .data.indexed import DocumentDataset, single_prefix
     from .data.iterator import ZeppelinDataIterator, from_consumed_samples
@@ -350,7 +362,7 @@ def _iterator(prefix_arg: Any, *, setup: ZeppelinSetup, rank: int, consumed_samp
     sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=p.token_budget, seed=seed)
     prefetch = setup.config.prefetch
     return ZeppelinDataIterator(
-        dataset=dataset, sampler=sampler, planner=setup.planner, rank=rank,
+        dataset=dataset, sampler=sampler, planner=iterator_planner(setup.config, setup.planner), rank=rank,
         start_step=from_consumed_samples(consumed_samples, p.micro_batch_size, p.zeppelin_ranks),
         pad_to_multiple=p.pad_to_multiple, prefetch=prefetch > 0, prefetch_depth=max(1, prefetch),
     )

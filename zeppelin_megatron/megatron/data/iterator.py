@@ -114,7 +114,9 @@ class ZeppelinDataIterator(Iterator[ZeppelinBatch]):
         sampler: micro-step -> sequence ids.
         planner: lengths of a micro-step's sequences -> its ``StepPlan`` (pure:
             every rank computes the same plan), e.g.
-            ``functools.partial(plan_step, cluster=cluster, cost_model=cost)``.
+            ``functools.partial(plan_step, cluster=cluster, cost_model=cost)``, or a
+            :class:`~.plan_worker.PlanWorker` (planning in a child process); one with a ``close``
+            method is closed with the iterator.
         rank: this rank's index in the Zeppelin group (``0 <= rank < plan.world_size``).
         start_step: first micro-step (see :func:`from_consumed_samples`).
         pad_to_multiple: pad the rank's tokens to a multiple of this (e.g. the
@@ -255,12 +257,15 @@ class ZeppelinDataIterator(Iterator[ZeppelinBatch]):
         return self._next_step
 
     def close(self) -> None:
-        """Stop the prefetch thread (idempotent)."""
+        """Stop the prefetch thread, then close the planner where it has a ``close`` (idempotent)."""
         self._closed = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
             self._thread = None
+        close = getattr(self.planner, "close", None)
+        if callable(close):
+            close()
 
     def __enter__(self) -> "ZeppelinDataIterator":
         return self
