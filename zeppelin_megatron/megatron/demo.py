@@ -188,6 +188,7 @@ def _train(rank: int, cfg: DemoConfig, prefix: str, result_path: str) -> None:
     from .cpu_support import allreduce_grads, build_gpt, init_parallel_state, megatron_on_cpu, tiny_gpt_config
     from .data.indexed import DocumentDataset
     from .data.iterator import ZeppelinDataIterator
+    from .data.plan_worker import PlanWorker
     from .data.sampler import TokenBudgetSampler
     from .groups import zeppelin_group_from_megatron
     from .loss import per_token_loss
@@ -222,7 +223,9 @@ def _train(rank: int, cfg: DemoConfig, prefix: str, result_path: str) -> None:
                   flush=True)
 
         steps: list[dict[str, Any]] = []
-        with ZeppelinDataIterator(dataset=dataset, sampler=sampler, planner=planner, rank=group.rank) as it:
+        # planned in a worker process, as training plans by default (--zeppelin-plan-worker; closed with the iterator)
+        with ZeppelinDataIterator(dataset=dataset, sampler=sampler, planner=PlanWorker(planner),
+                                  rank=group.rank) as it:
             for i in range(cfg.steps):
                 t0 = time.perf_counter()
                 batch = next(it)
