@@ -276,16 +276,16 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
         for r, t in zip(ranks, zigzag_counts(lengths[i], len(ranks))):
             load[r] += work[i] / len(ranks)
             tok[r] += t
-    spans_of = [tuple(range(first + b * cp, first + (b + 1) * cp)) for b in range(n_groups)]
+    group_ranks = [tuple(range(first + b * cp, first + (b + 1) * cp)) for b in range(n_groups)]
     for i, s in enumerate(lengths):
         if shard[i]:
-            groups[i] = ranks = spans_of[where[i]]
+            groups[i] = ranks = group_ranks[where[i]]
             per, t = work[i] / cp, -(-s // cp)
             for r in ranks:
                 load[r] += per
                 tok[r] += t
     # whole sequences: per group, ranks by (work, rank), the least-loaded one with room
-    rank_heaps = [sorted((load[r], r) for r in range(first + b * cp, first + (b + 1) * cp)) for b in range(n_groups)]
+    rank_heaps = [sorted((load[r], r) for r in ranks) for ranks in group_ranks]
     if led:
         rank_heaps.append(sorted((load[r], r) for r in range(first)))
     for i in order:

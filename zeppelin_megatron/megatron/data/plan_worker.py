@@ -40,10 +40,14 @@ __all__ = ["PlanWorker"]
 _HEADER = struct.Struct("<Q")
 
 
-def _send(stream: IO[bytes], obj: object) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+def _write(stream: IO[bytes], data: bytes) -> None:
+    """One message: its length, then the pickle ``data``."""
     stream.write(_HEADER.pack(len(data)) + data)
     stream.flush()
+
+
+def _send(stream: IO[bytes], obj: object) -> None:
+    _write(stream, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _receive(stream: IO[bytes]) -> Any:
@@ -81,8 +85,7 @@ class PlanWorker:
             raise DataError(f"cannot start a planning worker ({sys.executable} -m {__name__}): {exc}") from None
         assert self._proc.stdin is not None
         try:
-            self._proc.stdin.write(_HEADER.pack(len(payload)) + payload)
-            self._proc.stdin.flush()
+            _write(self._proc.stdin, payload)
         except OSError:
             self._failed()
 
