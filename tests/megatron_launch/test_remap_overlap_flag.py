@@ -48,11 +48,12 @@ def test_planner_options_validates_remap_overlap() -> None:
         PlannerOptions(remap_overlap=1)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("field,default", [("grouped", False), ("packed", True)])
+@pytest.mark.parametrize("field,default", [("grouped", False), ("packed", True), ("packed_rerank", False)])
 def test_candidate_flags(field: str, default: bool) -> None:
-    """``--zeppelin-grouped {on,off}`` / ``--zeppelin-packed {on,off}`` -> ``PlannerOptions.grouped`` / ``.packed``
-    (defaults the planner's: grouped off, packed on)."""
-    base, flag = ["--zeppelin", "--zeppelin-cluster", "2x8"], f"--zeppelin-{field}"
+    """``--zeppelin-grouped {on,off}`` / ``--zeppelin-packed {on,off}`` / ``--zeppelin-packed-rerank {on,off}`` ->
+    ``PlannerOptions.grouped`` / ``.packed`` / ``.packed_rerank`` (defaults the planner's: grouped off, packed on,
+    post-trade ranking off)."""
+    base, flag = ["--zeppelin", "--zeppelin-cluster", "2x8"], f"--zeppelin-{field.replace('_', '-')}"
     assert getattr(zeppelin_config_from_args(_parse(base)).options, field) is getattr(PlannerOptions(), field) \
         is default
     flipped = "off" if default else "on"

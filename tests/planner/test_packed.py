@@ -142,14 +142,16 @@ def test_lead_splits_take_the_work_share_of_their_ranks() -> None:
             assert len(top) == n or lengths[order[len(top)]] < 2 * k
             bound = lead_floor([lengths[i] for i in top], k, cost, options)
             lead = Assignment("intra_node" if k <= 8 else "inter_node", tuple(range(k)))
-            led = _led(lengths, top, lead, cost, options, float("inf"), bound)
-            if led is None:
-                continue
-            floor, _cp, assignments = led
-            assert bound <= floor + 1e-6
-            plan = api._finish(lengths, assignments, cost, replace(options, remap=False))
-            assert floor <= predict(plan, cost, charges="zeppelin").step_ms + 1e-6
-            seen += 1
+            narrow, wide = _led(lengths, top, lead, cost, options, float("inf"), bound)
+            assert len(narrow) <= 1 and wide == []  # wide-span rests only with packed_rerank
+            rerank = _led(lengths, top, lead, cost, replace(options, packed_rerank=True), float("inf"), bound)
+            assert rerank[0] == narrow and len(rerank[1]) <= 1
+            for floor, _cp, assignments in rerank[0] + rerank[1]:
+                assert all(a == lead for i, a in enumerate(assignments) if i in top)
+                assert bound <= floor + 1e-6
+                plan = api._finish(lengths, assignments, cost, replace(options, remap=False))
+                assert floor <= predict(plan, cost, charges="zeppelin").step_ms + 1e-6
+                seen += 1
     assert seen >= 3 and 24 in sizes
 
 

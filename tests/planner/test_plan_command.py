@@ -45,3 +45,26 @@ def test_remap_flags(lengths_file: Path, tmp_path: Path, capsys: pytest.CaptureF
         main(["plan", "--lengths", str(lengths_file), "--cluster", "2x4", "--remap", "on", "--no-remap"])
     with pytest.raises(SystemExit):
         main(["plan", "--lengths", str(lengths_file), "--cluster", "2x4", "--remap", "maybe"])
+
+
+def test_packed_rerank_flag(tmp_path: Path) -> None:
+    """``--packed-rerank``: the plan of ``PlannerOptions(packed_rerank=True)`` (docs/planner.md, "Post-trade
+    ranking"), here a different one from the default's (Llama-7B prolong-128k on 128 GPUs, batch 1)."""
+    from zeppelin_megatron.planner import PlannerOptions, plan_step
+    from zeppelin_megatron.planner.setup import build_planning
+    from zeppelin_megatron.sim.lengths import sample_steps
+    lengths = sample_steps("prolong-128k", 2, 1 << 20, 0)[1]
+    f = tmp_path / "lengths.txt"
+    f.write_text("\n".join(map(str, lengths)) + "\n")
+    model = str(Path(__file__).parents[2] / "configs/models/llama_7b.yaml")
+    plans = {}
+    for flags in ((), ("--packed-rerank",)):
+        out = tmp_path / f"plan{len(flags)}.json"
+        assert main(["plan", "--lengths", str(f), "--cluster", "16x8", "--model", model, "--json", str(out),
+                     *flags]) == 0
+        plans[bool(flags)] = json.loads(out.read_text())
+    cost = build_planning("16x8", model, None).cost
+    for rerank, doc in plans.items():
+        expected = plan_step(lengths, cost, PlannerOptions(packed_rerank=rerank))
+        assert doc["predicted"]["step_ms"] == pytest.approx(expected.predicted.step_ms)  # type: ignore[union-attr]
+    assert plans[True]["predicted"]["step_ms"] < plans[False]["predicted"]["step_ms"]

@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-packed", action="store_true",
                    help="no packed candidates (PlannerOptions.packed=False: documents packed by attention + linear "
                         "work, linear modules on the attention layout)")
+    p.add_argument("--packed-rerank", action="store_true",
+                   help="rank packed candidates by their steps after whole-document trades "
+                        "(PlannerOptions.packed_rerank; about 1.5x the planning time)")
     p.add_argument("--grouped", action="store_true",
                    help="also try CP-group candidates (PlannerOptions.grouped: every split sequence on a whole "
                         "group of nodes; slower planning)")
@@ -192,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
                            options=PlannerOptions(routing=not args.no_routing, remap=_REMAP[args.remap or "auto"],
                                                   head_parallel=not args.no_head_parallel,
                                                   remap_overlap=not args.no_remap_overlap, packed=not args.no_packed,
-                                                  grouped=args.grouped))
+                                                  packed_rerank=args.packed_rerank, grouped=args.grouped))
     warning = profile_range_warning(setup.cost.profile, lengths) if args.profile else None
     if warning:
         print(f"zeppelin plan: {warning}", file=sys.stderr)

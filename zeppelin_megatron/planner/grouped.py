@@ -64,9 +64,10 @@ from .local_schedule import ring_timeline
 from .options import PlannerOptions
 from .partition_context import Assignment
 from .plan import PLACEMENTS, SequencePlan, StepPlan, derive_routing
+from .zigzag import zigzag_counts
 
 __all__ = ["pack_sizes", "group_sizes", "grouped_assignments", "best_plan", "rings_end_ms", "step_floor",
-           "ring_floor", "rank_floors"]
+           "ring_floor", "rank_floors", "layer_floors"]
 
 
 def pack_sizes(lengths: Sequence[int], cluster: Cluster) -> list[int]:
@@ -190,6 +191,22 @@ def rank_floors(lengths: Sequence[int], assignments: Sequence[Assignment], cost:
             tot[r] += t
             own[r] += o
     return tot, own, local
+
+
+def layer_floors(lengths: Sequence[int], assignments: Sequence[Assignment], cost: CostModel,
+                 options: PlannerOptions, charges: str = "none") -> list[float]:
+    """Per rank, the lower bound on its layer that :func:`~.packed.packed_floor` takes the maximum of:
+    ``max(tot_r, own_r + loc_r) + linear_ms(t_r)`` (``loc_r`` at least the call overhead when any)."""
+    tot, own, local = rank_floors(lengths, assignments, cost, options.head_parallel, charges)
+    tokens = [0] * cost.cluster.world_size
+    for s, a in zip(lengths, assignments):
+        if a.placement == "local":
+            tokens[a.ranks[0]] += s
+            continue
+        for r, t in zip(a.ranks, zigzag_counts(s, len(a.ranks))):
+            tokens[r] += t
+    oh, linear_ms = cost.call_overhead_ms, cost.linear_ms
+    return [max(t, o + (max(x, oh) if x > 0 else 0.0)) + linear_ms(k) for t, o, x, k in zip(tot, own, local, tokens)]
 
 
 def step_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost: CostModel,

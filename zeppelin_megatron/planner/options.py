@@ -106,6 +106,13 @@ class PlannerOptions:
     """The kept packed candidate's whole documents traded off its busiest ranks (moved, or swapped for shorter
     ones), documents moved between its head-parallel rings, and whole documents joining one, by the finished plan's
     own per-rank times (:mod:`.whole_moves`), kept where that predicts a lower step; ablation: ``False``."""
+    packed_rerank: bool = False
+    """Rank the packed candidates by their steps *after* their trades (:mod:`.packed_trades`, with ``packed_moves``):
+    after the kept candidate's trades, candidates whose step before trades is up to
+    :data:`~.packed_search.REACH` above that step, and whose :func:`~.packed_trades.trade_floor` is below it, are
+    finished and traded too, and the lowest step after trades wins; led packings also offer their rest with wide
+    spans. Off by default: simulated 0.2% faster steps on average on docs/BENCHMARKS.md's configurations (up to
+    2%), for about 1.5x the planning time (over the 50 ms budget; docs/planner.md, "Post-trade ranking")."""
     grouped: bool = False
     """Also try TE-CP-a2a+p2p-style candidates (:mod:`.grouped`: every split sequence on a whole CP group of
     nodes, head-parallel) and keep one where it beats the partitioner's plan on both the predicted step and
@@ -125,7 +132,7 @@ class PlannerOptions:
         if not isinstance(self.packed, bool):
             raise PlanError(f"packed is {self.packed!r}, expected True or False")
         for name in ("packed_threshold", "packed_share", "packed_wide", "packed_leads", "packed_fill", "packed_absorb",
-                     "packed_moves", "ring_parts"):
+                     "packed_moves", "packed_rerank", "ring_parts"):
             if not isinstance(getattr(self, name), bool):
                 raise PlanError(f"{name} is {getattr(self, name)!r}, expected True or False")
         if not isinstance(self.grouped, bool):

@@ -61,7 +61,7 @@ from typing import Sequence
 
 from .cost_heads import head_ring_time, head_widths
 from .cost_model import CostModel
-from .grouped import rank_floors, ring_floor
+from .grouped import layer_floors, ring_floor
 from .options import PlannerOptions
 from .partition_context import Assignment, assignments_of
 from .plan import PlanError
@@ -418,17 +418,7 @@ def packed_floor(lengths: Sequence[int], assignments: Sequence[Assignment], cost
     charges whatever the widths and routes. Example (``charges="none"``): 4 GPUs, two whole sequences of 3000
     tokens on ranks 0 and 1: ``L * (local_ms(3000) + linear_ms(3000))``.
     """
-    tot, own, local = rank_floors(lengths, assignments, cost, options.head_parallel, charges)
-    tokens = [0] * cost.cluster.world_size
-    for s, a in zip(lengths, assignments):
-        if a.placement == "local":
-            tokens[a.ranks[0]] += s
-            continue
-        for r, t in zip(a.ranks, zigzag_counts(s, len(a.ranks))):
-            tokens[r] += t
-    oh = cost.call_overhead_ms
-    att = [max(t, o + (max(x, oh) if x > 0 else 0.0)) for t, o, x in zip(tot, own, local)]
-    return cost.model.layers * max(a + cost.linear_ms(t) for a, t in zip(att, tokens))
+    return cost.model.layers * max(layer_floors(lengths, assignments, cost, options, charges))
 
 
 def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: PlannerOptions,

@@ -52,33 +52,33 @@ finished is what finishing every candidate made would keep, since no floor excee
 plans of docs/BENCHMARKS.md's 120 steps and ``benchmarks/plan_speed.py``'s five batches, the same plans;
 ``plan_speed.py``'s batches make 54 packings instead of 61 and finish 13 candidates instead of 14. The kept
 candidate's whole documents are then traded off its busiest ranks by the finished plan's own times
-(:mod:`.whole_moves`, ``options.packed_moves``), finished with its widths and kept where the step falls. Pure and
-deterministic.
+(:mod:`.whole_moves`, ``options.packed_moves``), finished with its widths and kept where the step falls. With
+``options.packed_rerank`` (opt-in) the search then goes on past the kept candidate, ranking candidates by their
+steps after trades (:mod:`.packed_trades`, :data:`REACH`). Pure and deterministic.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from itertools import accumulate, count
-from typing import Callable, Literal, Protocol, Sequence
+from itertools import count
+from typing import Callable, Literal, Protocol, Sequence, cast
 
 from .cost_model import CostModel
-from .grouped import ring_floor
 from .options import PlannerOptions
 from .packed import (
     CHARGES, QUICK, head_parallel_threshold, packed_assignments, packed_floor, quick_floor, share_threshold,
-    split_pays, whole_work,
+    split_pays,
 )
 from .packed_wide import WideBasis, wide_basis, wide_spans
 from .partition_context import Assignment
 from .plan import StepPlan
 from .predict import predict
-from .ring_parts import split_rings
-from .whole_moves import move_whole
-from .zigzag import zigzag_counts
+from .packed_leads import LEAD_MAX, fill_splits, lead_floor, lead_splits
+from .packed_trades import trade_floor, traded, trades
+from .whole_moves import Moved
 
-__all__ = ["best_packed", "lead_splits", "fill_splits"]
+__all__ = ["best_packed", "lead_splits", "fill_splits", "lead_floor", "LEAD_MAX"]
 
 Emit = Callable[[list[Assignment], int], "float | None"]
 
@@ -103,7 +103,11 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
     head-parallel). The uniform packings are made first, against ``plan``'s step; then best first (module
     docstring): the candidates and the led, filled-lead and wide families in one queue by floor or bound (at equal
     values a family before a candidate, candidates by ``cp`` then the order made, families leads, filled leads,
-    wide), each family made against the best step when it comes up.
+    wide), each family made against the best step when it comes up. Then the kept candidate's trades
+    (``options.packed_moves``), and with ``options.packed_rerank`` the post-trade ranking (:mod:`.packed_trades`):
+    the finished candidates, and the queue's up to :data:`REACH` above the lowest step after trades (with the led
+    packings' wide-span rests, made during the search), each whose :func:`~.packed_trades.trade_floor` is below that
+    step finished and traded; the lowest step after trades wins (ties: the kept candidate, then the order finished).
 
     Per CP size, smallest first: a ``cp`` whose longest document is sharded in every packing and alone puts
     the floor at the step to beat is skipped whole (no threshold searched) unless its wide spans' bound is
@@ -160,14 +164,39 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
     for bound, cp, shard_from, spans in deferred:
         heapq.heappush(queue, (bound, 0, 2, (cp, shard_from, spans), (cp, shard_from, spans)))
     placed: Sequence[Assignment] = ()  # the kept candidate's placement
+    judged: list[tuple[float, StepPlan, Sequence[Assignment]]] = []  # every finished candidate, its step
+    later: list[tuple[float, int, list[Assignment]]] = []  # led packings with wide spans: post-trade ranking only
 
     def judge(assignments: Sequence[Assignment]) -> None:
         """Finish a candidate and keep it where its predicted step is below the best so far."""
         nonlocal best, best_ms, placed
         cand = finish(assignments)
         ms = predict(cand, cost, charges=CHARGES).step_ms
+        judged.append((ms, cand, assignments))
         if ms < best_ms - 1e-6:
             best, best_ms, placed = cand, ms, assignments
+
+    def make(kind: int, item: object, bound: float, against: float) -> None:
+        """Make a family's candidate (``kind``: 0 led, 1 filled lead, 2 wide) where its floor is below ``against``,
+        and queue it."""
+        chosen: list[tuple[float, int, list[Assignment]]] = []
+        if kind == 0:
+            led_top, lead = cast("tuple[list[int], Assignment]", item)
+            chosen, wide_led = _led(lengths, led_top, lead, cost, options, against, bound)
+            later.extend(wide_led)
+        elif kind == 1:
+            fill_top, k = cast("tuple[list[int], int]", item)
+            filled = _filled(lengths, fill_top, k, cost, options, against)
+            chosen = [filled] if filled is not None else []
+        else:
+            size, shard_from, spans = cast("tuple[int, int, tuple[tuple[int, int], ...]]", item)
+            wide = packed_assignments(lengths, cost, size, head_parallel=True, shard_from=shard_from,
+                                      absorb=options.packed_absorb, wide=spans)
+            if wide is not None and all(a.placement in options.placements for a in wide):
+                keep(wide, size)
+        for floor, size, made in chosen:
+            keep(made, size, floor)
+        push_floors()
 
     # a candidate whose floor is at least best_ms predicts (rounded to 1e-6 ms) above best_ms - 1e-6: no win; nor
     # anything a family at or above it makes
@@ -175,67 +204,99 @@ def best_packed(lengths: Sequence[int], cost: CostModel, options: PlannerOptions
         bound, candidate, kind, _, item = heapq.heappop(queue)
         if candidate:
             judge(item)  # type: ignore[arg-type]
-            continue
-        chosen: tuple[float, int, list[Assignment]] | None = None
-        if kind == 0:
-            top, lead = item  # type: ignore[misc]
-            chosen = _led(lengths, top, lead, cost, options, best_ms, bound)
-        elif kind == 1:
-            top, k = item  # type: ignore[misc]
-            chosen = _filled(lengths, top, k, cost, options, best_ms)
         else:
-            cp, shard_from, spans = item  # type: ignore[misc]
-            wide = packed_assignments(lengths, cost, cp, head_parallel=True, shard_from=shard_from,
-                                      absorb=options.packed_absorb, wide=spans)
-            if wide is not None and all(a.placement in options.placements for a in wide):
-                keep(wide, cp)
-        if chosen is not None:
-            keep(chosen[2], chosen[1], chosen[0])
-        push_floors()
-    if placed and options.packed_moves:
-        best = _moved(lengths, placed, best, cost, options, finish)
-    return best
-
-
-def _moved(lengths: Sequence[int], placed: Sequence[Assignment], best: StepPlan, cost: CostModel,
-           options: PlannerOptions, finish: Finish) -> StepPlan:
-    """``best`` (the kept packed candidate, finished from ``placed``) or its placement with whole documents
-    traded (:func:`~.whole_moves.move_whole`, finished with ``best``'s widths, a whole document that joined a
-    head-parallel ring with its ring's: :attr:`~.whole_moves.Moved.widths`), whichever predicts the lower step
-    under :data:`CHARGES` as ``plan_step`` runs it: with its rings in parts where that pays
-    (:func:`~.ring_parts.split_rings`, when ``options.ring_parts``), since the parts change a ring's time and the
-    waits its ranks' whole documents fill. The trades' own step is that prediction (:class:`~.whole_moves.Moved`:
-    every ring timed in the parts :func:`~.ring_parts.split_of` gives it), so no plan is predicted here; ties keep
-    ``best``."""
-    parts = options.ring_parts and options.head_parallel
-    ran = split_rings(best, cost) if parts else best
-    moved = move_whole(lengths, placed, ran, cost, CHARGES, parts=parts)
-    if moved is None:
+            make(kind, item, bound, best_ms)
+    if not (placed and options.packed_moves):
         return best
-    return finish(moved.assignments, widths=[moved.widths.get(i, x.a2a) for i, x in enumerate(best.sequences)])
+    if not options.packed_rerank:
+        return _finished(best, trades(lengths, placed, best, cost, options, CHARGES)[1], finish)
+    # post-trade ranking (packed_trades.py): the kept candidate after its trades, then every candidate whose trade
+    # floor is below the lowest step after trades so far, finished (where not yet) and traded, the queue's up to
+    # REACH above that step
+    top_ms, first_trades = traded(lengths, placed, best, best_ms, cost, options, CHARGES)
+    kept: tuple[StepPlan, Moved | None] = (best, first_trades)
+    for floor, size, made in later:
+        keep(made, size, floor)
+    push_floors()
+
+    def promising(placement: Sequence[Assignment]) -> bool:
+        return trade_floor(lengths, placement, cost, options, CHARGES) < top_ms - 1e-6
+
+    def retrade(cand: StepPlan, ms: float, placement: Sequence[Assignment]) -> None:
+        """Trade a finished candidate (``ms`` its step) and keep it where its step after trades is the lowest."""
+        nonlocal top_ms, kept
+        after, moved = traded(lengths, placement, cand, ms, cost, options, CHARGES)
+        if after < top_ms - 1e-6:
+            top_ms, kept = after, (cand, moved)
+
+    for ms, cand, placement in judged:
+        if cand is not best and promising(placement):
+            retrade(cand, ms, placement)
+    while queue and queue[0][0] < top_ms * (1 + REACH):
+        bound, candidate, kind, _, item = heapq.heappop(queue)
+        if not candidate:
+            make(kind, item, bound, top_ms * (1 + REACH))
+            continue
+        placement = cast("list[Assignment]", item)
+        if promising(placement):
+            cand = finish(placement)
+            retrade(cand, predict(cand, cost, charges=CHARGES).step_ms, placement)
+    return _finished(*kept, finish)
+
+
+def _finished(plan: StepPlan, moved: Moved | None, finish: Finish) -> StepPlan:
+    """``plan``, or where ``moved`` its traded placement finished with ``plan``'s widths (a whole document that
+    joined a head-parallel ring with its ring's: :attr:`~.whole_moves.Moved.widths`)."""
+    if moved is None:
+        return plan
+    return finish(moved.assignments, widths=[moved.widths.get(i, x.a2a) for i, x in enumerate(plan.sequences)])
+
+
+REACH = 0.05
+"""How far above the lowest step after trades so far the post-trade ranking (:mod:`.packed_trades`) still makes
+families and finishes candidates, by their floors (a packed candidate's floor is its step before trades; trades
+lowered the finished candidates' steps by up to 8% on docs/BENCHMARKS.md's 120 steps). 2%, 3%, 5% and 10% gave the
+60 configurations' mean step 0.23%, 0.29%, 0.31% and 0.34% faster in an experiment finishing every candidate in
+reach (the planning time growing with it)."""
 
 
 def _led(lengths: Sequence[int], top: list[int], lead: Assignment, cost: CostModel, options: PlannerOptions,
-         best_ms: float, bound: float) -> tuple[float, int, list[Assignment]] | None:
+         best_ms: float, bound: float) -> tuple[list[tuple[float, int, list[Assignment]]],
+                                                list[tuple[float, int, list[Assignment]]]]:
     """The led packing with the lowest :func:`~.packed.packed_floor` (ties: the smaller ``cp``) whose leading
     ring over ``lead.ranks`` holds the sequences ``top``, the rest packed after it by threshold packings
-    (:func:`_sweep`, ``threshold="only"``); ``None`` when none is below ``best_ms``. Stops at a floor equal to
-    ``bound`` (:func:`lead_floor`: the leading ring then sets it, no packing of the rest can lower it)."""
+    (:func:`_sweep`, ``threshold="only"``), and (with ``options.packed_rerank`` and ``packed_wide``) the lowest of
+    those with wide spans in the rest (:func:`~.packed_wide.wide_spans`), each where its floor is below ``best_ms``:
+    ``(floor, cp, assignments)`` lists of at most one each. The sweep stops at a floor equal to ``bound``
+    (:func:`lead_floor`: the leading ring then sets it, no packing of the rest can lower it)."""
     chosen = set(top)
     rest = [i for i in range(len(lengths)) if i not in chosen]
+    sub = [lengths[i] for i in rest]
+    first = lead.ranks[-1] + 1
     found: list[tuple[float, int, list[Assignment]]] = []
     lowest = _lowest(lengths, cost, options, best_ms, found)
 
-    def merged(sub: list[Assignment], cp: int) -> float | None:
+    def merged(part: list[Assignment], cp: int) -> float | None:
         full = [lead] * len(lengths)
-        for i, a in zip(rest, sub):
+        for i, a in zip(rest, part):
             full[i] = a
         return lowest(full, cp)
 
-    _sweep([lengths[i] for i in rest], cost, options, best_ms, lead.ranks[-1] + 1, merged, threshold="only",
+    deferred: list[Deferred] = []
+    _sweep(sub, cost, options, best_ms, first, merged, threshold="only",
            done=lambda: bool(found) and found[0][0] <= bound * (1 + 1e-12),
-           bar=lambda: found[0][0] if found else math.inf)
-    return found[0] if found else None
+           bar=lambda: found[0][0] if found else math.inf,
+           defer=deferred if options.packed_wide and options.packed_rerank else None)
+    narrow = found[:]
+    found.clear()
+    for floor, cp, shard_from, spans in sorted(deferred):
+        if floor >= min(best_ms, found[0][0] if found else math.inf):
+            break
+        part = packed_assignments(sub, cost, cp, head_parallel=True, shard_from=shard_from, first=first,
+                                  absorb=options.packed_absorb, wide=spans)
+        if part is not None and all(a.placement in options.placements for a in part):
+            merged(part, cp)
+    return narrow, found
 
 
 def _lowest(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, best_ms: float,
@@ -378,83 +439,4 @@ def _without(descending: Sequence[int], taken: Sequence[int]) -> list[int]:
     out = list(descending)
     for s in taken:
         out.remove(s)
-    return out
-
-
-LEAD_MAX = 8
-"""The most documents a leading group holds (:func:`lead_splits`): more are short against the batch, which the
-uniform packings place well (on github-64k batches at 128 GPUs leads of up to 800 documents were offered, whose
-floors and packings cost planning time and never won)."""
-
-
-def lead_splits(lengths: Sequence[int], cost: CostModel) -> list[tuple[int, list[int]]]:
-    """``(k, top)`` per leading group size ``k`` (module docstring): ``k`` a multiple of the GPUs per node up to
-    half the world; ``top`` the indices of the ``n`` longest sequences (ties: the lower index) whose share of
-    the work is closest to ``k / P`` (ties: the smaller ``n``), each at least ``2 k`` tokens (fewer when the
-    ``n``-th is shorter) and their zigzag chunks within every rank's capacity; offered only with ``2 <= n <=``
-    :data:`LEAD_MAX`. Example: 64 GPUs (8 per node), shares of the longest 0.351, 0.412, 0.458, 0.495, 0.527:
-    ``k = 32`` takes 4 (0.495 is closest to 0.5), ``k = 24`` 1 (0.351 is closest to 0.375), as do ``k = 16`` and
-    ``8`` (not offered)."""
-    cl = cost.cluster
-    world, gpn, cap = cl.world_size, cl.gpus_per_node, cl.tokens_per_gpu
-    order, cum = _by_work(lengths, cost)
-    share = [c / cum[-1] for c in cum]
-    out = []
-    for k in range(gpn, world // 2 + 1, gpn):
-        target = k / world
-        n = min(range(1, len(order)), key=lambda m: (abs(share[m - 1] - target), m), default=0)
-        while n and lengths[order[n - 1]] < 2 * k:
-            n -= 1
-        top = order[:n]
-        if 2 <= n <= LEAD_MAX and _peak([lengths[i] for i in top], k) <= cap:
-            out.append((k, top))
-    return out
-
-
-def _by_work(lengths: Sequence[int], cost: CostModel) -> tuple[list[int], list[float]]:
-    """The sequences longest first (ties: the lower index) and their cumulative work, each weighed as the packing
-    weighs a whole one (``local_ms(s) + lin * s``, ``lin`` the linear ms per token at the batch's per-rank
-    share): what :func:`lead_splits` and :func:`fill_splits` size their leads by."""
-    work = whole_work(lengths, cost, cost.cluster.world_size)
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    return order, list(accumulate(work[i] for i in order))
-
-
-def _peak(top: Sequence[int], k: int) -> int:
-    """The tokens of the busiest rank of a ring over ``k`` ranks holding sequences of lengths ``top`` (zigzag)."""
-    return max(map(sum, zip(*(zigzag_counts(s, k) for s in top))))
-
-
-def lead_floor(top: Sequence[int], k: int, cost: CostModel, options: PlannerOptions) -> float:
-    """A lower bound on :func:`~.packed.packed_floor` of any led packing whose leading ring over ranks
-    ``0 .. k-1`` holds the sequences ``top``: the ring's :func:`~.grouped.ring_floor` total under :data:`CHARGES`
-    plus the least linear ms per token times the tokens its busiest rank holds, for every layer (the leading
-    ranks hold nothing else)."""
-    per_token = cost.least_linear_ms_per_token()
-    total = ring_floor(cost, tuple(range(k)), list(top), options.head_parallel, CHARGES)[0]
-    return cost.model.layers * (total + per_token * _peak(top, k))
-
-
-def fill_splits(lengths: Sequence[int], cost: CostModel) -> list[tuple[int, list[int]]]:
-    """``(k, top)`` per filled leading group size ``k`` (module docstring): ``k = 2, 4, ...`` below the GPUs per
-    node, then whole nodes, ``gpn, 2 gpn, 4 gpn, ...`` up to half the world; ``top`` the indices of the ``n``
-    longest sequences (ties: the lower index), ``n`` the most whose share of the batch's work (``local_ms(s) + lin
-    * s`` each, as :func:`lead_splits` weighs them) is at most ``k / P`` (at least 1, at most :data:`LEAD_MAX`:
-    the group's whole documents fill the rest of its share), fewer while the ``n``-th is under ``2 k`` tokens,
-    none when their zigzag chunks overflow a rank. Example: 16 GPUs (8 per node), shares of the longest 0.070,
-    0.131, 0.188, 0.240, 0.290, ...: ``k = 2`` (0.125) takes 1, ``k = 4`` (0.25) 4, ``k = 8`` (0.5) those five
-    and the next ones while their share stays at most 0.5 (eight at most)."""
-    cl = cost.cluster
-    world, gpn, cap = cl.world_size, cl.gpus_per_node, cl.tokens_per_gpu
-    order, cum = _by_work(lengths, cost)
-    sizes = [k for k in (2 ** j for j in range(1, 8)) if k < min(gpn, world)]
-    sizes += [k for k in (gpn * 2 ** j for j in range(8)) if k <= world // 2]
-    out: list[tuple[int, list[int]]] = []
-    for k in sizes:
-        n = min(LEAD_MAX, max([m for m in range(1, len(order)) if cum[m - 1] <= k / world * cum[-1]] or [1]))
-        while n and lengths[order[n - 1]] < 2 * k:
-            n -= 1
-        top = order[:n]
-        if top and _peak([lengths[i] for i in top], k) <= cap:
-            out.append((k, top))
     return out

@@ -183,6 +183,8 @@ _DESCRIPTIONS: dict[str, str] = {
     "zeppelin-no-whole-moves": "Zeppelin without trading the kept packing's whole documents off its busiest ranks "
                                "or moving documents between its head-parallel rings "
                                "(PlannerOptions(packed_moves=False))",
+    "zeppelin-rerank": "Zeppelin ranking its packed candidates by their steps after whole-document trades "
+                       "(PlannerOptions(packed_rerank=True), opt-in)",
     "zeppelin-grouped": "Zeppelin also trying TE-CP-a2a+p2p-style whole-node CP groups as candidates "
                         "(PlannerOptions(grouped=True), opt-in)",
     "te-cp": "TE CP: fixed CP groups, every sequence zigzag-split over its group, packed by tokens",
@@ -218,6 +220,7 @@ _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
     "zeppelin-no-filled-lead": _zeppelin(packed_fill=False),
     "zeppelin-no-packed-absorb": _zeppelin(packed_absorb=False),
     "zeppelin-no-whole-moves": _zeppelin(packed_moves=False),
+    "zeppelin-rerank": _zeppelin(packed_rerank=True),
     "zeppelin-grouped": _zeppelin(grouped=True),
     "te-cp": _te_cp(routing=False),
     "te-cp-routing": _te_cp(routing=True),
