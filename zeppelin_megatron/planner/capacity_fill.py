@@ -26,7 +26,7 @@ ranks 0 and 1 (32 + 32); the second over ranks 2 and 3, the third over 4 and
 
 from __future__ import annotations
 
-from .partition_context import Assignment, PartitionContext
+from .partition_context import Assignment, PartitionContext, assignments_of
 from .plan_parts import PlanError
 from .zigzag import ring_max_tokens, zigzag_tokens
 
@@ -115,11 +115,10 @@ def _search(ctx: PartitionContext) -> list[Assignment] | None:
 
     if not place(0):
         return None
-    out: list[Assignment | None] = [None] * len(lengths)
+    groups: list[tuple[int, ...]] = [()] * len(lengths)
     for i, ring in zip(order, chosen):
-        nodes = {cl.node_of(r) for r in ring}
-        out[i] = Assignment("local" if len(ring) == 1 else "intra_node" if len(nodes) == 1 else "inter_node", ring)
-    return [a for a in out if a is not None]
+        groups[i] = ring
+    return assignments_of(groups, cl)
 
 
 def _ring_of(s: int, g: int, free: list[int], fullest: bool) -> tuple[int, ...] | None:
@@ -146,7 +145,7 @@ def _fill(ctx: PartitionContext, rule: str) -> list[Assignment]:
     world = cl.world_size
     limits = [-(-sum(lengths) // world), cap] if rule == "balanced" else [cap]
     free = [cap] * world
-    out: list[Assignment | None] = [None] * len(lengths)
+    groups: list[tuple[int, ...]] = [()] * len(lengths)  # each sequence's GPU, or its ring (two or more)
     everyone = tuple(range(world))
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
         s = lengths[i]
@@ -161,10 +160,10 @@ def _fill(ctx: PartitionContext, rule: str) -> list[Assignment]:
             if fit:
                 r = min(fit, key=lambda r: (free[r], r) if rule == "best_fit" else (-free[r], r))
                 free[r] -= s
-                out[i] = Assignment("local", (r,))
+                groups[i] = (r,)
                 break
             ring = _ring(s, free, spare, fullest=rule == "best_fit")
-        if out[i] is not None:
+        if groups[i]:
             continue
         if ring is None:
             raise PlanError(
@@ -174,9 +173,8 @@ def _fill(ctx: PartitionContext, rule: str) -> list[Assignment]:
             )
         for p, r in enumerate(ring):
             free[r] -= zigzag_tokens(s, len(ring), p)
-        nodes = {cl.node_of(r) for r in ring}
-        out[i] = Assignment("intra_node" if len(nodes) == 1 else "inter_node", ring)
-    return [a for a in out if a is not None]
+        groups[i] = ring
+    return assignments_of(groups, cl)
 
 
 def _fits(s: int, ring: tuple[int, ...], free: list[int], spare: int) -> bool:
