@@ -208,24 +208,8 @@ def planner_options_from_args(args: argparse.Namespace) -> PlannerOptions:
         routing=args.zeppelin_routing, remap=_remap_from_args(args), slack=args.zeppelin_slack,
         min_ratio=args.zeppelin_min_ratio,
         placements=tuple(p.strip() for p in args.zeppelin_placements.split(",") if p.strip()))
-    hp = getattr(args, "zeppelin_head_parallel", _word(_PLANNER.head_parallel))
-    if hp not in ("on", "off"):
-        raise ZeppelinArgsError(f"--zeppelin-head-parallel {hp}: expected on or off")
-    values["head_parallel"] = hp == "on"
-    ro = getattr(args, "zeppelin_remap_overlap", _word(_PLANNER.remap_overlap))
-    if ro not in ("on", "off"):
-        raise ZeppelinArgsError(f"--zeppelin-remap-overlap {ro}: expected on or off")
-    values["remap_overlap"] = ro == "on"
-    pk = getattr(args, "zeppelin_packed", _word(_PLANNER.packed))
-    if pk not in ("on", "off"):
-        raise ZeppelinArgsError(f"--zeppelin-packed {pk}: expected on or off")
-    values["packed"] = pk == "on"
-    values["packed_rerank"] = _on_off(args, "zeppelin_packed_rerank", "--zeppelin-packed-rerank",
-                                      _PLANNER.packed_rerank)
-    gr = getattr(args, "zeppelin_grouped", _word(_PLANNER.grouped))
-    if gr not in ("on", "off"):
-        raise ZeppelinArgsError(f"--zeppelin-grouped {gr}: expected on or off")
-    values["grouped"] = gr == "on"
+    for name in ("head_parallel", "remap_overlap", "packed", "packed_rerank", "grouped"):  # the on / off flags
+        values[name] = _on_off(args, f"zeppelin_{name}", _PLANNER_FLAGS[name], getattr(_PLANNER, name))
     for name, flag in _PLANNER_FLAGS.items():
         try:
             PlannerOptions(**{name: values[name]})
