@@ -1,12 +1,12 @@
 """Planning work in instructions, which no host's load changes: ``plan_speed.py``'s five batches planned once.
 
-Run: python benchmarks/plan_count.py [--cluster 16x8] [--tokens 1048576] [--repeat 5]
+Run: python benchmarks/plan_count.py [--cluster 16x8] [--tokens 1048576] [--repeat 5] [--rerank]
 Runs this file twice under valgrind's callgrind (``PYTHONHASHSEED=0``, so set and dict orders repeat): once building
 the batches and planning each (a fresh ``CostModel`` per plan, as ``plan_speed.py``), once building them only, and
 prints the difference, the instructions ``plan_step`` executed, in millions. Compare two commits with the same
 valgrind and Python build (wall time on one host scales with it only roughly: on 2026-11-28, 0.934x the instructions
 came with 0.92x the ``plan_speed.py`` median). Exits 2 without valgrind. With ``--inner plan|none`` it is the measured
-process itself.
+process itself. ``--rerank``: with the opt-in post-trade ranking (``PlannerOptions(packed_rerank=True)``).
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import sys
 import tempfile
 
 
-def _inner(mode: str, cluster_spec: str, tokens: int, repeat: int) -> None:
-    from zeppelin_megatron.planner import CostModel, load_cluster, load_model, plan_step
+def _inner(mode: str, cluster_spec: str, tokens: int, repeat: int, rerank: bool) -> None:
+    from zeppelin_megatron.planner import CostModel, PlannerOptions, load_cluster, load_model, plan_step
     from zeppelin_megatron.planner.workloads import long_tailed_batch
     cluster, model = load_cluster(cluster_spec), load_model(None)
     batches = [long_tailed_batch(tokens, seed) for seed in range(repeat)]
     if mode == "plan":
         for lengths in batches:
-            plan_step(lengths, CostModel(model=model, cluster=cluster))
+            plan_step(lengths, CostModel(model=model, cluster=cluster), PlannerOptions(packed_rerank=rerank))
 
 
 def _count(mode: str, args: argparse.Namespace) -> int:
@@ -38,7 +38,7 @@ def _count(mode: str, args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={os.path.join(tmp, 'out')}", sys.executable,
                os.path.abspath(__file__), "--inner", mode, "--cluster", args.cluster, "--tokens", str(args.tokens),
-               "--repeat", str(args.repeat)]
+               "--repeat", str(args.repeat)] + (["--rerank"] if args.rerank else [])
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     found = re.search(r"Collected : (\d+)", done.stderr)
     if done.returncode or not found:
@@ -52,15 +52,16 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1 << 20)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--inner", choices=("plan", "none"))
+    ap.add_argument("--rerank", action="store_true", help="PlannerOptions(packed_rerank=True) (opt-in)")
     args = ap.parse_args()
     if args.inner:
-        _inner(args.inner, args.cluster, args.tokens, args.repeat)
+        _inner(args.inner, args.cluster, args.tokens, args.repeat, args.rerank)
         return
     if shutil.which("valgrind") is None:
         print("plan_count.py needs valgrind (callgrind) on PATH", file=sys.stderr)
         raise SystemExit(2)
     plan, none = _count("plan", args), _count("none", args)
-    print(f"plan_step: {args.tokens} tokens (long-tailed), {args.repeat} batches, {args.cluster}: "
+    print(f"plan_step{' (packed_rerank)' if args.rerank else ''}: {args.tokens} tokens (long-tailed), {args.repeat} batches, {args.cluster}: "
           f"{(plan - none) / 1e6:.1f} M instructions ({plan / 1e6:.1f} M with the batches built, {none / 1e6:.1f} M "
           f"without planning)")
 
