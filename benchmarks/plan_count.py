@@ -61,7 +61,8 @@ def main() -> None:
         print("plan_count.py needs valgrind (callgrind) on PATH", file=sys.stderr)
         raise SystemExit(2)
     plan, none = _count("plan", args), _count("none", args)
-    print(f"plan_step{' (packed_rerank)' if args.rerank else ''}: {args.tokens} tokens (long-tailed), {args.repeat} batches, {args.cluster}: "
+    what = " (packed_rerank)" if args.rerank else ""
+    print(f"plan_step{what}: {args.tokens} tokens (long-tailed), {args.repeat} batches, {args.cluster}: "
           f"{(plan - none) / 1e6:.1f} M instructions ({plan / 1e6:.1f} M with the batches built, {none / 1e6:.1f} M "
           f"without planning)")
 

@@ -31,12 +31,14 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from zeppelin_megatron.sim.strategies import PEER_NAMES
+
 MODELS = (("3B", "configs/models/llama_3b.yaml", 1), ("7B", "configs/models/llama_7b.yaml", 1),
           ("13B", "configs/models/llama_13b.yaml", 2))
 NODES = (2, 4, 8, 16)
 DISTS = ("github-64k", "arxiv-64k", "prolong-64k")
 DISTS_128K = ("arxiv-128k", "prolong-128k")  # GitHub samples never reach 64k: github-128k = github-64k
-PEERS = ("te-cp", "allgather-cp", "hybrid-dp", "wlb-llm", "flexsp", "megatron-hcp", "te-cp-a2a-p2p", "distca")
+PEERS = PEER_NAMES
 """The baselines a best peer is chosen from (``te-cp-routing`` is an ablation: TE CP with Zeppelin's routing)."""
 MAIN = ("zeppelin", "zeppelin-grouped") + PEERS + ("lower-bound",)
 """``zeppelin-grouped``: Zeppelin with the opt-in CP-group candidates (``PlannerOptions(grouped=True)``,

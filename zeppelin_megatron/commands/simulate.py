@@ -27,7 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens-per-gpu", type=int, default=None,
                    help="override the cluster's per-GPU token capacity (a Zeppelin rank of TP GPUs holds TP x this)")
     p.add_argument("--strategies", default="zeppelin,te-cp,lower-bound",
-                   help="comma-separated strategies, or 'all' (default: zeppelin,te-cp,lower-bound)")
+                   help="comma-separated strategies; 'peers' for zeppelin, every peer and the lower bound (what "
+                        "Zeppelin is judged against), 'all' for every strategy and ablation (default: "
+                        "zeppelin,te-cp,lower-bound)")
     p.add_argument("--no-head-parallel", action="store_true",
                    help="plan Zeppelin without head-parallel rings: runs the zeppelin strategy as "
                         "zeppelin-no-head-parallel (every ring plain)")
@@ -170,7 +172,7 @@ def no_head_parallel(names: list[str], variant: str = "zeppelin-no-head-parallel
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..sim.runner import Progress, parse_strategies, run_strategies
+    from ..sim.runner import Progress, parse_strategies, run_strategies, verdict
     from .checks import (check_cluster_spec, check_input_file, check_matplotlib, check_output_file,
                          profile_range_warning)
     check_input_file(args.lengths, "--lengths", text=False)  # content: lengths_io
@@ -207,12 +209,16 @@ def run(args: argparse.Namespace) -> int:
     print(title)
     print("simulated (cost model calibrated on H100 kernel timings; network bandwidths nominal)")
     print(format_table(results))
+    judged = verdict(results)
+    if judged is not None:
+        print(judged.line())
     if args.json:
         doc = {"schema": "zeppelin-simulate/1", "title": title, "cluster": cluster.summary(),
                "model": cost.model.name, "tensor_parallel": args.tensor_parallel, "source": what,
                "steps": len(batches), "tokens_per_step": args.tokens_per_step, "engine": args.engine,
                "batches": [{"documents": len(b), "longest": max(b)} for b in batches],
-               "results": {n: r.to_dict() for n, r in results.items()}}
+               "results": {n: r.to_dict() for n, r in results.items()},
+               "verdict": None if judged is None else judged.to_dict()}
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.json}")
     if args.plot:

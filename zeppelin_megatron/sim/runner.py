@@ -17,9 +17,9 @@ from ..planner.cost_model import CostModel
 from .bounds import lower_bound_ms
 from .charges import charges_for
 from .simulator import simulate
-from .strategies import BOUND_NAMES, STRATEGY_NAMES, plan_with
+from .strategies import BOUND_NAMES, PEER_NAMES, STRATEGY_NAMES, plan_with
 
-__all__ = ["StrategySummary", "run_strategies", "Progress", "parse_strategies"]
+__all__ = ["StrategySummary", "run_strategies", "Progress", "parse_strategies", "Verdict", "verdict"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,15 +75,72 @@ class Progress:
 
 
 def parse_strategies(text: str) -> list[str]:
-    """Comma-separated names; ``all`` = every strategy plus ``lower-bound``. Unknown names: ValueError."""
+    """Comma-separated names, in order, each once; ``all`` stands for every strategy plus ``lower-bound``, ``peers``
+    for ``zeppelin``, every peer (:data:`~.strategies.PEER_NAMES`) and ``lower-bound``. Unknown names: ValueError.
+
+    Example: ``"peers,zeppelin-rerank"`` -> ``["zeppelin", "te-cp", ..., "distca", "lower-bound", "zeppelin-rerank"]``.
+    """
+    groups = {"all": list(STRATEGY_NAMES) + list(BOUND_NAMES), "peers": ["zeppelin", *PEER_NAMES, *BOUND_NAMES]}
     names = [n.strip() for n in text.split(",") if n.strip()]
-    if names == ["all"]:
-        return list(STRATEGY_NAMES) + list(BOUND_NAMES)
-    known = set(STRATEGY_NAMES) | set(BOUND_NAMES)
+    known = set(STRATEGY_NAMES) | set(BOUND_NAMES) | set(groups)
     bad = [n for n in names if n not in known]
     if bad or not names:
-        raise ValueError(f"unknown strategies {bad or text!r}; known: {', '.join(STRATEGY_NAMES + BOUND_NAMES)}")
-    return names
+        raise ValueError(f"unknown strategies {bad or text!r}; known: {', '.join(STRATEGY_NAMES + BOUND_NAMES)}, "
+                         f"or all, peers")
+    return list(dict.fromkeys(x for n in names for x in groups.get(n, [n])))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """A Zeppelin strategy against the fastest peer simulated beside it (:func:`verdict`); times in ms per step."""
+
+    strategy: str
+    step_ms: float
+    best_peer: str
+    best_peer_ms: float
+    worst_step_ratio: float
+    """The highest per-step ``strategy / best_peer`` ratio (the steps are the same batches)."""
+    peers: tuple[str, ...]
+    """The peers simulated (of :data:`~.strategies.PEER_NAMES`), in that order."""
+
+    @property
+    def ratio(self) -> float:
+        """Mean step over the best peer's mean step (< 1: faster)."""
+        return self.step_ms / self.best_peer_ms
+
+    def line(self) -> str:
+        """One line saying it, e.g. ``zeppelin / best peer: 0.874 (2080 ms a step against flexsp's 2380: 1.14x
+        faster; worst step 0.910), best of all 8 peers``."""
+        r = self.ratio
+        how = "as fast" if f"{r:.3f}" == "1.000" else f"{1 / r:.2f}x faster" if r < 1 else f"{r:.2f}x slower"
+        n, total = len(self.peers), len(PEER_NAMES)
+        which = (f"all {total} peers" if n == total
+                 else f"{n} of the {total} peers (--strategies peers runs all {total})")
+        return (f"{self.strategy} / best peer: {self.ratio:.3f} ({self.step_ms:.0f} ms a step against "
+                f"{self.best_peer}'s {self.best_peer_ms:.0f}: {how}; worst step {self.worst_step_ratio:.3f}), best of "
+                f"{which}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "step_ms": self.step_ms, "best_peer": self.best_peer,
+                "best_peer_ms": self.best_peer_ms, "ratio": self.ratio, "worst_step_ratio": self.worst_step_ratio,
+                "peers": list(self.peers)}
+
+
+def verdict(results: dict[str, StrategySummary]) -> Verdict | None:
+    """The first Zeppelin strategy of ``results`` (``zeppelin`` or a ``zeppelin-*`` variant, in ``results``' order)
+    against the peer with the lowest mean step among those in ``results`` (ties: the first of
+    :data:`~.strategies.PEER_NAMES`); ``None`` without a Zeppelin strategy or a peer.
+
+    Example: ``zeppelin`` at steps (100, 120) ms, ``flexsp`` at (110, 110), ``te-cp`` at (150, 150): best peer
+    ``flexsp``, ratio 220 / 220 = 1.0, worst step 120 / 110 = 1.091."""
+    ours = next((n for n in results if n == "zeppelin" or n.startswith("zeppelin-")), None)
+    peers = tuple(n for n in PEER_NAMES if n in results)
+    if ours is None or not peers:
+        return None
+    best = min(peers, key=lambda n: results[n].mean_step_ms)
+    z, p = results[ours], results[best]
+    return Verdict(strategy=ours, step_ms=z.mean_step_ms, best_peer=best, best_peer_ms=p.mean_step_ms,
+                   worst_step_ratio=max(a / b for a, b in zip(z.step_ms, p.step_ms)), peers=peers)
 
 
 def run_strategies(

@@ -38,7 +38,7 @@ from ..planner.cost_model import CostModel
 from ..planner.plan import StepPlan
 from .peer_plan import PEER_COMMS
 
-__all__ = ["StrategyPlan", "STRATEGY_NAMES", "BOUND_NAMES", "ATTENTION_COMMS", "plan_with", "describe"]
+__all__ = ["StrategyPlan", "STRATEGY_NAMES", "PEER_NAMES", "BOUND_NAMES", "ATTENTION_COMMS", "plan_with", "describe"]
 
 AttentionComm = Literal["ring", "allgather", "ulysses", "hcp", "a2a_p2p", "distca"]
 ATTENTION_COMMS: tuple[str, ...] = ("ring", "allgather", "ulysses")
@@ -234,6 +234,11 @@ _MAKERS: dict[str, Callable[..., StrategyPlan]] = {
 }
 
 STRATEGY_NAMES: tuple[str, ...] = tuple(_MAKERS)
+PEER_NAMES: tuple[str, ...] = ("te-cp", "allgather-cp", "hybrid-dp", "wlb-llm", "flexsp", "megatron-hcp",
+                               "te-cp-a2a-p2p", "distca")
+"""The peers: what a Megatron user would run instead of Zeppelin, each as its code runs (docs/peers.md), and what a
+*best peer* is chosen from (``zeppelin simulate``'s verdict line, docs/BENCHMARKS.md's tables). Not the Zeppelin
+ablations, nor ``te-cp-routing`` (TE CP with Zeppelin's routing: an ablation of routing, not a peer)."""
 BOUND_NAMES: tuple[str, ...] = ("lower-bound",)
 
 
