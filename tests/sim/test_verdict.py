@@ -73,3 +73,20 @@ def test_simulate_prints_and_writes_the_verdict(tmp_path: Path, capsys: pytest.C
     assert got["worst_step_ratio"] == pytest.approx(max(a / b for a, b in zip(steps["zeppelin"], steps[best])))
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("zeppelin / best peer: "))
     assert f"against {best}'s" in line and "best of 2 of the 8 peers" in line
+
+
+def test_jobs_give_the_same_results_in_the_same_order() -> None:
+    from zeppelin_megatron.commands.simulate import setup
+    from zeppelin_megatron.sim.lengths import sample_steps
+    from zeppelin_megatron.sim.runner import run_strategies
+
+    cluster, cost = setup("1x4", None, None, 1)
+    batches = sample_steps("arxiv-64k", 2, 65536, 0)
+    names = ["te-cp", "zeppelin", "flexsp", "lower-bound"]
+    seen: list[str] = []
+    one = run_strategies(batches, cluster, cost, names)
+    two = run_strategies(batches, cluster, cost, names, jobs=3, on_step=seen.append)
+    assert list(two) == names and sorted(seen) == sorted(names * len(batches))
+    assert all(two[n].step_ms == one[n].step_ms and two[n].notes == one[n].notes for n in names)
+    with pytest.raises(ValueError, match="jobs is 0, expected at least 1"):
+        run_strategies(batches, cluster, cost, names, jobs=0)

@@ -44,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="runtime: the order zeppelin_megatron.runtime runs (rings in plan order, local work inside "
                         "step 0 of a rank's filling ring, else after the rings; default); "
                         "fill: local sequences fill any ring wait (the paper's three-queue engine)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="simulate the strategies in this many processes (default 1; the same results)")
     p.add_argument("--json", default=None, help="write results JSON here")
     p.add_argument("--plot", default=None, help="write a PNG bar chart here")
     p.add_argument("--timeline", default=None,
@@ -183,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(getattr(args, flag), f"--{flag}")
     if args.plot or args.timeline:
         check_matplotlib("--plot" if args.plot else "--timeline")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs is {args.jobs}: expected at least 1 (processes simulating the strategies)")
     if args.no_head_parallel and args.no_remap_overlap:
         raise ValueError("--no-head-parallel and --no-remap-overlap each replace the zeppelin strategy: give one "
                          "(or list zeppelin-no-head-parallel,zeppelin-no-remap-overlap in --strategies)")
@@ -202,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
             options[n] = {"cp_size": args.cp_size}
     bar = Progress(len(names) * len(batches), label="simulate")
     results = run_strategies(batches, cluster, cost, names, options=options, engine=args.engine,
-                             on_step=bar.step)
+                             on_step=bar.step, jobs=args.jobs)
     title = (f"{cost.model.name or 'model'} on {cluster.nodes}x{cluster.gpus_per_node} ranks"
              f"{f' (TP {args.tensor_parallel})' if args.tensor_parallel > 1 else ''}, {what}, "
              f"{len(batches)} steps x {args.tokens_per_step} tokens, {args.engine} engine")

@@ -152,11 +152,19 @@ def run_strategies(
     options: dict[str, dict[str, Any]] | None = None,
     engine: str = "runtime",
     on_step: Callable[[str], None] | None = None,
+    jobs: int = 1,
 ) -> dict[str, StrategySummary]:
     """Simulate every strategy on every batch. ``options[name]`` go to ``plan_with``;
-    ``engine`` to :func:`~.simulator.simulate` (``runtime`` or ``fill``)."""
-    out: dict[str, StrategySummary] = {}
+    ``engine`` to :func:`~.simulator.simulate` (``runtime`` or ``fill``). ``on_step(name)`` after each batch of a
+    strategy. ``jobs > 1``: the strategies in that many processes (each with a copy of ``cost``; the same results,
+    in ``names``' order; ``on_step`` then runs once per batch when a strategy's last batch is done). Raises
+    ``ValueError`` for ``jobs < 1``."""
+    if jobs < 1:
+        raise ValueError(f"jobs is {jobs}, expected at least 1")
     options = options or {}
+    if jobs > 1 and len(names) > 1:
+        return _in_processes(batches, cluster, cost, names, options, engine, on_step, jobs)
+    out: dict[str, StrategySummary] = {}
     for name in names:
         steps, exposed, comp, nic, notes = [], [], [], [], []
         plan_s = sim_s = 0.0
@@ -183,3 +191,28 @@ def run_strategies(
                                     max_compute_ms=tuple(comp), nic_util_mean=tuple(nic), notes=tuple(notes),
                                     plan_s=plan_s, sim_s=sim_s)
     return out
+
+
+def _in_processes(batches: Sequence[Sequence[int]], cluster: Cluster, cost: CostModel, names: Sequence[str],
+                  options: dict[str, dict[str, Any]], engine: str, on_step: Callable[[str], None] | None,
+                  jobs: int) -> dict[str, StrategySummary]:
+    """:func:`run_strategies` of each strategy alone, in up to ``jobs`` processes (``spawn``: no forked state)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    context = multiprocessing.get_context("spawn")
+    done: dict[str, StrategySummary] = {}
+    with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=context) as pool:
+        futures = {pool.submit(run_strategies, batches, cluster, cost, [name], options=options, engine=engine): name
+                   for name in names}
+        try:
+            for future in as_completed(futures):
+                name = futures[future]
+                done[name] = future.result()[name]
+                if on_step is not None:
+                    for _ in batches:
+                        on_step(name)
+        except BaseException:
+            for future in futures:  # a strategy failed (or the user interrupted): the ones not started do not run
+                future.cancel()
+            raise
+    return {name: done[name] for name in names}
