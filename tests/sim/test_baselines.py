@@ -91,6 +91,30 @@ def test_wlb_llm_shards_within_fixed_groups(setup) -> None:
     assert min(s.length for s in split) > max(s.length for s in plan.sequences if s.placement == "local") // 64
 
 
+def test_wlb_llm_tries_both_sharding_rules_and_keeps_the_faster() -> None:
+    """Across nodes (cp = 16 on 2 x 8 GPUs) a 60 000-token document's ring does not hide its transfer, so the ``pays``
+    rule keeps it whole on one GPU; ``faster`` shards it (its ring still beats one GPU): WLB-LLM's adaptive sharding
+    takes the rule that simulates faster, so it is never slower than either."""
+    from zeppelin_megatron.sim.baselines import SHARD_RULES, ring_beats_local, wlb_llm_groups, wlb_llm_plan
+    from zeppelin_megatron.sim.planbuild import build_plan
+    from zeppelin_megatron.sim.simulator import simulate
+
+    cluster = load_cluster("2x8", tokens_per_gpu=65536)
+    cost = CostModel(model=load_model(None), cluster=cluster)
+    lengths = [60000] + [4000] * 60
+    assert ring_beats_local(cost, 60000, 16) and not ring_beats_local(cost, 60000, 1)
+    assert not ring_beats_local(cost, 20, 16)  # under two chunks per rank
+    pays, faster = (wlb_llm_groups(lengths, cluster, cost, 16, rule) for rule in SHARD_RULES)
+    assert len(pays[0]) == 1 and faster[0] == tuple(range(16))
+    steps = {rule: simulate(build_plan(lengths, g, cluster, cost), cost, keep_events=False, charges="te").step_ms
+             for rule, g in (("pays", pays), ("faster", faster))}
+    plan, cp, rule = wlb_llm_plan(lengths, cluster, cost, cp_size=16)
+    assert cp == 16 and rule == min(steps, key=steps.__getitem__)
+    assert simulate(plan, cost, keep_events=False, charges="te").step_ms == pytest.approx(min(steps.values()))
+    with pytest.raises(ValueError, match="sharding rule is 'always'"):
+        wlb_llm_groups(lengths, cluster, cost, 16, "always")
+
+
 def test_flexsp_milp_is_optimal_and_tight() -> None:
     cluster = load_cluster("1x8", tokens_per_gpu=65536)
     cost = CostModel(model=load_model(None), cluster=cluster)

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .cost_heads import head_ring_time, head_widths
 from .cost_model import CostModel
@@ -167,7 +167,8 @@ def split_pays(cost: CostModel, s: int, g: int) -> bool:
 
 def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_parallel: bool = False,
                   shard_from: int | None = None, first: int = 0, lead: Sequence[int] = (),
-                  absorb: bool = False, wide: Sequence[tuple[int, int]] = ()) -> list[tuple[int, ...]]:
+                  absorb: bool = False, wide: Sequence[tuple[int, int]] = (),
+                  splits: Callable[[CostModel, int, int], bool] | None = None) -> list[tuple[int, ...]]:
     """Ranks of each sequence under the packing with CP size ``cp`` (module docstring): ``(r,)`` for a
     whole one, the group's ``cp`` ranks in order for a sharded one.
 
@@ -177,7 +178,8 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
     least that many tokens are sharded, and those over one GPU, no others (:func:`head_parallel_threshold`:
     from there a head-parallel ring beats one GPU, and a plain ring that pays, :func:`split_pays`, pays
     head-parallel too, so no sequence below it would be sharded anyway); ``None`` (default): those where
-    :func:`split_pays` or over one GPU. ``first``: pack over ranks ``first .. P-1`` only (``(P - first) / cp``
+    ``splits(cost, s, cp)`` (default :func:`split_pays`; the ``wlb-llm`` baseline also tries its own rule) or over
+    one GPU. ``first``: pack over ranks ``first .. P-1`` only (``(P - first) / cp``
     groups from rank ``first``; the ranks before hold a leading group, :mod:`.packed_search`), default all.
     ``lead``: indices of sequences sharded together over ranks ``0 .. first-1`` (a *filled* leading group,
     ``first >= 2``): that group then takes part in the packing as one more group, weighed per rank (its work
@@ -214,7 +216,8 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
                         f"sequence it holds (zigzag), got sequences of {[lengths[i] for i in sorted(led)]}")
     spans = _spans(lengths, cp, first, world, led, wide)
     if shard_from is None:
-        shard = [split_pays(cost, s, cp) or s > cap for s in lengths]
+        rule = splits or split_pays
+        shard = [rule(cost, s, cp) or s > cap for s in lengths]
     else:  # a plain ring that pays (split_pays) pays head-parallel too: no such sequence is below shard_from
         shard = [s >= shard_from or s > cap for s in lengths]
     for i in led | spans.keys():

@@ -23,9 +23,14 @@ of ``cp`` consecutive ranks (``cp_size``, default: the candidate the simulator
 finds fastest for this batch). Documents, heaviest first, are packed into the
 group with the least estimated work (attention + linear) that has token room.
 Inside a group a document is sharded over all ``cp`` ranks (zigzag, per
-document) when that pays (its ring hides its transfer and beats keeping it
-whole: the planner's own test); otherwise it is kept whole on the group rank
-with the least work (WLB-LLM's adaptive choice of sharding granularity).
+document) by one of two rules, else kept whole on the group rank with the least
+work: where that pays (its ring hides its transfer and beats keeping it whole:
+the planner's own test), or where its ring beats one GPU at all; the rule, like
+the CP size, is the one the simulator finds fastest for the batch
+(:data:`SHARD_RULES`; WLB-LLM's adaptive choice of sharding granularity). Until
+2026-11-29 only the first rule was tried, which left long documents whole in
+cross-node groups (cp > 8) and so the baseline 3-49% slower on ten of
+docs/BENCHMARKS.md's configurations at 64-128 GPUs.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from ..planner.plan import PlanError, StepPlan
 from .planbuild import build_plan
 from .te_cp import cp_candidates
 
-__all__ = ["hybrid_dp_groups", "hybrid_dp_plan", "wlb_llm_groups", "wlb_llm_plan"]
+__all__ = ["hybrid_dp_groups", "hybrid_dp_plan", "wlb_llm_groups", "wlb_llm_plan", "ring_beats_local", "SHARD_RULES"]
 
 
 def _ring_ms(cost: CostModel, s: int, g: int, cluster: Cluster) -> float:
@@ -97,38 +102,69 @@ def hybrid_dp_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel,
     return build_plan(lengths, hybrid_dp_groups(lengths, cluster, cost, max_seqlen_per_rank), cluster, cost)
 
 
-def wlb_llm_groups(lengths: Sequence[int], cluster: Cluster, cost: CostModel, cp: int) -> list[tuple[int, ...]]:
-    """Ranks of each document under WLB-LLM with CP size ``cp`` (see module docstring): the planner's
-    :func:`~zeppelin_megatron.planner.packed.packed_groups` (Zeppelin tries the same packing as a candidate);
-    its :class:`PlanError` prefixed ``wlb-llm:``."""
+SHARD_RULES: tuple[str, ...] = ("pays", "faster")
+"""WLB-LLM's sharding rules tried per CP size (its adaptive choice of sharding granularity): ``pays``, a document is
+sharded over its group where its ring hides its transfer and beats one GPU (the planner's
+:func:`~zeppelin_megatron.planner.packed.split_pays`); ``faster``, where its ring beats one GPU with the transfer
+exposed or not (:func:`ring_beats_local`). Across nodes the second shards long documents that the first keeps whole
+(Llama-7B prolong-128k, 128 GPUs, cp = 16: simulated 4044 ms a step against 5939 on the tables' batches); inside a
+node the first can win (Llama-13B arxiv-128k, 32 GPUs: 7952 against 8949)."""
+
+
+def ring_beats_local(cost: CostModel, s: int, g: int) -> bool:
+    """A ``g``-way ring of ``s`` tokens beats one GPU (``ring_ms < local_ms``, its transfer hidden or not); ``False``
+    for ``g < 2`` or ``s < 2 g`` (zigzag needs two chunks per rank). Example: one 65 536-token document over 16 GPUs
+    of two nodes (4096 tokens each) beats one GPU whatever the wire."""
+    if g < 2 or s < 2 * g:
+        return False
+    return cost.ring_ms(s, g, inter_node=g > cost.cluster.gpus_per_node) < cost.local_ms(s)
+
+
+def wlb_llm_groups(lengths: Sequence[int], cluster: Cluster, cost: CostModel, cp: int,
+                   rule: str = "pays") -> list[tuple[int, ...]]:
+    """Ranks of each document under WLB-LLM with CP size ``cp`` and sharding ``rule`` (:data:`SHARD_RULES`; see
+    module docstring): the planner's :func:`~zeppelin_megatron.planner.packed.packed_groups` (Zeppelin tries the
+    ``pays`` packing as a candidate); its :class:`PlanError` prefixed ``wlb-llm:``. Raises ``ValueError`` for an
+    unknown ``rule``."""
     if cost.cluster != cluster:
         raise ValueError("cost was built for another cluster; build it with this cluster")
+    if rule not in SHARD_RULES:
+        raise ValueError(f"wlb-llm sharding rule is {rule!r}, expected one of {list(SHARD_RULES)}")
     try:
-        return packed_groups(lengths, cost, cp)
+        return packed_groups(lengths, cost, cp, splits=None if rule == "pays" else ring_beats_local)
     except PlanError as exc:
         raise PlanError(f"wlb-llm: {exc}") from None
 
 
 def wlb_llm_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *, cp_size: int | None = None,
-                 score: Callable[[StepPlan], float] | None = None) -> tuple[StepPlan, int]:
-    """WLB-LLM plan and its CP size (``cp_size=None``: lowest ``score``, default the simulated step)."""
+                 score: Callable[[StepPlan], float] | None = None) -> tuple[StepPlan, int, str]:
+    """WLB-LLM plan, its CP size and sharding rule: the lowest ``score`` (default the simulated step) over the CP
+    sizes (``cp_size``: that one only) and :data:`SHARD_RULES` (ties: the smaller CP size, then ``pays``)."""
     if score is None:
         from .simulator import simulate
 
         def score(plan: StepPlan) -> float:
             return simulate(plan, cost, keep_events=False, charges="te").step_ms  # WLB-LLM runs TE CP's ring
     candidates = [cp_size] if cp_size is not None else cp_candidates(lengths, cluster)
-    best: tuple[float, int, StepPlan] | None = None
+    best: tuple[float, int, str, StepPlan] | None = None
+    seen: set[tuple[tuple[int, ...], ...]] = set()
+    failed: PlanError | None = None
     for cp in candidates:
-        try:
-            plan = build_plan(lengths, wlb_llm_groups(lengths, cluster, cost, cp), cluster, cost)
-        except PlanError:
-            if cp_size is not None:
-                raise
-            continue
-        value = score(plan)
-        if best is None or value < best[0] - 1e-9:
-            best = (value, cp, plan)
+        for rule in SHARD_RULES:
+            try:
+                groups = wlb_llm_groups(lengths, cluster, cost, cp, rule)
+            except PlanError as exc:
+                failed = failed or exc
+                continue
+            if tuple(groups) in seen:
+                continue  # both rules shard the same documents: the same plan
+            seen.add(tuple(groups))
+            plan = build_plan(lengths, groups, cluster, cost)
+            value = score(plan)
+            if best is None or value < best[0] - 1e-9:
+                best = (value, cp, rule, plan)
     if best is None:
+        if cp_size is not None and failed is not None:
+            raise failed  # the packing's own message: which sequence, its tokens and the limit
         raise PlanError(f"wlb-llm: no CP size in {candidates} can place the batch")
-    return best[2], best[1]
+    return best[3], best[1], best[2]

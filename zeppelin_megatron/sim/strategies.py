@@ -103,9 +103,9 @@ def _hybrid_dp(name: str, lengths: list[int], cluster: Cluster, cost: CostModel,
 def _wlb_llm(name: str, lengths: list[int], cluster: Cluster, cost: CostModel,
              cp_size: int | None = None) -> StrategyPlan:
     from .baselines import wlb_llm_plan
-    plan, cp = wlb_llm_plan(lengths, cluster, cost, cp_size=cp_size)
+    plan, cp, rule = wlb_llm_plan(lengths, cluster, cost, cp_size=cp_size)
     how = "fixed" if cp_size is not None else "best simulated power of two for this batch"
-    return StrategyPlan(name=name, plan=plan, attention_comm="ring", note=f"cp={cp} ({how})")
+    return StrategyPlan(name=name, plan=plan, attention_comm="ring", note=f"cp={cp} ({how}), sharding rule {rule}")
 
 
 def _flexsp(name: str, lengths: list[int], cluster: Cluster, cost: CostModel,
