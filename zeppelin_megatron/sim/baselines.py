@@ -156,9 +156,10 @@ def wlb_llm_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *, c
             except PlanError as exc:
                 failed = failed or exc
                 continue
-            if tuple(groups) in seen:
+            key = tuple(groups)
+            if key in seen:
                 continue  # both rules shard the same documents: the same plan
-            seen.add(tuple(groups))
+            seen.add(key)
             plan = build_plan(lengths, groups, cluster, cost)
             value = score(plan)
             if best is None or value < best[0] - 1e-9:

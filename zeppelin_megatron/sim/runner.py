@@ -116,7 +116,7 @@ class Verdict:
         n, total = len(self.peers), len(PEER_NAMES)
         which = (f"all {total} peers" if n == total
                  else f"{n} of the {total} peers (--strategies peers runs all {total})")
-        return (f"{self.strategy} / best peer: {self.ratio:.3f} ({self.step_ms:.0f} ms a step against "
+        return (f"{self.strategy} / best peer: {r:.3f} ({self.step_ms:.0f} ms a step against "
                 f"{self.best_peer}'s {self.best_peer_ms:.0f}: {how}; worst step {self.worst_step_ratio:.3f}), best of "
                 f"{which}")
 
