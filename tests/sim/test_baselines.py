@@ -104,7 +104,8 @@ def test_wlb_llm_tries_both_sharding_rules_and_keeps_the_faster() -> None:
     lengths = [60000] + [4000] * 60
     assert ring_beats_local(cost, 60000, 16) and not ring_beats_local(cost, 60000, 1)
     assert not ring_beats_local(cost, 20, 16)  # under two chunks per rank
-    pays, faster = (wlb_llm_groups(lengths, cluster, cost, 16, rule) for rule in SHARD_RULES)
+    assert SHARD_RULES == ("pays", "faster", "all")
+    pays, faster = (wlb_llm_groups(lengths, cluster, cost, 16, rule) for rule in ("pays", "faster"))
     assert len(pays[0]) == 1 and faster[0] == tuple(range(16))
     steps = {rule: simulate(build_plan(lengths, g, cluster, cost), cost, keep_events=False, charges="te").step_ms
              for rule, g in (("pays", pays), ("faster", faster))}
@@ -113,6 +114,44 @@ def test_wlb_llm_tries_both_sharding_rules_and_keeps_the_faster() -> None:
     assert simulate(plan, cost, keep_events=False, charges="te").step_ms == pytest.approx(min(steps.values()))
     with pytest.raises(ValueError, match="sharding rule is 'always'"):
         wlb_llm_groups(lengths, cluster, cost, 16, "always")
+
+
+def test_wlb_llm_per_document_sharding() -> None:
+    """Rule ``all`` (WLB-LLM's per-document sharding): every document of ``2 cp`` tokens or more sharded over its
+    group, groups packed by work kept whole (attention + linear). Nine 3000-token documents on 8 GPUs: no ring of
+    3000 tokens beats one GPU here, so ``pays`` and ``faster`` keep all nine whole (one GPU holds two: a step of two
+    documents' work); ``all`` at cp = 2 shards them over four pairs (three of two documents, one of three), which
+    the simulator finds faster, so WLB-LLM's plan takes it."""
+    from zeppelin_megatron.sim.baselines import per_document_groups, wlb_llm_groups, wlb_llm_plan
+    from zeppelin_megatron.sim.planbuild import build_plan
+    from zeppelin_megatron.sim.simulator import simulate
+
+    cluster = load_cluster("1x8", tokens_per_gpu=65536)
+    cost = CostModel(model=load_model(None), cluster=cluster)
+    lengths = [3000] * 9
+    groups = per_document_groups(lengths, cost, 2)
+    assert all(g in ((0, 1), (2, 3), (4, 5), (6, 7)) for g in groups)
+    assert sorted(sum(1 for g in groups if g == pair) for pair in set(groups)) == [2, 2, 2, 3]
+    assert all(len(g) == 1 for g in wlb_llm_groups(lengths, cluster, cost, 2, "pays"))
+    step = {rule: simulate(build_plan(lengths, wlb_llm_groups(lengths, cluster, cost, 2, rule), cluster, cost), cost,
+                           keep_events=False, charges="te").step_ms for rule in ("pays", "all")}
+    assert step["all"] < 0.9 * step["pays"]
+    plan, cp, rule = wlb_llm_plan(lengths, cluster, cost)
+    assert (cp, rule) == (2, "all")
+    assert simulate(plan, cost, keep_events=False, charges="te").step_ms == pytest.approx(step["all"])
+    # the docstring's example: heaviest first into the group with the least work; a short one whole, after
+    cost7 = CostModel(model=load_model("configs/models/llama_7b.yaml"), cluster=cluster)
+    assert per_document_groups([20000, 12000, 12000, 3], cost7, 4) == [(0, 1, 2, 3), (4, 5, 6, 7), (4, 5, 6, 7),
+                                                                       (4,)]
+    with pytest.raises(PlanError, match=r"sequence 0 \(70000 tokens\) does not fit one GPU \(65536 tokens\)"):
+        per_document_groups([70000], cost, 1)
+    with pytest.raises(PlanError, match="cp_size = 3 must be a positive divisor of the world size 8"):
+        per_document_groups(lengths, cost, 3)
+    small = CostModel(model=load_model(None), cluster=load_cluster("1x2", tokens_per_gpu=10))
+    with pytest.raises(PlanError, match=r"sequence 6 \(3 tokens\) fits in no group of 20 tokens \(cp = 2\)"):
+        per_document_groups([3] * 7, small, 2)  # 21 tokens > 2 x 10
+    with pytest.raises(PlanError, match=r"sequence 6 \(2 tokens\) fits on no GPU of its group"):
+        per_document_groups([3] * 6 + [2], small, 2)  # 20 tokens fit the pair, but each GPU holds 9 of 10
 
 
 def test_flexsp_milp_is_optimal_and_tight() -> None:

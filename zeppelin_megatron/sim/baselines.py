@@ -23,14 +23,21 @@ of ``cp`` consecutive ranks (``cp_size``, default: the candidate the simulator
 finds fastest for this batch). Documents, heaviest first, are packed into the
 group with the least estimated work (attention + linear) that has token room.
 Inside a group a document is sharded over all ``cp`` ranks (zigzag, per
-document) by one of two rules, else kept whole on the group rank with the least
+document) by one of three rules, else kept whole on the group rank with the least
 work: where that pays (its ring hides its transfer and beats keeping it whole:
-the planner's own test), or where its ring beats one GPU at all; the rule, like
-the CP size, is the one the simulator finds fastest for the batch
-(:data:`SHARD_RULES`; WLB-LLM's adaptive choice of sharding granularity). Until
-2026-11-29 only the first rule was tried, which left long documents whole in
-cross-node groups (cp > 8) and so the baseline 3-49% slower on ten of
-docs/BENCHMARKS.md's configurations at 64-128 GPUs.
+the planner's own test), where its ring beats one GPU at all, or always (every
+document of at least ``2 cp`` tokens: WLB-LLM's per-document sharding as its
+paper states it, TE CP's THD layout; :func:`per_document_groups`, whose groups
+are packed by each document's work as WLB-LLM weighs it, attention kept whole
+plus linear, since all documents of a group share one ring: weighing each by its
+own ring's time, overheads and transfer included, would pack those groups
+worse); the rule, like the CP size, is the one the
+simulator finds fastest for the batch (:data:`SHARD_RULES`; WLB-LLM's adaptive
+choice of sharding granularity). Until 2026-11-29 only the first rule was tried,
+which left long documents whole in cross-node groups (cp > 8) and so the
+baseline 3-49% slower on ten of docs/BENCHMARKS.md's configurations at 64-128
+GPUs; until later that day the third was missing, which left the baseline slower
+than plain ``te-cp`` (the same sharding, packed by tokens) on some batches.
 """
 
 from __future__ import annotations
@@ -40,12 +47,14 @@ from typing import Callable, Sequence
 
 from ..planner.cluster import Cluster
 from ..planner.cost_model import CostModel
-from ..planner.packed import packed_groups
+from ..planner.packed import packed_groups, whole_work
 from ..planner.plan import PlanError, StepPlan
+from ..planner.zigzag import zigzag_counts
 from .planbuild import build_plan
 from .te_cp import cp_candidates
 
-__all__ = ["hybrid_dp_groups", "hybrid_dp_plan", "wlb_llm_groups", "wlb_llm_plan", "ring_beats_local", "SHARD_RULES"]
+__all__ = ["hybrid_dp_groups", "hybrid_dp_plan", "wlb_llm_groups", "wlb_llm_plan", "ring_beats_local", "zigzag_splits",
+           "per_document_groups", "SHARD_RULES"]
 
 
 def _ring_ms(cost: CostModel, s: int, g: int, cluster: Cluster) -> float:
@@ -102,13 +111,22 @@ def hybrid_dp_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel,
     return build_plan(lengths, hybrid_dp_groups(lengths, cluster, cost, max_seqlen_per_rank), cluster, cost)
 
 
-SHARD_RULES: tuple[str, ...] = ("pays", "faster")
+SHARD_RULES: tuple[str, ...] = ("pays", "faster", "all")
 """WLB-LLM's sharding rules tried per CP size (its adaptive choice of sharding granularity): ``pays``, a document is
 sharded over its group where its ring hides its transfer and beats one GPU (the planner's
 :func:`~zeppelin_megatron.planner.packed.split_pays`); ``faster``, where its ring beats one GPU with the transfer
-exposed or not (:func:`ring_beats_local`). Across nodes the second shards long documents that the first keeps whole
-(Llama-7B prolong-128k, 128 GPUs, cp = 16: simulated 4044 ms a step against 5939 on the tables' batches); inside a
-node the first can win (Llama-13B arxiv-128k, 32 GPUs: 7952 against 8949)."""
+exposed or not (:func:`ring_beats_local`); ``all``, every document that zigzag can split (:func:`zigzag_splits`:
+WLB-LLM's per-document sharding, each rank a share of every document's attention). Across nodes the second shards
+long documents that the first keeps whole (Llama-7B prolong-128k, 128 GPUs, cp = 16: simulated 4044 ms a step
+against 5939 on the tables' batches); inside a node the first can win (Llama-13B arxiv-128k, 32 GPUs: 7952 against
+8949); where one group rank would be left with the most work by whole documents, the third."""
+
+
+def zigzag_splits(cost: CostModel, s: int, g: int) -> bool:
+    """A document of ``s`` tokens can be split zigzag over ``g`` GPUs: ``g >= 2`` and ``s >= 2 g`` (two chunks per
+    rank). ``cost`` is unused (the rule's signature is :func:`ring_beats_local`'s). Example: 31 tokens over 16 GPUs
+    cannot (``31 < 32``), 32 can."""
+    return g >= 2 and s >= 2 * g
 
 
 def ring_beats_local(cost: CostModel, s: int, g: int) -> bool:
@@ -118,6 +136,63 @@ def ring_beats_local(cost: CostModel, s: int, g: int) -> bool:
     if g < 2 or s < 2 * g:
         return False
     return cost.ring_ms(s, g, inter_node=g > cost.cluster.gpus_per_node) < cost.local_ms(s)
+
+
+def per_document_groups(lengths: Sequence[int], cost: CostModel, cp: int) -> list[tuple[int, ...]]:
+    """Ranks of each document under WLB-LLM's per-document sharding with CP size ``cp`` (rule ``all``): documents,
+    heaviest first by :func:`~zeppelin_megatron.planner.packed.whole_work` (attention kept whole + linear: one ring
+    per group carries all its documents), into the group of ``cp`` consecutive ranks with the least work that has
+    token room (``cp x tokens_per_gpu``; ties: the lower group); in its group a document of ``2 cp`` tokens or more
+    is sharded over all ``cp`` ranks, a shorter one kept whole on the rank with the least work that has room
+    (ties: the lower rank), after the sharded ones.
+
+    Example (Llama-7B, 1 x 8 GPUs, cp = 4): ``[20000, 12000, 12000, 3]``: 20000 to group 0, the two 12000s to
+    group 1 (less work than group 0 after the first), 3 (under ``2 cp``) to group 1 again, whole, on rank 4:
+    ``[(0, 1, 2, 3), (4, 5, 6, 7), (4, 5, 6, 7), (4,)]``.
+
+    Raises :class:`PlanError` (naming the document, its tokens and the limit) when ``cp`` does not divide the world,
+    a document over one GPU cannot be sharded (``s < 2 cp``), or a document fits in no group or on no rank of its
+    group."""
+    cluster = cost.cluster
+    world, cap = cluster.world_size, cluster.tokens_per_gpu
+    if cp < 1 or world % cp:
+        raise PlanError(f"cp_size = {cp} must be a positive divisor of the world size {world}")
+    shard = [zigzag_splits(cost, s, cp) for s in lengths]
+    bad = next((i for i, (s, sh) in enumerate(zip(lengths, shard)) if s > cap and not sh), None)
+    if bad is not None:
+        raise PlanError(f"sequence {bad} ({lengths[bad]} tokens) does not fit one GPU ({cap} tokens) and cannot be "
+                        f"sharded over cp = {cp}")
+    work = whole_work(lengths, cost, world)
+    order = sorted(range(len(lengths)), key=lambda i: (-work[i], -lengths[i], i))
+    n_groups = world // cp
+    g_work, g_tok, where = [0.0] * n_groups, [0] * n_groups, [-1] * len(lengths)
+    for i in order:
+        room = [b for b in range(n_groups) if g_tok[b] + lengths[i] <= cp * cap]
+        if not room:
+            raise PlanError(f"sequence {i} ({lengths[i]} tokens) fits in no group of {cp * cap} tokens (cp = {cp})")
+        b = min(room, key=lambda b: (g_work[b], b))
+        where[i], g_work[b], g_tok[b] = b, g_work[b] + work[i], g_tok[b] + lengths[i]
+    load, tok = [0.0] * world, [0] * world
+    groups: list[tuple[int, ...]] = [()] * len(lengths)
+    for i in order:
+        if shard[i]:
+            groups[i] = ranks = tuple(range(where[i] * cp, (where[i] + 1) * cp))
+            for r, t in zip(ranks, zigzag_counts(lengths[i], cp)):
+                load[r] += work[i] / cp
+                tok[r] += t
+    for i in order:
+        if not shard[i]:
+            room = [r for r in range(where[i] * cp, (where[i] + 1) * cp) if tok[r] + lengths[i] <= cap]
+            if not room:
+                raise PlanError(f"sequence {i} ({lengths[i]} tokens) fits on no GPU of its group (cp = {cp}, "
+                                f"{cap} tokens per GPU)")
+            r = min(room, key=lambda r: (load[r], r))
+            groups[i], load[r], tok[r] = (r,), load[r] + work[i], tok[r] + lengths[i]
+    return groups
+
+
+_SPLITS: dict[str, Callable[[CostModel, int, int], bool] | None] = {
+    "pays": None, "faster": ring_beats_local}  # None: packed_groups' default, split_pays
 
 
 def wlb_llm_groups(lengths: Sequence[int], cluster: Cluster, cost: CostModel, cp: int,
@@ -131,7 +206,9 @@ def wlb_llm_groups(lengths: Sequence[int], cluster: Cluster, cost: CostModel, cp
     if rule not in SHARD_RULES:
         raise ValueError(f"wlb-llm sharding rule is {rule!r}, expected one of {list(SHARD_RULES)}")
     try:
-        return packed_groups(lengths, cost, cp, splits=None if rule == "pays" else ring_beats_local)
+        if rule == "all":
+            return per_document_groups(lengths, cost, cp)
+        return packed_groups(lengths, cost, cp, splits=_SPLITS[rule])
     except PlanError as exc:
         raise PlanError(f"wlb-llm: {exc}") from None
 
@@ -139,7 +216,7 @@ def wlb_llm_groups(lengths: Sequence[int], cluster: Cluster, cost: CostModel, cp
 def wlb_llm_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *, cp_size: int | None = None,
                  score: Callable[[StepPlan], float] | None = None) -> tuple[StepPlan, int, str]:
     """WLB-LLM plan, its CP size and sharding rule: the lowest ``score`` (default the simulated step) over the CP
-    sizes (``cp_size``: that one only) and :data:`SHARD_RULES` (ties: the smaller CP size, then ``pays``)."""
+    sizes (``cp_size``: that one only) and :data:`SHARD_RULES` (ties: the smaller CP size, then the earlier rule)."""
     if score is None:
         from .simulator import simulate
 
