@@ -146,3 +146,22 @@ def test_least_linear_ms_per_token_bounds_linear_ms() -> None:
     rates = [cost.linear_ms(t) / t for t in (1, 7, 100, 1000, 3000, 8192, 12345, 65536, 10 ** 6)]
     assert all(least <= r * (1 + 1e-12) for r in rates)
     assert any(math.isclose(least, cost.linear_ms(r.tokens) / r.tokens) for r in cost.profile.linear)
+
+
+def test_bundled_model_shapes_load_and_gqa_shrinks_kv() -> None:
+    """Every ``configs/models/*.yaml`` loads; Llama-3 8B shares 8 K/V heads among 32 query heads, so a token's K/V
+    (2 x 8 x 128 x 2 bytes = 4096) is half its query (32 x 128 x 2 = 8192), against twice it for Llama-7B (MHA):
+    K/V traffic 4x smaller at the same attention FLOPs."""
+    from pathlib import Path
+
+    from zeppelin_megatron.planner import load_model
+
+    root = Path(__file__).resolve().parents[2] / "configs" / "models"
+    shapes = {p.stem: load_model(str(p)) for p in sorted(root.glob("*.yaml"))}
+    assert {"llama_3b", "llama_7b", "llama_13b", "llama_30b", "llama3_8b", "tiny"} <= set(shapes)
+    cluster = load_cluster("1x8")
+    gqa, mha = (CostModel(model=shapes[k], cluster=cluster) for k in ("llama3_8b", "llama_7b"))
+    assert (shapes["llama3_8b"].q_heads, shapes["llama3_8b"].kv_heads, shapes["llama3_8b"].head_dim) == (32, 8, 128)
+    assert (gqa.q_bytes_per_token, gqa.kv_bytes_per_token) == (8192, 4096)
+    assert (mha.q_bytes_per_token, mha.kv_bytes_per_token) == (8192, 16384)
+    assert gqa.causal_ms(8192) == pytest.approx(mha.causal_ms(8192))
