@@ -119,13 +119,13 @@ exposed or not (:func:`ring_beats_local`); ``all``, every document that zigzag c
 WLB-LLM's per-document sharding, each rank a share of every document's attention). Across nodes the second shards
 long documents that the first keeps whole (Llama-7B prolong-128k, 128 GPUs, cp = 16: simulated 4044 ms a step
 against 5939 on the tables' batches); inside a node the first can win (Llama-13B arxiv-128k, 32 GPUs: 7952 against
-8949); where one group rank would be left with the most work by whole documents, the third."""
+8949); where whole documents would leave one rank of a group the busiest, the third (nine 3000-token documents on
+8 GPUs: tests/sim/test_baselines.py)."""
 
 
-def zigzag_splits(cost: CostModel, s: int, g: int) -> bool:
+def zigzag_splits(s: int, g: int) -> bool:
     """A document of ``s`` tokens can be split zigzag over ``g`` GPUs: ``g >= 2`` and ``s >= 2 g`` (two chunks per
-    rank). ``cost`` is unused (the rule's signature is :func:`ring_beats_local`'s). Example: 31 tokens over 16 GPUs
-    cannot (``31 < 32``), 32 can."""
+    rank). Example: 31 tokens over 16 GPUs cannot (``31 < 32``), 32 can."""
     return g >= 2 and s >= 2 * g
 
 
@@ -157,7 +157,7 @@ def per_document_groups(lengths: Sequence[int], cost: CostModel, cp: int) -> lis
     world, cap = cluster.world_size, cluster.tokens_per_gpu
     if cp < 1 or world % cp:
         raise PlanError(f"cp_size = {cp} must be a positive divisor of the world size {world}")
-    shard = [zigzag_splits(cost, s, cp) for s in lengths]
+    shard = [zigzag_splits(s, cp) for s in lengths]
     bad = next((i for i, (s, sh) in enumerate(zip(lengths, shard)) if s > cap and not sh), None)
     if bad is not None:
         raise PlanError(f"sequence {bad} ({lengths[bad]} tokens) does not fit one GPU ({cap} tokens) and cannot be "
@@ -199,8 +199,8 @@ def wlb_llm_groups(lengths: Sequence[int], cluster: Cluster, cost: CostModel, cp
                    rule: str = "pays") -> list[tuple[int, ...]]:
     """Ranks of each document under WLB-LLM with CP size ``cp`` and sharding ``rule`` (:data:`SHARD_RULES`; see
     module docstring): the planner's :func:`~zeppelin_megatron.planner.packed.packed_groups` (Zeppelin tries the
-    ``pays`` packing as a candidate); its :class:`PlanError` prefixed ``wlb-llm:``. Raises ``ValueError`` for an
-    unknown ``rule``."""
+    ``pays`` packing as a candidate), or :func:`per_document_groups` for ``all``; their :class:`PlanError` prefixed
+    ``wlb-llm:``. Raises ``ValueError`` for an unknown ``rule``."""
     if cost.cluster != cluster:
         raise ValueError("cost was built for another cluster; build it with this cluster")
     if rule not in SHARD_RULES:
