@@ -148,7 +148,8 @@ def test_wlb_llm_per_document_sharding() -> None:
     with pytest.raises(PlanError, match="cp_size = 3 must be a positive divisor of the world size 8"):
         per_document_groups(lengths, cost, 3)
     small = CostModel(model=load_model(None), cluster=load_cluster("1x2", tokens_per_gpu=10))
-    with pytest.raises(PlanError, match=r"sequence 6 \(3 tokens\) fits in no group of 20 tokens \(cp = 2\)"):
+    with pytest.raises(PlanError, match=r"sequence 6 \(3 tokens\) fits in no group: 1 groups of 20 tokens hold "
+                                        r"\[18\] already"):
         per_document_groups([3] * 7, small, 2)  # 21 tokens > 2 x 10
     with pytest.raises(PlanError, match=r"sequence 6 \(2 tokens\) fits on no GPU of its group"):
         per_document_groups([3] * 6 + [2], small, 2)  # 20 tokens fit the pair, but each GPU holds 9 of 10

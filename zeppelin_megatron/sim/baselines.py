@@ -47,11 +47,11 @@ from typing import Callable, Sequence
 
 from ..planner.cluster import Cluster
 from ..planner.cost_model import CostModel
-from ..planner.packed import packed_groups, whole_work
+from ..planner.packed import packed_groups, split_pays, whole_work
 from ..planner.plan import PlanError, StepPlan
 from ..planner.zigzag import zigzag_counts
 from .planbuild import build_plan
-from .te_cp import cp_candidates
+from .te_cp import cp_candidates, pack_by_tokens
 
 __all__ = ["hybrid_dp_groups", "hybrid_dp_plan", "wlb_llm_groups", "wlb_llm_plan", "ring_beats_local", "zigzag_splits",
            "per_document_groups", "SHARD_RULES"]
@@ -133,16 +133,15 @@ def ring_beats_local(cost: CostModel, s: int, g: int) -> bool:
     """A ``g``-way ring of ``s`` tokens beats one GPU (``ring_ms < local_ms``, its transfer hidden or not); ``False``
     for ``g < 2`` or ``s < 2 g`` (zigzag needs two chunks per rank). Example: one 65 536-token document over 16 GPUs
     of two nodes (4096 tokens each) beats one GPU whatever the wire."""
-    if g < 2 or s < 2 * g:
-        return False
-    return cost.ring_ms(s, g, inter_node=g > cost.cluster.gpus_per_node) < cost.local_ms(s)
+    return zigzag_splits(s, g) and cost.ring_ms(s, g, inter_node=g > cost.cluster.gpus_per_node) < cost.local_ms(s)
 
 
 def per_document_groups(lengths: Sequence[int], cost: CostModel, cp: int) -> list[tuple[int, ...]]:
     """Ranks of each document under WLB-LLM's per-document sharding with CP size ``cp`` (rule ``all``): documents,
     heaviest first by :func:`~zeppelin_megatron.planner.packed.whole_work` (attention kept whole + linear: one ring
     per group carries all its documents), into the group of ``cp`` consecutive ranks with the least work that has
-    token room (``cp x tokens_per_gpu``; ties: the lower group); in its group a document of ``2 cp`` tokens or more
+    token room (``cp x tokens_per_gpu``; ties: the lower group; :func:`~.te_cp.pack_by_tokens` with these weights,
+    the packing ``te-cp`` runs by tokens); in its group a document of ``2 cp`` tokens or more
     is sharded over all ``cp`` ranks, a shorter one kept whole on the rank with the least work that has room
     (ties: the lower rank), after the sharded ones.
 
@@ -163,15 +162,8 @@ def per_document_groups(lengths: Sequence[int], cost: CostModel, cp: int) -> lis
         raise PlanError(f"sequence {bad} ({lengths[bad]} tokens) does not fit one GPU ({cap} tokens) and cannot be "
                         f"sharded over cp = {cp}")
     work = whole_work(lengths, cost, world)
+    where = pack_by_tokens(lengths, world // cp, cp * cap, weights=work)
     order = sorted(range(len(lengths)), key=lambda i: (-work[i], -lengths[i], i))
-    n_groups = world // cp
-    g_work, g_tok, where = [0.0] * n_groups, [0] * n_groups, [-1] * len(lengths)
-    for i in order:
-        room = [b for b in range(n_groups) if g_tok[b] + lengths[i] <= cp * cap]
-        if not room:
-            raise PlanError(f"sequence {i} ({lengths[i]} tokens) fits in no group of {cp * cap} tokens (cp = {cp})")
-        b = min(room, key=lambda b: (g_work[b], b))
-        where[i], g_work[b], g_tok[b] = b, g_work[b] + work[i], g_tok[b] + lengths[i]
     load, tok = [0.0] * world, [0] * world
     groups: list[tuple[int, ...]] = [()] * len(lengths)
     for i in order:
@@ -191,8 +183,7 @@ def per_document_groups(lengths: Sequence[int], cost: CostModel, cp: int) -> lis
     return groups
 
 
-_SPLITS: dict[str, Callable[[CostModel, int, int], bool] | None] = {
-    "pays": None, "faster": ring_beats_local}  # None: packed_groups' default, split_pays
+_SPLITS: dict[str, Callable[[CostModel, int, int], bool]] = {"pays": split_pays, "faster": ring_beats_local}
 
 
 def wlb_llm_groups(lengths: Sequence[int], cluster: Cluster, cost: CostModel, cp: int,

@@ -42,25 +42,30 @@ def cp_candidates(lengths: Sequence[int], cluster: Cluster) -> list[int]:
     return out
 
 
-def pack_by_tokens(lengths: Sequence[int], bins: int, capacity: int) -> list[int]:
-    """Bin of each sequence: longest first into the emptiest bin with room (ties: lower bin).
+def pack_by_tokens(lengths: Sequence[int], bins: int, capacity: int,
+                   weights: Sequence[float] | None = None) -> list[int]:
+    """Bin of each sequence: heaviest first into the lightest bin with token room (ties: lower bin); a sequence
+    weighs its tokens, or ``weights[i]`` when given (``wlb-llm``'s per-document packing: each document's work).
 
     Example: lengths ``[5, 4, 3, 3]``, 2 bins of capacity 8 -> ``[0, 1, 1, 0]``
     (5 -> bin 0; 4 -> bin 1; 3 -> bin 1 (4 < 5); 3 -> bin 0 (5 < 7)).
     """
-    load = [0] * bins
+    w = lengths if weights is None else weights
+    tokens = [0] * bins
+    load = [0.0] * bins
     where = [-1] * len(lengths)
-    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+    for i in sorted(range(len(lengths)), key=lambda i: (-w[i], -lengths[i], i)):
         s = lengths[i]
         best = -1
         for b in range(bins):
-            if load[b] + s <= capacity and (best < 0 or load[b] < load[best]):
+            if tokens[b] + s <= capacity and (best < 0 or load[b] < load[best]):
                 best = b
         if best < 0:
             raise PlanError(f"sequence {i} ({s} tokens) fits in no group: {bins} groups of {capacity} tokens "
-                            f"hold {sorted(load)} already")
+                            f"hold {sorted(tokens)} already")
         where[i] = best
-        load[best] += s
+        tokens[best] += s
+        load[best] += w[i]
     return where
 
 
