@@ -66,3 +66,8 @@ def test_demo_rejects_bad_settings(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ValueError, match="demo packed must be True or False, got 'no'"):
         DemoConfig(packed="no")  # type: ignore[arg-type]
     assert DemoConfig().packed is True and DemoConfig(packed=False).packed is False
+    # every rank keeps 5 tokens free (capacity_level.LEVEL_MARGIN), so that every step of the budget gets a plan
+    with pytest.raises(ValueError, match=r"tokens_per_gpu=2048 x 4 ranks leaves fewer than 5 tokens per rank free "
+                                         r"for tokens_per_step=8192: tokens_per_gpu must be at least 2053"):
+        DemoConfig(tokens_per_gpu=2048)
+    assert DemoConfig(tokens_per_gpu=2053).capacity == 2053

@@ -120,6 +120,26 @@ def test_capacity_check() -> None:
     assert s.cluster.tokens_per_gpu == 131072
 
 
+def test_micro_step_budget_keeps_the_level_margin() -> None:
+    """With mbs x seq_length equal to a rank's capacity, the sampler's budget keeps 5 tokens per rank free
+    (capacity_level's guarantee: every micro-step then plans); with 5 or more to spare, Megatron's budget."""
+    s = _setup(seq_length=8192, zeppelin_tokens_per_gpu=8192)
+    assert s.parallel.token_budget == 32 * 8192 and s.token_budget == 32 * 8187
+    assert "micro-step budget 261984 tokens (160 fewer than --micro-batch-size x --seq-length x 32" in s.describe()
+    s = _setup(seq_length=8192, zeppelin_tokens_per_gpu=8197)
+    assert s.token_budget == s.parallel.token_budget == 32 * 8192
+    assert "micro-step budget 262144 tokens, " in s.describe()
+    s = _setup(seq_length=8192, zeppelin_tokens_per_gpu=8192, tensor_model_parallel_size=8, global_batch_size=4)
+    assert s.parallel.zeppelin_ranks == 4 and s.token_budget == 4 * 8192  # a rank (8 GPUs) holds 65536: room to spare
+    s = _setup(world_size=8, seq_length=8192, zeppelin_tokens_per_gpu=1024, tensor_model_parallel_size=8,
+               global_batch_size=1, zeppelin_cluster=f"1x8@{H100_YAML}")
+    assert s.parallel.zeppelin_ranks == 1 and s.token_budget == 8192  # one rank: whole sequences, no margin
+    with pytest.raises(ZeppelinArgsError, match=r"a micro-step of 6 tokens \(2 ranks x \(8 - 5\) tokens kept free "
+                                                r"per rank\) cannot hold a sequence of --seq-length 8"):
+        _setup(world_size=16, seq_length=8, zeppelin_tokens_per_gpu=1, tensor_model_parallel_size=8,
+               global_batch_size=2, zeppelin_cluster=f"2x8@{H100_YAML}")  # 2 ranks of 8 GPUs x 1 token
+
+
 def test_tp_group_capacity_is_tp_times_per_gpu() -> None:
     # A Zeppelin rank at TP 2 is two GPUs, each keeping half the heads (and, with sequence parallelism,
     # half the other activations) of the same tokens: 2 x the per-GPU capacity of the cluster file.

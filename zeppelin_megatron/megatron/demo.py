@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from ..planner.capacity_level import LEVEL_MARGIN
+
 __all__ = ["DemoConfig", "write_corpus", "run_demo", "quiet_third_party_warnings", "THIRD_PARTY"]
 
 THIRD_PARTY = r"(megatron|megatron_fsdp|transformer_engine|apex|torch\.distributed)(\.|$)"
@@ -100,9 +102,12 @@ class DemoConfig:
                 f"tokens_per_step={self.tokens_per_step} must be >= seq_length={self.seq_length} (a step holds at "
                 "least one whole sequence)"
             )
-        if self.tokens_per_gpu is not None and self.tokens_per_gpu * self.world < self.tokens_per_step:
+        keep = LEVEL_MARGIN if self.world > 1 else 0  # tokens a rank keeps free: every step then fits (capacity_level)
+        if self.tokens_per_gpu is not None and (self.tokens_per_gpu - keep) * self.world < self.tokens_per_step:
             raise ValueError(
-                f"tokens_per_gpu={self.tokens_per_gpu} x {self.world} ranks < tokens_per_step={self.tokens_per_step}"
+                f"tokens_per_gpu={self.tokens_per_gpu} x {self.world} ranks leaves fewer than {keep} tokens per rank "
+                f"free for tokens_per_step={self.tokens_per_step}: tokens_per_gpu must be at least "
+                f"{-(-self.tokens_per_step // self.world) + keep}"
             )
 
     @property

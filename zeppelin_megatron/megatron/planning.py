@@ -27,6 +27,7 @@ from ..planner import (
     load_cluster,
     load_profile,
 )
+from ..planner.capacity_level import LEVEL_MARGIN
 from ..planner.options import REMAP_WORDS
 from ..planner.setup import PlanningSetup, build_planning, check_cluster_shape
 from .arguments import ZeppelinArgsError, ZeppelinConfig, ZeppelinParallel
@@ -122,12 +123,32 @@ class ZeppelinSetup:
     def planner(self) -> PlanningSetup:
         return self.planning
 
+    @property
+    def token_budget(self) -> int:
+        """Tokens of one micro-step over the group (the sampler's budget): Megatron's ``mbs * seq_length * N``
+        (:attr:`ZeppelinParallel.token_budget`), capped at ``N * (capacity - LEVEL_MARGIN)`` when ``N >= 2``, so that
+        every micro-step leaves at least :data:`~zeppelin_megatron.planner.capacity_level.LEVEL_MARGIN` tokens per
+        rank free and so always gets a plan (the guarantee of ``capacity_level``). Example: ``--seq-length 8192
+        --micro-batch-size 1``, ``--zeppelin-tokens-per-gpu 8192``, 32 ranks: ``32 * 8187 = 261,984`` tokens
+        (Megatron's 262,144 less 160); with 8197 or more per rank, Megatron's 262,144."""
+        p, cap = self.parallel, self.cluster.tokens_per_gpu
+        if p.zeppelin_ranks < 2:  # one rank holds whole sequences only: every batch of at most its capacity fits
+            return p.token_budget
+        return min(p.token_budget, p.zeppelin_ranks * (cap - LEVEL_MARGIN))
+
+    def _budget_note(self) -> str:
+        cut = self.parallel.token_budget - self.token_budget
+        n = self.parallel.zeppelin_ranks
+        return "" if cut == 0 else (f" ({cut} fewer than --micro-batch-size x --seq-length x {n}, so that every "
+                                    f"micro-step leaves {LEVEL_MARGIN} tokens per rank free and fits)")
+
     def describe(self) -> str:
         c, p, o = self.cluster, self.parallel, self.planning.options
         return (
             f"zeppelin: {p.nodes} nodes x {p.gpus_per_node} GPUs, TP {p.tensor_parallel} -> {p.zeppelin_ranks} "
             f"Zeppelin ranks ({c.gpus_per_node} per node, {c.nics_per_node} NICs per node at {c.nic_Gbps:g} Gb/s "
-            f"for the group), {c.tokens_per_gpu} tokens per rank; micro-step budget {p.token_budget} tokens, "
+            f"for the group), {c.tokens_per_gpu} tokens per rank; micro-step budget {self.token_budget} tokens"
+            f"{self._budget_note()}, "
             f"{p.num_micro_batches} micro-steps per step; routing {'on' if o.routing else 'off'}, "
             f"remap {REMAP_WORDS[o.remap]}"
         )
@@ -159,4 +180,11 @@ def build_setup(cfg: ZeppelinConfig, parallel: ZeppelinParallel, model: ModelSha
             f"{physical.tokens_per_gpu} tokens per GPU: --zeppelin-tokens-per-gpu or tokens_per_gpu in the "
             "cluster file)"
         )
-    return ZeppelinSetup(config=cfg, parallel=parallel, model=model, planning=planning)
+    setup = ZeppelinSetup(config=cfg, parallel=parallel, model=model, planning=planning)
+    if setup.token_budget < parallel.seq_length:
+        raise ZeppelinArgsError(
+            f"a micro-step of {setup.token_budget} tokens ({parallel.zeppelin_ranks} ranks x ({cap} - {LEVEL_MARGIN}) "
+            f"tokens kept free per rank) cannot hold a sequence of --seq-length {parallel.seq_length}: raise "
+            "--zeppelin-tokens-per-gpu"
+        )
+    return setup

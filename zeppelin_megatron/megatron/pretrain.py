@@ -359,7 +359,7 @@ def _iterator(prefix_arg: Any, *, setup: ZeppelinSetup, rank: int, consumed_samp
     p = setup.parallel
     dataset = DocumentDataset(prefix=single_prefix(prefix_arg), seq_length=p.seq_length)
     print_rank_0(dataset.describe())
-    sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=p.token_budget, seed=seed)
+    sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=setup.token_budget, seed=seed)
     prefetch = setup.config.prefetch
     return ZeppelinDataIterator(
         dataset=dataset, sampler=sampler, planner=iterator_planner(setup.config, setup.planner), rank=rank,

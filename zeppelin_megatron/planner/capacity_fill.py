@@ -13,9 +13,14 @@ returns fits ``tokens_per_gpu`` by construction:
   (best fit) or the emptiest (worst fit);
 * otherwise a ring over the ``g`` GPUs with the most free tokens, for the
   smallest ``g >= 2`` whose every position fits (``intra_node`` when they share
-  a node, else ``inter_node``; ring in rank order).
+  a node, else ``inter_node``; ring in rank order, or oriented where that strands
+  a token: :func:`~.capacity_level.oriented`).
 
-Four rules are tried in turn (:data:`RULES`, :func:`_fill`), then, for
+Four rules are tried in turn (:data:`RULES`, :func:`_fill`), then water-filling
+(:func:`~.capacity_level.level_fill`, which places every batch that leaves at least
+:data:`~.capacity_level.LEVEL_MARGIN` tokens per GPU free on average), then closing GPUs
+in rank order (:func:`~.capacity_stream.stream_fill`, for batches that fill the cluster to
+within a few tokens; again with the shortest sequences held back to the end), then, for
 batches of up to :data:`SEARCH_MAX_SEQUENCES` sequences, a bounded
 backtracking search (:func:`_search`); if all of them strand a sequence, the
 refusal names it, its length and the free tokens left. Example: ``[64, 64,
@@ -26,6 +31,8 @@ ranks 0 and 1 (32 + 32); the second over ranks 2 and 3, the third over 4 and
 
 from __future__ import annotations
 
+from .capacity_level import level_fill, oriented
+from .capacity_stream import stream_fill
 from .partition_context import Assignment, PartitionContext, assignments_of
 from .plan_parts import PlanError
 from .zigzag import ring_max_tokens, zigzag_tokens
@@ -34,6 +41,10 @@ __all__ = ["capacity_fill"]
 
 RULES: tuple[str, ...] = ("best_fit", "worst_fit", "balanced", "whole_ring")
 """Rules tried in order (see :func:`_fill`)."""
+
+FULL_RULES: tuple[str, ...] = ("level", "stream", "stream_reserve")
+"""Tried after :data:`RULES`: :func:`~.capacity_level.level_fill`, then :func:`~.capacity_stream.stream_fill` without
+a reserve and with one GPU's tokens of the shortest sequences held back."""
 
 
 def capacity_fill(ctx: PartitionContext) -> list[Assignment]:
@@ -44,8 +55,12 @@ def capacity_fill(ctx: PartitionContext) -> list[Assignment]:
             its length and the GPUs' free tokens at that point).
     """
     error: PlanError | None = None
-    for rule in RULES:
+    for rule in RULES + FULL_RULES:
         try:
+            if rule == "level":
+                return level_fill(ctx)
+            if rule.startswith("stream"):
+                return stream_fill(ctx, ctx.cap if rule == "stream_reserve" else 0)
             return _fill(ctx, rule)
         except PlanError as exc:
             error = error or exc
@@ -60,11 +75,16 @@ SEARCH_MAX_SEQUENCES = 400
 """Batches up to this many sequences get the backtracking search when every rule strands one."""
 
 SEARCH_BUDGET = 20_000
-"""Placements the search tries before it gives up (a few tenths of a second at most)."""
+"""Placements the search tries before it gives up."""
+
+SEARCH_WORK = 3_000_000
+"""GPUs the search visits (each ring it tries visits every GPU) before it gives up: at most about a second on
+any cluster (a 128-GPU cluster's candidate rings cost 16x an 8-GPU one's, so placements alone do not bound it)."""
 
 
 def _search(ctx: PartitionContext) -> list[Assignment] | None:
-    """Depth-first search over placements, longest sequence first, or ``None`` past :data:`SEARCH_BUDGET`.
+    """Depth-first search over placements, longest sequence first, or ``None`` past :data:`SEARCH_BUDGET` or
+    :data:`SEARCH_WORK`.
 
     At each sequence it tries, in order: whole on a GPU (one per distinct free-token count,
     fullest first: GPUs with equal room are interchangeable for fit), then rings of
@@ -77,9 +97,11 @@ def _search(ctx: PartitionContext) -> list[Assignment] | None:
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     free = [cap] * world
     chosen: list[tuple[int, ...]] = []
-    tries = 0
+    tries = work = 0
 
     def options(s: int) -> list[tuple[int, ...]]:
+        nonlocal work
+        work += world * (2 * min(world, s // 2) + 1)  # the sort below, then two rings per size
         out: list[tuple[int, ...]] = []
         seen: set[int] = set()
         for r in sorted(range(world), key=lambda r: (free[r], r)):
@@ -100,7 +122,7 @@ def _search(ctx: PartitionContext) -> list[Assignment] | None:
         s = lengths[order[k]]
         for ring in options(s):
             tries += 1
-            if tries > SEARCH_BUDGET:
+            if tries > SEARCH_BUDGET or work > SEARCH_WORK:
                 return False
             taken = [s] if len(ring) == 1 else [zigzag_tokens(s, len(ring), p) for p in range(len(ring))]
             for r, n in zip(ring, taken):
@@ -122,12 +144,12 @@ def _search(ctx: PartitionContext) -> list[Assignment] | None:
 
 
 def _ring_of(s: int, g: int, free: list[int], fullest: bool) -> tuple[int, ...] | None:
-    """A ring of exactly ``g`` GPUs (ascending) whose positions fit: the fullest GPUs that hold
+    """A ring of exactly ``g`` GPUs (ascending, else oriented) whose positions fit: the fullest GPUs that hold
     ``ceil(s / g)``, or the emptiest ones; ``None`` if that choice does not fit."""
     need = ring_max_tokens(s, g)
     order = sorted(range(len(free)), key=lambda r: (free[r], r) if fullest else (-free[r], r))
-    ring = tuple(sorted([r for r in order if free[r] >= need][:g] if fullest else order[:g]))
-    return ring if len(ring) == g and _fits(s, ring, free, 0) else None
+    ring = [r for r in order if free[r] >= need][:g] if fullest else order[:g]
+    return oriented(s, ring, free) if len(ring) == g else None
 
 
 def _fill(ctx: PartitionContext, rule: str) -> list[Assignment]:
@@ -139,7 +161,8 @@ def _fill(ctx: PartitionContext, rule: str) -> list[Assignment]:
       layout's quota), so rings take the long sequences and free tokens stay even; only a sequence
       that fits nowhere so is placed against ``tokens_per_gpu``;
     * ``whole_ring``: every sequence of at least ``2P`` tokens on one ring over all ``P`` GPUs
-      (each GPU takes at most ``ceil(s / P)``), the shorter ones whole on the emptiest GPU.
+      (each GPU takes at most ``ceil(s / P)``; its positions holding the most tokens on the GPUs with the most room,
+      :func:`~.capacity_level.oriented`), the shorter ones whole on the emptiest GPU.
     """
     lengths, cap, cl = ctx.lengths, ctx.cap, ctx.cluster
     world = cl.world_size
@@ -150,8 +173,8 @@ def _fill(ctx: PartitionContext, rule: str) -> list[Assignment]:
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
         s = lengths[i]
         ring: tuple[int, ...] | None = None
-        if rule == "whole_ring" and world > 1 and s >= 2 * world and _fits(s, everyone, free, 0):
-            ring = everyone
+        if rule == "whole_ring" and world > 1 and s >= 2 * world:
+            ring = oriented(s, everyone, free, level=True)
         for lim in limits:
             if ring is not None:
                 break
@@ -177,12 +200,8 @@ def _fill(ctx: PartitionContext, rule: str) -> list[Assignment]:
     return assignments_of(groups, cl)
 
 
-def _fits(s: int, ring: tuple[int, ...], free: list[int], spare: int) -> bool:
-    return all(zigzag_tokens(s, len(ring), p) <= free[r] - spare for p, r in enumerate(ring))
-
-
 def _ring(s: int, free: list[int], spare: int = 0, *, fullest: bool = False) -> tuple[int, ...] | None:
-    """Ranks (ascending) of the smallest ring whose every position fits (keeping ``spare`` free on
+    """Ranks (ascending, else oriented) of the smallest ring whose every position fits (keeping ``spare`` free on
     each GPU), or ``None``: over the GPUs with the most free tokens, or (``fullest``) over the
     fullest GPUs that still hold ``ceil(s / g)`` (best fit: the emptier GPUs stay free).
     Example: ``s = 41``, free ``[21, 21]``: ``(0, 1)`` (21 + 20 tokens); ``s = 4``, free
@@ -190,7 +209,8 @@ def _ring(s: int, free: list[int], spare: int = 0, *, fullest: bool = False) -> 
     order = sorted(range(len(free)), key=lambda r: (free[r], r) if fullest else (-free[r], r))
     for g in range(2, min(len(free), s // 2) + 1):
         need = ring_max_tokens(s, g) + spare
-        ring = tuple(sorted([r for r in order if free[r] >= need][:g] if fullest else order[:g]))
-        if len(ring) == g and _fits(s, ring, free, spare):
-            return ring
+        ring = [r for r in order if free[r] >= need][:g] if fullest else order[:g]
+        found = oriented(s, ring, free, spare) if len(ring) == g else None
+        if found is not None:
+            return found
     return None
