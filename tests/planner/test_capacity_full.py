@@ -100,6 +100,16 @@ def test_stream_fill_docstring_example() -> None:
     check_plan_tokens(plan_step(lengths, CostModel(model=MODEL, cluster=load_cluster("1x3", tokens_per_gpu=9))), 9)
 
 
+def test_capacity_fill_refusal_names_the_margin() -> None:
+    """The refusal after every rule: the first rule's stranded sequence, then the batch's spare tokens against the
+    margin. [3, 3, 2] on 2 GPUs of 4 has no placement (test_level_fill_refusal_names_the_numbers)."""
+    with pytest.raises(PlanError, match=r"^sequence 2 of length 2 does not fit: .* \(every fill rule tried: the batch "
+                                        r"leaves 0 tokens free, 0\.0 per GPU; every batch leaving 5 per GPU fits\)$"):
+        capacity_fill.capacity_fill(_ctx([3, 3, 2], "1x2", 4))
+    with pytest.raises(PlanError, match=r"every fill rule tried: the batch leaves 0 tokens free"):
+        plan_step([3, 3, 2], CostModel(model=MODEL, cluster=load_cluster("1x2", tokens_per_gpu=4)))
+
+
 def test_stream_fill_refusal_names_the_numbers() -> None:
     with pytest.raises(PlanError, match=r"sequence 0 of length 12 does not fit: every GPU is full or holds too few "
                                         r"free tokens for the sequences left \(12 tokens free on 2 GPUs, "

@@ -31,7 +31,7 @@ ranks 0 and 1 (32 + 32); the second over ranks 2 and 3, the third over 4 and
 
 from __future__ import annotations
 
-from .capacity_level import level_fill, oriented
+from .capacity_level import LEVEL_MARGIN, level_fill, oriented
 from .capacity_stream import stream_fill
 from .partition_context import Assignment, PartitionContext, assignments_of
 from .plan_parts import PlanError
@@ -52,7 +52,8 @@ def capacity_fill(ctx: PartitionContext) -> list[Assignment]:
 
     Raises:
         PlanError: no rule places every sequence (names the first rule's stranded sequence,
-            its length and the GPUs' free tokens at that point).
+            its length and the GPUs' free tokens at that point, then the batch's free tokens per GPU
+            against the margin that guarantees a placement).
     """
     error: PlanError | None = None
     for rule in RULES + FULL_RULES:
@@ -67,7 +68,10 @@ def capacity_fill(ctx: PartitionContext) -> list[Assignment]:
     assert error is not None
     found = _search(ctx) if len(ctx.lengths) <= SEARCH_MAX_SEQUENCES else None
     if found is None:
-        raise error
+        world = ctx.cluster.world_size
+        spare = world * ctx.cap - sum(ctx.lengths)
+        raise PlanError(f"{error} (every fill rule tried: the batch leaves {spare} tokens free, {spare / world:.1f} "
+                        f"per GPU; every batch leaving {LEVEL_MARGIN} per GPU fits)") from None
     return found
 
 
