@@ -105,16 +105,17 @@ def _search(ctx: PartitionContext) -> list[Assignment] | None:
 
     def options(s: int) -> list[tuple[int, ...]]:
         nonlocal work
-        work += world * (2 * min(world, s // 2) + 1)  # the sort below, then two rings per size
+        work += world * (2 * min(world, s // 2) + 1)  # the sorts below, then two rings per size
         out: list[tuple[int, ...]] = []
         seen: set[int] = set()
-        for r in sorted(range(world), key=lambda r: (free[r], r)):
+        orders = {fullest: _by_room(free, fullest) for fullest in (True, False)}
+        for r in orders[True]:
             if free[r] >= s and free[r] not in seen:
                 seen.add(free[r])
                 out.append((r,))
         for g in range(2, min(world, s // 2) + 1):
             for fullest in (True, False):
-                ring = _ring_of(s, g, free, fullest)
+                ring = _ring_of(s, g, free, orders[fullest], fullest)
                 if ring is not None and ring not in out:
                     out.append(ring)
         return out
@@ -147,13 +148,19 @@ def _search(ctx: PartitionContext) -> list[Assignment] | None:
     return assignments_of(groups, cl)
 
 
-def _ring_of(s: int, g: int, free: list[int], fullest: bool) -> tuple[int, ...] | None:
-    """A ring of exactly ``g`` GPUs (ascending, else oriented) whose positions fit: the fullest GPUs that hold
-    ``ceil(s / g)``, or the emptiest ones; ``None`` if that choice does not fit."""
-    need = ring_max_tokens(s, g)
-    order = sorted(range(len(free)), key=lambda r: (free[r], r) if fullest else (-free[r], r))
+def _by_room(free: list[int], fullest: bool) -> list[int]:
+    """The GPUs fullest first (``fullest``) or emptiest first; ties: lower rank."""
+    return sorted(range(len(free)), key=lambda r: (free[r], r) if fullest else (-free[r], r))
+
+
+def _ring_of(s: int, g: int, free: list[int], order: list[int], fullest: bool, spare: int = 0
+             ) -> tuple[int, ...] | None:
+    """A ring of exactly ``g`` GPUs (ascending, else oriented) whose positions fit, keeping ``spare`` free on each:
+    the first ``g`` of ``order`` (:func:`_by_room`) that hold ``ceil(s / g) + spare`` (``fullest``), or its first
+    ``g``; ``None`` if that choice does not fit."""
+    need = ring_max_tokens(s, g) + spare
     ring = [r for r in order if free[r] >= need][:g] if fullest else order[:g]
-    return oriented(s, ring, free) if len(ring) == g else None
+    return oriented(s, ring, free, spare) if len(ring) == g else None
 
 
 def _fill(ctx: PartitionContext, rule: str) -> list[Assignment]:
@@ -210,11 +217,9 @@ def _ring(s: int, free: list[int], spare: int = 0, *, fullest: bool = False) -> 
     fullest GPUs that still hold ``ceil(s / g)`` (best fit: the emptier GPUs stay free).
     Example: ``s = 41``, free ``[21, 21]``: ``(0, 1)`` (21 + 20 tokens); ``s = 4``, free
     ``[2, 2, 3, 3]``, ``fullest``: ``(0, 1)``, leaving 3 tokens free on GPUs 2 and 3."""
-    order = sorted(range(len(free)), key=lambda r: (free[r], r) if fullest else (-free[r], r))
+    order = _by_room(free, fullest)
     for g in range(2, min(len(free), s // 2) + 1):
-        need = ring_max_tokens(s, g) + spare
-        ring = [r for r in order if free[r] >= need][:g] if fullest else order[:g]
-        found = oriented(s, ring, free, spare) if len(ring) == g else None
+        found = _ring_of(s, g, free, order, fullest, spare)
         if found is not None:
             return found
     return None
