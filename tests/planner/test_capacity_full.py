@@ -122,8 +122,8 @@ def test_stream_fill_refusal_names_the_numbers() -> None:
 def test_micro_steps_at_the_margin_all_plan(dist: str, spec: str, cap: int) -> None:
     """Steps of exactly the budget the Megatron integration keeps when ``mbs * seq_length`` is the whole capacity,
     ``N * (tokens_per_gpu - LEVEL_MARGIN)`` (documents of at most ``tokens_per_gpu``, the one crossing a step's end cut
-    there: the fullest a step gets). Every one plans; the balanced candidates do not fit any of them, so all eight are
-    the capacity rules' plans."""
+    there: the fullest a step gets). Every one plans; at 10e680a the balanced candidates fit none of them (all 24 were
+    the capacity rules' plans), with spilling (place_gpus.place_spilled) 2, 6 and 5 of 8 still reach those rules."""
     cost = CostModel(model=MODEL, cluster=load_cluster(spec, tokens_per_gpu=cap))
     budget = cost.cluster.world_size * (cap - LEVEL_MARGIN)
     docs = get_distribution(dist).documents(np.random.default_rng(4), 8 * budget)

@@ -1,10 +1,10 @@
 """The partitioner's last resort: place every sequence where its tokens fit, time be damned.
 
 :func:`~.partition.partition` prefers balanced placements; near full capacity
-its level-by-level choices (a node first, then that node's GPUs) can leave
-tokens stranded: three sequences of 64 tokens on 2 x 3 GPUs of 48 tokens each
-(67% full) put two rings on node 0 and find the third no room. Then this
-module packs the batch by tokens alone, checking every GPU's exact tokens
+every one of them can strand a sequence, even after spilling it across nodes
+(:func:`~.place_gpus.place_spilled`): ``[502, 354, 82, 7, 23, 56]`` on 1 x 2 GPUs of
+512 tokens (full) fits only with every sequence on the 2-GPU ring, 7 and 23 oriented
+against each other. Then this module packs the batch by tokens alone, checking every GPU's exact tokens
 (:func:`~.zigzag.zigzag_tokens`) before it places anything, so whatever it
 returns fits ``tokens_per_gpu`` by construction:
 

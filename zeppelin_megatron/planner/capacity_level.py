@@ -29,7 +29,7 @@ from .partition_context import Assignment, PartitionContext, assignments_of
 from .plan_parts import PlanError
 from .zigzag import zigzag_counts, zigzag_tokens
 
-__all__ = ["LEVEL_MARGIN", "level_fill", "oriented", "ring_fits"]
+__all__ = ["LEVEL_MARGIN", "level_fill", "oriented", "ring_fits", "roomiest_ring"]
 
 LEVEL_MARGIN = 5
 """Free tokens per GPU, on average over the cluster, under which :func:`level_fill` may strand a sequence."""
@@ -58,6 +58,18 @@ def oriented(s: int, gpus: Sequence[int], free: Sequence[int], spare: int = 0, *
     for p, r in zip(sorted(range(len(ring)), key=lambda p: (-counts[p], p)), sorted(ring, key=lambda r: (-free[r], r))):
         out[p] = r
     return tuple(out) if ring_fits(s, out, free, spare) else None
+
+
+def roomiest_ring(s: int, free: Sequence[int], ranks: Sequence[int]) -> tuple[int, ...] | None:
+    """The smallest ring (``g >= 2``) of sequence ``s`` over the roomiest of ``ranks`` (ties: lower rank) whose every
+    position fits (:func:`oriented`), or ``None``. Example: ``s = 60``, free ``[40, 40, 5, 5]``, ranks 0-3:
+    ``(0, 1)`` (30 + 30 tokens)."""
+    order = sorted(ranks, key=lambda r: (-free[r], r))
+    for g in range(2, min(len(order), s // 2) + 1):
+        ring = oriented(s, order[:g], free)
+        if ring is not None:
+            return ring
+    return None
 
 
 def level_fill(ctx: PartitionContext) -> list[Assignment]:

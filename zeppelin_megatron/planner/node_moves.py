@@ -11,7 +11,7 @@ lowest :class:`MoveKey` wins is in :mod:`.node_balance`'s docstring. Pure and de
 from __future__ import annotations
 
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from itertools import compress, repeat
 from operator import eq, ge
@@ -48,6 +48,9 @@ class NodeState:
     cost: dict[int, float]
     lends: int = 0
     """How many :class:`Lend` moves were applied."""
+    spill: list[int] = field(default_factory=list)
+    """Sequences no node had room for (its tokens too scattered): level 2 places them after the nodes
+    (:func:`~.place_gpus.place_spilled`)."""
 
 
 @dataclass(frozen=True)

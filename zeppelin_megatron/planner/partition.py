@@ -105,8 +105,9 @@ def partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions) 
     earlier), or the lowest overall if none is within it; in either class a
     result without :func:`_chained` rings beats one with them. Lower thresholds, which span more
     sequences over nodes (batches dominated by a few huge sequences), are
-    tried unless the best result so far is within ``slack``. A candidate that
-    cannot fit the token capacity is skipped; if none fits, the batch is packed
+    tried unless the best result so far is within ``slack``. A sequence a level cannot fit where it
+    chose is placed after the nodes (:func:`~.place_gpus.place_spilled`); a candidate whose
+    spilled sequences still find no room is skipped; if none fits, the batch is packed
     by tokens alone (:func:`~.capacity_fill.capacity_fill`), which fits by
     construction or names the sequence it cannot place.
     """
@@ -133,7 +134,7 @@ def _partition(lengths: Sequence[int], cost: CostModel, options: PlannerOptions)
                 st = _assign_nodes(ctx, order, ctx.limit * factor, rank_in_order, lend=lend, ends=ends)
             except PlanError:  # this candidate runs out of tokens somewhere: the others may not
                 continue
-            outcome = (tuple(st.inter.items()), tuple(map(tuple, st.seqs)))
+            outcome = (tuple(st.inter.items()), tuple(map(tuple, st.seqs)), tuple(st.spill))
             if outcome in seen:
                 if not st.lends:
                     break
@@ -285,6 +286,7 @@ def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, ra
     node_tok = [0] * n_nodes
     node_seqs: list[list[int]] = [[] for _ in range(n_nodes)]
     inter: dict[int, tuple[int, ...]] = {}
+    spill: list[int] = []
     heap = [(0.0, n) for n in range(n_nodes)]  # (load, node); entries whose load changed are skipped
     soft_cap, may_span, node_cost = ctx.node_soft_cap, n_nodes > 1 and ctx.allow_inter, ctx.node_cost
     cost: dict[int, float] = {}  # GPU-time each node-local sequence adds to its node
@@ -343,11 +345,9 @@ def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, ra
             share = ring_node_tokens(s, k, gpn)
             room = sorted((n for n in range(n_nodes) if node_tok[n] + max(share) <= gpn * cap),
                           key=lambda n: (node_load[n], n))
-            if len(room) < k:
-                raise PlanError(
-                    f"sequence {i} of length {s} needs {k} nodes with room for {max(share)} tokens each; "
-                    f"free tokens per node are {[gpn * cap - t for t in node_tok]}"
-                )
+            if len(room) < k:  # the nodes' free tokens are too scattered: level 2 places it after the nodes
+                spill.append(i)
+                continue
             block = sorted(room[:k])
             inter[i] = tuple(cl.rank_of(n, l) for n in block for l in range(gpn))
             per_rank = ctx.inter_ms(s, ring_size)
@@ -356,18 +356,15 @@ def _assign_nodes(ctx: PartitionContext, order: list[int], span_limit: float, ra
                 node_tok[n] += share[p]
                 heapq.heappush(heap, (node_load[n], n))
             continue
-        if best is None:
-            raise PlanError(
-                f"sequence {i} of length {s} does not fit: no node has room for it "
-                f"({gpn} GPUs x {cap} tokens per GPU; free tokens per node: "
-                f"{[gpn * cap - t for t in node_tok]}); raise tokens_per_gpu or add nodes"
-            )
+        if best is None:  # no node has room for it whole: level 2 places it after the nodes
+            spill.append(i)
+            continue
         cost[i] = c = node_cost(i)
         node_load[best] += c
         node_tok[best] += s
         node_seqs[best].append(i)
         heapq.heappush(heap, (node_load[best], best))
-    st = NodeState(seqs=node_seqs, inter=inter, load=node_load, tokens=node_tok, cost=cost)
+    st = NodeState(seqs=node_seqs, inter=inter, load=node_load, tokens=node_tok, cost=cost, spill=spill)
     rebalance_nodes(ctx, st, rank_in_order, lend=lend)
     return st
 

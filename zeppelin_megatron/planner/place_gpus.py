@@ -10,6 +10,8 @@ that all stay under target (:func:`pick_ring`; ``intra_node``, ring in local
 index order). Each node is filled twice, once that way and once giving every
 split sequence a ring over the whole node (even ring loads), and the fill with
 the lower busiest GPU plus node remap time (:func:`~.score.node_remap`) wins.
+A sequence its node cannot hold (the node's free tokens scattered over its GPUs), and one level 1 found no node
+for, is placed after every node, where it finishes first (:func:`place_spilled`).
 A long run of equal sequences that goes round robin over the GPUs is placed whole rounds
 at a time (:mod:`.even_rounds`): the same GPUs, loads and order as one by one (past the
 target too, for a length no ring takes: :func:`never_split`).
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from operator import is_
 
+from .capacity_level import roomiest_ring
 from .even_rounds import MIN_ROUNDS, even_rounds
 from .node_balance import NodeState
 from .partition_context import Assignment, PartitionContext
@@ -44,7 +47,7 @@ def place_gpus(ctx: PartitionContext, st: NodeState) -> tuple[list[Assignment], 
     equal to :func:`~.score.rank_tokens` of the assignments, counted on the way).
 
     Raises:
-        PlanError: a node-spanning ring or a node's sequences do not fit ``tokens_per_gpu``.
+        PlanError: a node-spanning ring does not fit ``tokens_per_gpu``, or a spilled sequence finds no room.
     """
     cl, gpn, lengths = ctx.cluster, ctx.gpn, ctx.lengths
     out: list[Assignment | None] = [None] * len(lengths)
@@ -62,24 +65,28 @@ def place_gpus(ctx: PartitionContext, st: NodeState) -> tuple[list[Assignment], 
         raise PlanError(f"node-spanning rings put {gpu_tok[over[0]]} tokens on rank {over[0]}, "
                         f"more than tokens_per_gpu = {ctx.cap}")
     quota = [ctx.total_tokens // cl.world_size] * gpn  # the linear layout's, to a token
+    spill = list(st.spill)  # sequences no node (level 1) or no GPU or ring of their node holds: placed last
     for n in range(cl.nodes):
         if not st.seqs[n]:
             continue  # nothing to place: both fills would leave the node as it is
         base = cl.rank_of(n, 0)
         t_lim = max(st.load[n] / gpn, ctx.target) * (1.0 + ctx.options.slack)
         # Two candidate fills of the node; keep the one whose busiest GPU plus remap is cheapest.
-        best: tuple[float, NodeFill, list[float], list[int]] | None = None
+        best: tuple[tuple[int, float], NodeFill, list[float], list[int]] | None = None
         for whole_node in (False, True):
             load, tok = gpu_load[base:base + gpn], gpu_tok[base:base + gpn]
             placed, rings_asked = place_node(ctx, n, st.seqs[n], load, tok, t_lim, whole_node)
-            score = max(load) + node_remap(ctx, tok, quota)
-            if best is None or score < best[0] - 1e-9:
+            score = (len(placed.spill), max(load) + node_remap(ctx, tok, quota))  # fewer spilled first
+            if best is None or score[0] < best[0][0] or (score[0] == best[0][0] and score[1] < best[0][1] - 1e-9):
                 best = (score, placed, load, tok)
             if not rings_asked:
                 break  # every sequence went whole at once: the whole-node fill would repeat this one
         assert best is not None
         best[1].write(out)
+        spill.extend(best[1].spill)
         gpu_load[base:base + gpn], gpu_tok[base:base + gpn] = best[2], best[3]
+    for i in sorted(spill, key=lambda i: (-lengths[i], i)):
+        out[i] = place_spilled(ctx, i, gpu_load, gpu_tok)
     if any(map(is_, out, repeat(None))):  # impossible: level 1 gave every sequence a node or a ring
         raise RuntimeError(f"level 2 left sequence {out.index(None)} unplaced")
     return out, gpu_tok  # type: ignore[return-value]  # no None left
@@ -96,6 +103,7 @@ class NodeFill:
 
     one: dict[int, Assignment] = field(default_factory=dict)
     runs: list[tuple[list[int], Assignment]] = field(default_factory=list)
+    spill: list[int] = field(default_factory=list)
 
     def write(self, out: list[Assignment | None]) -> None:
         """Store every assignment of this fill at its sequence's index in ``out``."""
@@ -176,11 +184,9 @@ def place_node(ctx: PartitionContext, n: int, seqs: list[int], load: list[float]
             rings_asked = True
             by_load = sorted(range(gpn), key=lambda l: (load[l], l))
             choice = pick_ring(ctx, s, by_load, load, tok, t_lim, force=least < 0, whole_node=whole_node)
-            if choice is None and least < 0:
-                raise PlanError(
-                    f"sequence {i} of length {s} does not fit on node {n}: its GPUs have "
-                    f"{[cap - t for t in tok]} free tokens of {cap}; raise tokens_per_gpu or add GPUs"
-                )
+            if choice is None and least < 0:  # the node's free tokens are too scattered: placed across nodes later
+                fill.spill.append(i)
+                continue
             choice = choice or [least]
         if len(choice) == 1:
             l = choice[0]
@@ -267,3 +273,47 @@ def pick_ring(ctx: PartitionContext, s: int, by_load: list[int], load: list[floa
         if fallback is None or peak < fallback[0]:
             fallback = (peak, cand)
     return None if fallback is None else fallback[1]
+
+
+def place_spilled(ctx: PartitionContext, i: int, load: list[float], tok: list[int]) -> Assignment:
+    """Sequence ``i``, which a level could not fit where it chose, wherever it finishes first: whole on the least
+    loaded GPU with room, the smallest ring over the roomiest GPUs of one node, or the smallest over the cluster's
+    roomiest; of those that fit, the one with the lowest busiest GPU after it. ``load`` / ``tok`` (per rank) are
+    updated in place.
+
+    Example: 2 nodes x 2 GPUs of 100 tokens, free ``[40, 40, 5, 5]``: a sequence of 60 tokens fits no GPU,
+    and a ring over node 0's two GPUs (30 + 30) holds it.
+
+    Raises:
+        PlanError: none of them fits (the candidate is skipped; the capacity fallback may take the batch).
+    """
+    cl, cap, s = ctx.cluster, ctx.cap, ctx.lengths[i]
+    gpn, world = cl.gpus_per_node, cl.world_size
+    free = [cap - t for t in tok]
+    cands: list[tuple[float, tuple[int, ...], float]] = []  # (busiest GPU after, ranks, time added to each)
+    if ctx.allow_local:
+        room = [r for r in range(world) if free[r] >= s]
+        if room:
+            r = min(room, key=lambda r: (load[r], r))
+            cands.append((load[r] + ctx.w[i], (r,), ctx.w[i]))
+    if ctx.allow_intra:
+        for n in range(cl.nodes):
+            ring = roomiest_ring(s, free, range(n * gpn, (n + 1) * gpn))
+            if ring is not None:
+                per_rank = ctx.cost.ring_ms(s, len(ring), inter_node=False)
+                cands.append((max(load[r] for r in ring) + per_rank, ring, per_rank))
+    if ctx.allow_inter and cl.nodes > 1:
+        ring = roomiest_ring(s, free, range(world))
+        if ring is not None and len({cl.node_of(r) for r in ring}) > 1:
+            per_rank = ctx.inter_ms(s, len(ring))
+            cands.append((max(load[r] for r in ring) + per_rank, ring, per_rank))
+    if not cands:
+        raise PlanError(f"sequence {i} of length {s} does not fit: the GPUs have {free} free tokens of {cap} "
+                        "and no ring over the roomiest holds it; raise tokens_per_gpu or add GPUs")
+    _, ring, per_rank = min(cands)
+    for p, r in enumerate(ring):
+        load[r] += per_rank
+        tok[r] += s if len(ring) == 1 else zigzag_tokens(s, len(ring), p)
+    if len(ring) == 1:
+        return Assignment("local", ring)
+    return Assignment("intra_node" if len({cl.node_of(r) for r in ring}) == 1 else "inter_node", ring)
