@@ -224,7 +224,7 @@ def test_predicted_step_never_above_the_plain_plans(on_off_plans: list[tuple[Ste
     """Head-parallel rings change block widths, not placements, except that with them on the packed
     candidates also pack by the head-parallel work model (packed.sharded_ms): a plan placed differently is
     such a packing (the same shards, or sharding from the head-parallel threshold; its rings absorbing whole
-    sequences, packed._absorb, or not)."""
+    sequences, packed_whole.absorb_whole, or not)."""
     cost = _cost("4x8")
     repacked = 0
     for seed, (on, off) in enumerate(on_off_plans):

@@ -1,13 +1,13 @@
-"""Rings absorbing whole documents in Zeppelin's packings (planner/packed.py's absorb, PlannerOptions.packed_absorb)."""
+"""Rings absorbing whole documents in Zeppelin's packings (planner/packed_whole.py's absorb_whole,
+PlannerOptions.packed_absorb)."""
 
 from __future__ import annotations
 
 import pytest
 
 from zeppelin_megatron.planner import CostModel, PlanError, PlannerOptions, load_cluster, load_model, plan_step
-from zeppelin_megatron.planner.packed import (
-    CHARGES, _absorb, packed_assignments, packed_floor, packed_groups, quick_floor,
-)
+from zeppelin_megatron.planner.packed import CHARGES, packed_assignments, packed_floor, packed_groups, quick_floor
+from zeppelin_megatron.planner.packed_whole import absorb_whole
 from zeppelin_megatron.planner.predict import predict
 from zeppelin_megatron.planner.workloads import long_tailed_batch
 from zeppelin_megatron.sim.lengths import sample_steps
@@ -22,7 +22,7 @@ def test_docstring_example() -> None:
     6500 / 5500), then 1000 (6000 / 6000)."""
     lengths, groups = [8000, 3000, 1000], [(0, 1), (0,), (0,)]
     load, tok = [8000.0, 4000.0], [8000, 4000]
-    _absorb(lengths, 10 ** 6, groups, [float(s) for s in lengths], load, tok)
+    absorb_whole(lengths, 10 ** 6, groups, [float(s) for s in lengths], load, tok)
     assert groups == [(0, 1)] * 3 and load == [6000.0, 6000.0] and tok == [6000, 6000]
 
 
@@ -30,15 +30,15 @@ def test_absorb_keeps_capacity_the_zigzag_minimum_and_the_busiest_rank() -> None
     # rank 1 also holds 3000 tokens of little work (7000 of 8000): 3000 more on the ring would give it 1500 (over),
     # 1000 gives it 500
     groups, load, tok = [(0, 1), (0,), (0,), (1,)], [8000.0, 4100.0], [8000, 7000]
-    _absorb([8000, 3000, 1000, 3000], 8000, groups, [8000.0, 3000.0, 1000.0, 100.0], load, tok)
+    absorb_whole([8000, 3000, 1000, 3000], 8000, groups, [8000.0, 3000.0, 1000.0, 100.0], load, tok)
     assert groups == [(0, 1), (0,), (0, 1), (1,)] and tok == [7500, 7500]
     # sequences under 2 g tokens cannot be zigzag-split: they stay
     groups, load, tok = [(0, 1), (0,)], [8000.0, 4000.0], [4003, 4000]
-    _absorb([8000, 3], 10 ** 6, groups, [8000.0, 4000.0], load, tok)
+    absorb_whole([8000, 3], 10 ** 6, groups, [8000.0, 4000.0], load, tok)
     assert groups == [(0, 1), (0,)]
     # only the busiest rank gives: rank 1's lump is not taken while rank 0 is busier and holds nothing whole
     groups, load, tok = [(0, 1), (1,)], [9000.0, 5000.0], [4000, 5000]
-    _absorb([8000, 1000], 10 ** 6, groups, [8000.0, 1000.0], load, tok)
+    absorb_whole([8000, 1000], 10 ** 6, groups, [8000.0, 1000.0], load, tok)
     assert groups == [(0, 1), (1,)]
 
 

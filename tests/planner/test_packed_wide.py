@@ -78,7 +78,7 @@ def test_packed_groups_with_spans() -> None:
         at += z
     held = [0] * 128
     for i, g in enumerate(groups):
-        if len(g) > 1 and i not in dict(spans):  # one CP group, or a span's ring that absorbed it (packed._absorb)
+        if len(g) > 1 and i not in dict(spans):  # one CP group, or a span's ring that absorbed it (absorb_whole)
             assert g in span_ranks or (len(g) == 8 and g[0] % 8 == 0 and g == tuple(range(g[0], g[0] + 8)))
         for r, t in zip(g, zigzag_counts(b[i], len(g)) if len(g) > 1 else [b[i]]):
             held[r] += t

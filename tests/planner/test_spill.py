@@ -1,5 +1,6 @@
-"""Sequences the partitioner's levels could not fit where they chose go last, across nodes (spill), before the
-batch falls back to the capacity rules: :func:`~zeppelin_megatron.planner.place_gpus.place_spilled`."""
+"""Sequences a placement could not fit where it chose go where there is room (spill), before the candidate fails:
+the partitioner's levels (:func:`~zeppelin_megatron.planner.place_gpus.place_spilled`) and the packed candidates
+(:func:`~zeppelin_megatron.planner.packed_whole.spill_whole`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import pytest
 
 import zeppelin_megatron.planner.partition as partition
 from zeppelin_megatron.planner import CostModel, PlanError, PlannerOptions, load_cluster, load_model, plan_step
+from zeppelin_megatron.planner.packed import packed_assignments, packed_groups
+from zeppelin_megatron.planner.packed_whole import spill_whole
 from zeppelin_megatron.planner.partition_context import Assignment, PartitionContext
 from zeppelin_megatron.planner.place_gpus import place_spilled
 from zeppelin_megatron.planner.score import rank_tokens
+from zeppelin_megatron.sim.baselines import wlb_llm_groups
 from zeppelin_megatron.sim.lengths import get_distribution
 
 from .test_feasibility import check_plan_tokens
@@ -89,3 +93,40 @@ def test_sampler_micro_steps_at_tokens_per_gpu_get_balanced_plans(dist: str, spe
         step.append(d)
     for lengths in steps[:3]:
         check_plan_tokens(plan_step(lengths, cost), cap)
+
+
+def test_spill_whole_docstring_example() -> None:
+    """Groups (0, 1) and (2, 3) of 100 tokens holding 10, 10, 70, 60 (loads 0, 0, 1, 2): 50 tokens that group 1
+    cannot hold whole go whole to rank 0 (least loaded with room; ties: the lower rank); its group heap follows."""
+    load, tok = [0.0, 0.0, 1.0, 2.0], [10, 10, 70, 60]
+    heaps = [[(0.0, 0), (0.0, 1)], [(1.0, 2), (2.0, 3)]]
+    assert spill_whole(0, 50, 4.0, 1, 100, load, tok, heaps) == (0,)
+    assert tok == [60, 10, 70, 60] and load == [4.0, 0.0, 1.0, 2.0] and heaps == [[(0.0, 1), (4.0, 0)],
+                                                                                  [(1.0, 2), (2.0, 3)]]
+
+
+def test_spill_whole_skips_ranks_without_room_or_names_the_numbers() -> None:
+    load, tok = [0.0, 5.0, 1.0, 2.0], [60, 10, 70, 90]
+    heaps = [[(0.0, 0), (5.0, 1)], [(1.0, 2), (2.0, 3)]]
+    assert spill_whole(0, 50, 1.5, 1, 100, load, tok, heaps) == (1,)  # rank 0 (40 free) is less loaded, but too full
+    assert tok == [60, 60, 70, 90] and heaps[0] == [(0.0, 0), (6.5, 1)]
+    with pytest.raises(PlanError, match=r"sequence 0 \(50 tokens\) fits on no GPU of group 1 nor of the others "
+                                        r"\(100 tokens per GPU\)"):
+        spill_whole(0, 50, 1.5, 1, 100, load, tok, heaps)
+
+
+def test_packed_candidates_spill_and_wlb_llm_does_not() -> None:
+    """86% full, cp = 2: group 1 (ranks 2, 3) takes the 532 tokens by its room (it holds 1630 and 1473: 897 free), but
+    neither GPU holds them whole (370 and 527 free). Zeppelin's packing puts them whole on rank 1, the one GPU with
+    room (598 free); WLB-LLM's (the simulator's baseline, :func:`packed_groups` without ``spill``) refuses, as the
+    real one would."""
+    lengths = [1810, 532, 1473, 1630, 1402]
+    cost = CostModel(model=MODEL, cluster=load_cluster("2x2", tokens_per_gpu=2000))
+    with pytest.raises(PlanError, match="fits on no GPU of group 1"):
+        packed_groups(lengths, cost, 2)
+    with pytest.raises(PlanError, match="wlb-llm: sequence 1 .* fits on no GPU of group 1"):
+        wlb_llm_groups(lengths, cost.cluster, cost, 2)
+    placed = packed_assignments(lengths, cost, 2)
+    assert placed is not None and placed[1] == Assignment("local", (1,))
+    ctx = PartitionContext(lengths, cost, PlannerOptions())
+    assert max(rank_tokens(ctx, placed)) <= 2000 and sum(rank_tokens(ctx, placed)) == sum(lengths)

@@ -9,7 +9,10 @@ group with the least work that has token room (work: kept whole ``local_ms(s) + 
 ``cp * ring_ms(s, cp) + lin * s``, ``lin`` the linear ms per token at the batch's per-rank share); a
 document is sharded over its whole group when :func:`split_pays` (its ring hides its transfer and beats
 one GPU) or when it does not fit one GPU, else it stays whole on the group rank with the least work
-that has room. The simulator's ``wlb-llm`` baseline is this placement on TE CP's ring
+that has room; in Zeppelin's packings (:func:`packed_assignments`) one that no rank of its group has room for
+goes whole to the least-loaded rank with room of another group (:func:`~.packed_whole.spill_whole`), where
+WLB-LLM's packing fails.
+The simulator's ``wlb-llm`` baseline is this placement (without that spill) on TE CP's ring
 (:func:`~zeppelin_megatron.sim.baselines.wlb_llm_groups` calls :func:`packed_groups`). With
 ``head_parallel=True`` a sharded document weighs what Zeppelin's engine can run it in (:func:`sharded_ms`:
 the cheaper of the plain ring and a head-parallel one), which is less than the plain ring's ``cp`` calls and
@@ -63,6 +66,7 @@ from .cost_heads import head_ring_time, head_widths
 from .cost_model import CostModel
 from .grouped import layer_floors, ring_floor
 from .options import PlannerOptions
+from .packed_whole import absorb_whole, spill_whole
 from .partition_context import Assignment, assignments_of
 from .plan import PlanError
 from .zigzag import zigzag_counts
@@ -168,7 +172,8 @@ def split_pays(cost: CostModel, s: int, g: int) -> bool:
 def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_parallel: bool = False,
                   shard_from: int | None = None, first: int = 0, lead: Sequence[int] = (),
                   absorb: bool = False, wide: Sequence[tuple[int, int]] = (),
-                  splits: Callable[[CostModel, int, int], bool] | None = None) -> list[tuple[int, ...]]:
+                  splits: Callable[[CostModel, int, int], bool] | None = None,
+                  spill: bool = False) -> list[tuple[int, ...]]:
     """Ranks of each sequence under the packing with CP size ``cp`` (module docstring): ``(r,)`` for a
     whole one, the group's ``cp`` ranks in order for a sharded one.
 
@@ -189,7 +194,8 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
     ``lead = [0]``: 12000 is sharded over ranks 0 and 1, which then take two and one of the short documents
     (their load reached the others'), ranks 2-7 five or four each (FlexSP's shape: one pair, six single GPUs;
     with 40000 instead the pair takes none). ``absorb``: after placing, each group's ring takes whole
-    sequences off the group's busiest rank while that lowers the group's busiest load (:func:`_absorb`); default
+    sequences off the group's busiest rank while that lowers the group's busiest load
+    (:func:`~.packed_whole.absorb_whole`); default
     off (WLB-LLM's packing keeps every whole sequence whole). ``wide``: ``(sequence, z)`` pairs
     (:func:`~.packed_wide.wide_spans`): each such sequence is sharded over a *span* of ``z`` consecutive ranks (a
     multiple of ``cp``: whole CP groups), laid from rank ``first`` on, widest first; its work (its ring over ``z``
@@ -201,7 +207,8 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
     Raises :class:`PlanError` (naming the sequence, its tokens and the limit) when ``cp`` does not divide
     the ranks packed over, a sequence too long for one GPU cannot be sharded (``cp = 1`` or ``s < 2 cp``), a
     span is malformed (:func:`_spans`), or a sequence fits in no group (``cp * tokens_per_gpu`` tokens) or on no
-    GPU of its group."""
+    GPU of its group (without ``spill``; with it, such a sequence goes where :func:`~.packed_whole.spill_whole`
+    finds room, Zeppelin's candidates only: WLB-LLM's packing has no such step)."""
     cluster = cost.cluster
     world, cap = cluster.world_size, cluster.tokens_per_gpu
     if not 0 <= first < world:
@@ -299,7 +306,11 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
         while h and tok[h[0][1]] + s > cap:
             skipped.append(pop(h))
         if not h:
-            raise PlanError(f"sequence {i} ({s} tokens) fits on no GPU of group {where[i]} ({cap} tokens per GPU)")
+            if not spill:
+                raise PlanError(f"sequence {i} ({s} tokens) fits on no GPU of group {where[i]} ({cap} tokens per GPU)")
+            rank_heaps[where[i]] = sorted(skipped)  # every rank of the group, back (a sorted list is a heap)
+            groups[i] = spill_whole(i, s, work[i], where[i], cap, load, tok, rank_heaps)
+            continue
         w, r = h[0]
         groups[i] = (r,)
         tok[r] += s
@@ -308,7 +319,7 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
         for item in skipped:
             push(h, item)
     if absorb:
-        _absorb(lengths, cost.cluster.tokens_per_gpu, groups, work, load, tok)
+        absorb_whole(lengths, cost.cluster.tokens_per_gpu, groups, work, load, tok)
     return groups
 
 
@@ -330,58 +341,6 @@ def _spans(lengths: Sequence[int], cp: int, first: int, world: int, led: set[int
     return out
 
 
-def _absorb(lengths: Sequence[int], cap: int, groups: list[tuple[int, ...]], work: Sequence[float],
-            load: list[float], tok: list[int]) -> None:
-    """Rings take whole sequences off their group's busiest rank (``groups``, ``load`` and ``tok`` updated in place).
-
-    A packing weighs a sharded sequence by its own ring (:func:`sharded_ms`: a call's overhead and the all-to-alls'
-    latency) and a whole one by ``local_ms``; a whole sequence then sits as a lump on one rank of its group, while
-    one more sequence on a ring that runs anyway costs each of its ``g`` ranks about ``work / g`` (the ring's
-    calls run all its sequences together). Per ring (rank tuples of split sequences, sorted), while its busiest
-    rank ``b`` (ties: the lower rank) holds a whole sequence of at least ``2 g`` tokens that fits every rank of
-    the ring afterwards (``tok`` against ``cap``; zigzag shares) and whose move gives ``max(load_b - w,
-    load_2) + w / g < load_b`` (``w`` its work, ``load_2`` the next busiest rank's load), the one with the
-    lowest such estimate joins the ring. The estimate is the packing's; the candidate's floor and predicted step
-    (:func:`packed_floor`, :func:`~.predict.predict`) judge the result.
-
-    Example (weights of 1 per token, ``cap`` large): ring ``(0, 1)`` holding 8000 tokens (loads 4000 each), rank
-    0 also 3000 and 1000 whole (load 8000), rank 1 nothing else: moving 3000 gives ``max(5000, 4000) + 1500 =
-    6500``, moving 1000 ``max(7000, 4000) + 500 = 7500``: 3000 joins (loads 6500 and 5500); then rank 0's 1000
-    gives ``max(5500, 5500) + 500 = 6000 < 6500``: it joins too (loads 6000, 6000)."""
-    rings = sorted({g for g in groups if len(g) >= 2})
-    on: dict[int, list[int]] = {}
-    for i, g in enumerate(groups):
-        if len(g) == 1:
-            on.setdefault(g[0], []).append(i)
-    for ring in rings:
-        n = len(ring)
-        while True:
-            top = max(ring, key=lambda r: (load[r], -r))
-            second = max((load[r] for r in ring if r != top), default=0.0)
-            best = None
-            for i in on.get(top, ()):
-                s = lengths[i]
-                if s < 2 * n:
-                    continue
-                est = max(load[top] - work[i], second) + work[i] / n
-                if not (est < load[top] - 1e-9 and (best is None or (est, i) < best)):
-                    continue  # no better than the best so far: its room need not be checked
-                if any(tok[r] - (s if r == top else 0) + t > cap for r, t in zip(ring, zigzag_counts(s, n))):
-                    continue
-                best = (est, i)
-            if best is None:
-                break
-            i = best[1]
-            s = lengths[i]
-            on[top].remove(i)
-            load[top] -= work[i]
-            tok[top] -= s
-            for r, t in zip(ring, zigzag_counts(s, n)):
-                load[r] += work[i] / n
-                tok[r] += t
-            groups[i] = ring
-
-
 def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int, *, head_parallel: bool = False,
                        shard_from: int | None = None, first: int = 0, lead: Sequence[int] = (),
                        absorb: bool = False, wide: Sequence[tuple[int, int]] = ()) -> list[Assignment] | None:
@@ -392,7 +351,7 @@ def packed_assignments(lengths: Sequence[int], cost: CostModel, cp: int, *, head
     3 + 3 on the first; such a packing is no candidate)."""
     try:
         groups = packed_groups(lengths, cost, cp, head_parallel=head_parallel, shard_from=shard_from, first=first,
-                               lead=lead, absorb=absorb, wide=wide)
+                               lead=lead, absorb=absorb, wide=wide, spill=True)
     except PlanError:
         return None
     cl = cost.cluster
@@ -434,7 +393,8 @@ def quick_floor(longest: Sequence[int], cost: CostModel, cp: int, options: Plann
     ``zigzag_tokens`` of its position on each; one kept whole puts ``max(local_ms(s), overhead)`` (no copies:
     its rank may hold no ring) and ``s`` tokens on its rank; every rank's linear time is at least ``p * tokens``
     (``p``: the profile's least ms per token). Stops after the longest sharded and the longest whole sequence
-    (later ones are shorter). ``absorb`` (the packing's rings may absorb whole sequences, :func:`_absorb`): a
+    (later ones are shorter). ``absorb`` (the packing's rings may absorb whole sequences,
+    :func:`~.packed_whole.absorb_whole`): a
     sequence kept whole of at least ``2 cp`` tokens puts the lesser of the two (whole, or on a ring of its group).
     ``one_group``: the packing has one CP group (``cp`` is all the ranks packed over), so every sharded sequence of
     ``longest`` shares its ring, which puts at least their ring's floor and their zigzag tokens together on its

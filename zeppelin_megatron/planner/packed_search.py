@@ -391,7 +391,7 @@ def _sweep(lengths: Sequence[int], cost: CostModel, options: PlannerOptions, bes
                         must = share_threshold(rest, cost, ranks) or 0
                     if must > shard_from:
                         variants.append((True, must))
-        # Zeppelin's work model packs with absorbing rings (packed._absorb)
+        # Zeppelin's work model packs with absorbing rings (packed_whole.absorb_whole)
         quick = {v: quick_floor(longest, cost, size, options, shard_from=v[1], absorb=v[0] and options.packed_absorb,
                                 one_group=size == ranks) for v in variants}
         shards = True
