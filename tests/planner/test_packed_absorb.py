@@ -24,6 +24,9 @@ def test_docstring_example() -> None:
     load, tok = [8000.0, 4000.0], [8000, 4000]
     absorb_whole(lengths, 10 ** 6, groups, [float(s) for s in lengths], load, tok)
     assert groups == [(0, 1)] * 3 and load == [6000.0, 6000.0] and tok == [6000, 6000]
+    groups, load, tok = [(0, 1), (0,), (0,)], [8000.0, 4000.0], [8000, 4000]  # a spilled ring (skip) takes none
+    absorb_whole(lengths, 10 ** 6, groups, [float(s) for s in lengths], load, tok, frozenset({(0, 1)}))
+    assert groups == [(0, 1), (0,), (0,)] and load == [8000.0, 4000.0]
 
 
 def test_absorb_keeps_capacity_the_zigzag_minimum_and_the_busiest_rank() -> None:

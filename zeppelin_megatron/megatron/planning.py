@@ -100,7 +100,7 @@ def _physical_cluster(cfg: ZeppelinConfig, *, world_size: int, gpus_per_node: in
 HEADROOM = 1.05
 """Rank capacity over ``mbs * seq_length`` below which the start-up line warns that the fullest micro-steps are
 balanced with few tokens to spare (predicted on the sampler's micro-steps at 1.0 against 1.05: mean steps at most
-0.7% slower on five of seven settings, 7% slower on one, and one micro-step 99.94% full packed by tokens on the seventh;
+0.7% slower on five of seven settings, 5% slower on one, and one micro-step 99.94% full packed by tokens on the seventh;
 docs/planner.md, "When tokens are tight")."""
 
 
@@ -150,7 +150,7 @@ class ZeppelinSetup:
                                     f"that every micro-step leaves {LEVEL_MARGIN} tokens per rank free and fits)")
         if p.zeppelin_ranks > 1 and cap < HEADROOM * p.micro_batch_size * p.seq_length:
             note += (f" [{cap} tokens per rank is within {HEADROOM - 1:.0%} of --micro-batch-size x --seq-length: "
-                     "the fullest micro-steps are balanced with few tokens to spare, predicted up to 7% slower, "
+                     "the fullest micro-steps are balanced with few tokens to spare, predicted up to 5% slower, "
                      "and one filled to within a few tokens per rank may get a plan packed by tokens, not balanced "
                      "in time (docs/planner.md, 'When tokens are tight')]")
         return note

@@ -10,8 +10,8 @@ group with the least work that has token room (work: kept whole ``local_ms(s) + 
 document is sharded over its whole group when :func:`split_pays` (its ring hides its transfer and beats
 one GPU) or when it does not fit one GPU, else it stays whole on the group rank with the least work
 that has room; in Zeppelin's packings (:func:`packed_assignments`) one that no rank of its group has room for
-goes whole to the least-loaded rank with room of another group (:func:`~.packed_whole.spill_whole`), where
-WLB-LLM's packing fails.
+goes whole to the least-loaded rank with room of another group, else on a ring over the roomiest ranks
+(:func:`~.packed_whole.spill_whole`), where WLB-LLM's packing fails.
 The simulator's ``wlb-llm`` baseline is this placement (without that spill) on TE CP's ring
 (:func:`~zeppelin_megatron.sim.baselines.wlb_llm_groups` calls :func:`packed_groups`). With
 ``head_parallel=True`` a sharded document weighs what Zeppelin's engine can run it in (:func:`sharded_ms`:
@@ -295,6 +295,8 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
                 load[r] += per
                 tok[r] += t
     # whole sequences: per group, ranks by (work, rank), the least-loaded one with room
+    whole_max = 0  # the longest sequence placed whole so far (spill_whole: which may take a ring)
+    spilled: set[tuple[int, ...]] = set()  # spill_whole's rings: absorb none
     rank_heaps = [sorted((load[r], r) for r in ranks) for ranks in group_ranks]
     if led:
         rank_heaps.append(sorted((load[r], r) for r in range(first)))
@@ -309,8 +311,13 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
             if not spill:
                 raise PlanError(f"sequence {i} ({s} tokens) fits on no GPU of group {where[i]} ({cap} tokens per GPU)")
             rank_heaps[where[i]] = sorted(skipped)  # every rank of the group, back (a sorted list is a heap)
-            groups[i] = spill_whole(i, s, work[i], where[i], cap, load, tok, rank_heaps)
+            groups[i] = spill_whole(i, s, work[i], where[i], cap, load, tok, rank_heaps, whole_max)
+            if len(groups[i]) == 1:
+                whole_max = max(whole_max, s)
+            else:
+                spilled.add(groups[i])
             continue
+        whole_max = max(whole_max, s)
         w, r = h[0]
         groups[i] = (r,)
         tok[r] += s
@@ -319,7 +326,7 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
         for item in skipped:
             push(h, item)
     if absorb:
-        absorb_whole(lengths, cost.cluster.tokens_per_gpu, groups, work, load, tok)
+        absorb_whole(lengths, cost.cluster.tokens_per_gpu, groups, work, load, tok, frozenset(spilled))
     return groups
 
 

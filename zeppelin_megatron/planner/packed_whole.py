@@ -1,7 +1,8 @@
 """What a packing (:func:`~.packed.packed_groups`) does with whole documents after choosing their groups.
 
 * :func:`spill_whole` (Zeppelin's packings only): a whole document whose group has token room but no rank of it
-  holds it goes whole to the least-loaded rank with room of any group, where WLB-LLM's packing fails;
+  holds it goes whole to the least-loaded rank with room of any group, else on a ring over the roomiest ranks,
+  where WLB-LLM's packing fails;
 * :func:`absorb_whole` (``absorb``): each group's ring takes whole sequences off the group's busiest rank while
   that lowers the group's busiest load.
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .capacity_level import roomiest_ring
 from .plan import PlanError
 from .zigzag import zigzag_counts
 
@@ -19,30 +21,50 @@ __all__ = ["absorb_whole", "spill_whole"]
 
 
 def spill_whole(i: int, s: int, w: float, b: int, cap: int, load: list[float], tok: list[int],
-                rank_heaps: list[list[tuple[float, int]]]) -> tuple[int, ...]:
+                rank_heaps: list[list[tuple[float, int]]], whole_max: int) -> tuple[int, ...]:
     """Where sequence ``i`` (``s`` tokens, work ``w``) goes when no GPU of its group ``b`` has room for it whole: whole
     on the least-loaded rank with room of any group (the ranks that take whole sequences, ``rank_heaps``; ties: the
-    lower rank); ``load``, ``tok`` and that rank's group heap updated. It stays whole, as the packing's floors
-    (:func:`~.packed.quick_floor`, :func:`~.packed.packed_floor`) count it. Example: ranks 0-3 in groups ``(0, 1)``
-    and ``(2, 3)`` of 100 tokens, 10, 10, 70 and 60 held, loads 0, 0, 1, 2: 50 tokens for group 1 go to rank 0.
+    lower rank); else, where a sequence of at least ``s`` tokens already went whole (``whole_max >= s``), on the
+    smallest ring over the roomiest ranks of its group, else of every group (:func:`~.capacity_level.roomiest_ring`;
+    ``w`` spread evenly). ``load``, ``tok`` and the heaps of the ranks taken are updated.
+
+    Why ``whole_max``: :func:`~.packed.quick_floor` counts the packing's longest whole sequence whole on one rank; a
+    shorter one on a ring leaves that bound true, the longest itself would not. Example: ranks 0-3 in groups
+    ``(0, 1)`` and ``(2, 3)`` of 100 tokens, 10, 10, 70 and 60 held, loads 0, 0, 1, 2: 50 tokens for group 1 go
+    whole to rank 0; with 60, 60, 70, 60 held, 60 tokens fit no rank whole and go on the ring ``(2, 3)``
+    (30 + 30) if ``whole_max >= 60``.
 
     Raises:
-        PlanError: no such rank has room (the packing is no candidate).
+        PlanError: neither fits (the packing is no candidate).
     """
     room = [(load[r], r, k) for k, h in enumerate(rank_heaps) for _, r in h if tok[r] + s <= cap]
-    if not room:
+    if room:
+        _, r, k = min(room)
+        load[r] += w
+        tok[r] += s
+        rank_heaps[k] = sorted((load[x], x) for _, x in rank_heaps[k])
+        return (r,)
+    free = [cap - t for t in tok]
+    heap_of = {r: k for k, h in enumerate(rank_heaps) for _, r in h}
+    ring = None
+    if whole_max >= s:
+        ring = roomiest_ring(s, free, [r for _, r in rank_heaps[b]]) or roomiest_ring(s, free, sorted(heap_of))
+    if ring is None:
         raise PlanError(f"sequence {i} ({s} tokens) fits on no GPU of group {b} nor of the others ({cap} tokens per "
-                        "GPU)")
-    _, r, k = min(room)
-    load[r] += w
-    tok[r] += s
-    rank_heaps[k] = sorted((load[x], x) for _, x in rank_heaps[k])
-    return (r,)
+                        "GPU)" + ("" if whole_max >= s else " and may not take a ring (it is the longest kept whole)"))
+    for r, n in zip(ring, zigzag_counts(s, len(ring))):
+        load[r] += w / len(ring)
+        tok[r] += n
+    for k in {heap_of[r] for r in ring}:
+        rank_heaps[k] = sorted((load[x], x) for _, x in rank_heaps[k])
+    return ring
 
 
 def absorb_whole(lengths: Sequence[int], cap: int, groups: list[tuple[int, ...]], work: Sequence[float],
-            load: list[float], tok: list[int]) -> None:
+                 load: list[float], tok: list[int], skip: frozenset[tuple[int, ...]] = frozenset()) -> None:
     """Rings take whole sequences off their group's busiest rank (``groups``, ``load`` and ``tok`` updated in place).
+    Rings in ``skip`` (:func:`spill_whole`'s) take none: :func:`~.packed.quick_floor` counts a whole sequence at
+    best on a ring of its group, and a spilled ring may be another size.
 
     A packing weighs a sharded sequence by its own ring (:func:`~.packed.sharded_ms`: a call's overhead and the
     all-to-alls' latency) and a whole one by ``local_ms``; a whole sequence then sits as a lump on one rank of its
@@ -58,7 +80,7 @@ def absorb_whole(lengths: Sequence[int], cap: int, groups: list[tuple[int, ...]]
     0 also 3000 and 1000 whole (load 8000), rank 1 nothing else: moving 3000 gives ``max(5000, 4000) + 1500 =
     6500``, moving 1000 ``max(7000, 4000) + 500 = 7500``: 3000 joins (loads 6500 and 5500); then rank 0's 1000
     gives ``max(5500, 5500) + 500 = 6000 < 6500``: it joins too (loads 6000, 6000)."""
-    rings = sorted({g for g in groups if len(g) >= 2})
+    rings = sorted({g for g in groups if len(g) >= 2} - skip)
     on: dict[int, list[int]] = {}
     for i, g in enumerate(groups):
         if len(g) == 1:
