@@ -31,7 +31,7 @@ ranks 0 and 1 (32 + 32); the second over ranks 2 and 3, the third over 4 and
 
 from __future__ import annotations
 
-from .capacity_level import LEVEL_MARGIN, level_fill, oriented
+from .capacity_level import LEVEL_MARGIN, level_fill, oriented, roomiest_ring
 from .capacity_stream import stream_fill
 from .partition_context import Assignment, PartitionContext, assignments_of
 from .plan_parts import PlanError
@@ -217,6 +217,8 @@ def _ring(s: int, free: list[int], spare: int = 0, *, fullest: bool = False) -> 
     fullest GPUs that still hold ``ceil(s / g)`` (best fit: the emptier GPUs stay free).
     Example: ``s = 41``, free ``[21, 21]``: ``(0, 1)`` (21 + 20 tokens); ``s = 4``, free
     ``[2, 2, 3, 3]``, ``fullest``: ``(0, 1)``, leaving 3 tokens free on GPUs 2 and 3."""
+    if not fullest:
+        return roomiest_ring(s, free, range(len(free)), spare)
     order = _by_room(free, fullest)
     for g in range(2, min(len(free), s // 2) + 1):
         found = _ring_of(s, g, free, order, fullest, spare)

@@ -60,13 +60,13 @@ def oriented(s: int, gpus: Sequence[int], free: Sequence[int], spare: int = 0, *
     return tuple(out) if ring_fits(s, out, free, spare) else None
 
 
-def roomiest_ring(s: int, free: Sequence[int], ranks: Sequence[int]) -> tuple[int, ...] | None:
+def roomiest_ring(s: int, free: Sequence[int], ranks: Sequence[int], spare: int = 0) -> tuple[int, ...] | None:
     """The smallest ring (``g >= 2``) of sequence ``s`` over the roomiest of ``ranks`` (ties: lower rank) whose every
-    position fits (:func:`oriented`), or ``None``. Example: ``s = 60``, free ``[40, 40, 5, 5]``, ranks 0-3:
-    ``(0, 1)`` (30 + 30 tokens)."""
+    position fits keeping ``spare`` free on each GPU (:func:`oriented`), or ``None``. Example: ``s = 60``, free
+    ``[40, 40, 5, 5]``, ranks 0-3: ``(0, 1)`` (30 + 30 tokens)."""
     order = sorted(ranks, key=lambda r: (-free[r], r))
     for g in range(2, min(len(order), s // 2) + 1):
-        ring = oriented(s, order[:g], free)
+        ring = oriented(s, order[:g], free, spare)
         if ring is not None:
             return ring
     return None
