@@ -32,7 +32,7 @@ from operator import is_
 from .capacity_level import roomiest_ring
 from .even_rounds import MIN_ROUNDS, even_rounds
 from .node_balance import NodeState
-from .partition_context import Assignment, PartitionContext
+from .partition_context import Assignment, PartitionContext, assignments_of
 from .plan_parts import PlanError
 from .score import node_remap
 from .zigzag import ring_max_tokens, zigzag_tokens
@@ -314,6 +314,4 @@ def place_spilled(ctx: PartitionContext, i: int, load: list[float], tok: list[in
     for p, r in enumerate(ring):
         load[r] += per_rank
         tok[r] += s if len(ring) == 1 else zigzag_tokens(s, len(ring), p)
-    if len(ring) == 1:
-        return Assignment("local", ring)
-    return Assignment("intra_node" if len({cl.node_of(r) for r in ring}) == 1 else "inter_node", ring)
+    return assignments_of([ring], cl)[0]
