@@ -52,10 +52,13 @@ def _widths(plan: StepPlan, moved: Moved) -> list[int]:
     return [moved.widths.get(i, s.a2a) for i, s in enumerate(plan.sequences)]
 
 
-def test_worked_example() -> None:
-    """The module docstring's example: 3000 moves from rank 0 to rank 3, the step 8 -> 5 ms, then nothing lowers it."""
+@pytest.mark.parametrize("bisect", [True, False])
+def test_worked_example(bisect: bool) -> None:
+    """The module docstring's example: 3000 moves from rank 0 to rank 3, the step 8 -> 5 ms, then nothing lowers it
+    (swaps found by bisection or among all)."""
     cost = SimpleNamespace(cluster=SimpleNamespace(world_size=4, tokens_per_gpu=100_000), call_overhead_ms=0.0,
-                           model=SimpleNamespace(layers=1), local_ms=lambda s: s / 1000, linear_ms=lambda t: 0.0)
+                           model=SimpleNamespace(layers=1), local_ms=lambda s: s / 1000, linear_ms=lambda t: 0.0,
+                           times_increase=lambda: bisect)
     lengths = [5000, 3000, 4000, 4000, 2000]
     placed = [Assignment("local", (r,)) for r in (0, 0, 1, 2, 3)]
     tokens = [8000, 4000, 4000, 2000]

@@ -72,6 +72,18 @@ class LogInterp:
         y0, y1 = self._ys[j - 1], self._ys[j]
         return y0 + (y1 - y0) * (lx - x0) / (x1 - x0)
 
+    def segments(self) -> list[tuple[float, float]]:
+        """Per segment between two points, ``(min(y0, y1), x * dy/dx)``: the least ``y`` on it and ``y``'s
+        slope per unit of ``ln x`` (constant on a segment: ``(y1 - y0) / ((log2 x1 - log2 x0) ln 2)``). Example:
+        points ``(1, 4)`` and ``(2, 2)``: ``[(2, -2 / ln 2)]``."""
+        return [(min(y0, y1), (y1 - y0) / ((x1 - x0) * math.log(2)))
+                for x0, x1, y0, y1 in zip(self._lx, self._lx[1:], self._ys, self._ys[1:])]
+
+    @property
+    def ys(self) -> tuple[float, ...]:
+        """The points' ``y`` in ``x`` order."""
+        return tuple(self._ys)
+
 
 @dataclass(frozen=True, kw_only=True)
 class CostModel:
@@ -298,6 +310,27 @@ class CostModel:
         if hit is None:  # memoised: every prediction asks for every rank's tokens
             hit = self._linear[tokens] = 0.0 if tokens <= 0 else tokens * self._lin_ms_per_token(tokens)
         return hit
+
+    def times_increase(self) -> bool:
+        """Whether :meth:`local_ms` never falls and :meth:`linear_ms` strictly rises with the tokens, for every
+        token count: what :func:`~.whole_moves.trade_whole` needs to find its swaps by bisection. Memoised.
+
+        Checked on the profile's rows (sufficient conditions, every rate positive): ``local_ms(s) = K s^2 / c(s)``
+        with ``c`` the causal rate, interpolated over ``log2 s`` (``K s x0 / c0`` below the first row, ``K s^2 / c``
+        above the last), so on a segment ``d local_ms / ds = K s (2 c(s) - s c'(s)) / c(s)^2``, at least 0 where
+        ``2 min(c0, c1) >= s c'(s)``; ``linear_ms(t) = t m(t)`` with ``m`` the ms per token (held beyond the
+        rows), so ``d linear_ms / dt = m(t) + t m'(t)``, above 0 where ``min(m0, m1) + t m'(t) > 0``
+        (:meth:`LogInterp.segments`: ``s c'(s)`` and ``t m'(t)`` are constant on a segment). The bundled H100
+        profile passes; a profile whose causal rate grows more than ``1 + 2 ln 2`` (about 2.4) times from one row to
+        one of twice the length fails, and the trades then try every swap."""
+        key = ("times_increase",)
+        hit = self._cache.get(key)
+        if hit is None:
+            causal, per_token = self._rate_causal, self._lin_ms_per_token
+            hit = self._cache[key] = (min(causal.ys + per_token.ys) > 0
+                                      and all(2 * low >= slope for low, slope in causal.segments())
+                                      and all(low + slope > 0 for low, slope in per_token.segments()))
+        return hit  # type: ignore[no-any-return]
 
     def least_linear_ms_per_token(self) -> float:
         """The least ``linear_ms(t) / t`` over all ``t``: at one of the profile's linear rows (the rate is

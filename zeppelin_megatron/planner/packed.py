@@ -264,15 +264,29 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
     if led or spans:
         heapq.heapify(heap)
     pop, push, replace = heapq.heappop, heapq.heappush, heapq.heapreplace
+    # CP groups without room for a sequence wait aside, roomiest first, until a shorter one fits them: the heap holds
+    # the groups with room for the sequences tried so far, the least-loaded of those with room for this one is its
+    # least-loaded group with room (near full, popping every full group for every sequence cost O(n P))
+    full_groups: list[tuple[int, float, int]] = []  # (-free tokens, work, group)
     for i in order:
         s = lengths[i]
-        w, b = heap[0]  # never empty here: the groups set aside are pushed back
-        skipped = []
-        while g_tok[b] + s > room if b < n_groups else shard[i] or g_tok[b] + s > lead_room:  # no room: set aside
-            skipped.append(pop(heap))
-            if not heap:
-                raise PlanError(f"sequence {i} ({s} tokens) fits in no group of {cp * cap} tokens (cp = {cp})")
+        while full_groups and -full_groups[0][0] >= s:
+            _, w, b = pop(full_groups)
+            push(heap, (w, b))
+        skipped = []  # the filled leading group, which takes whole sequences only: back after this one
+        while heap:
             w, b = heap[0]
+            if b < n_groups:
+                if g_tok[b] + s <= room:
+                    break
+                push(full_groups, (g_tok[b] - room, w, b))
+            elif not shard[i] and g_tok[b] + s <= lead_room:
+                break
+            else:
+                skipped.append(heap[0])
+            pop(heap)
+        if not heap:
+            raise PlanError(f"sequence {i} ({s} tokens) fits in no group of {cp * cap} tokens (cp = {cp})")
         where[i] = b
         g_tok[b] += s
         replace(heap, (w + (work[i] if b < n_groups else scale * work[i]), b))
@@ -300,17 +314,24 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
     rank_heaps = [sorted((load[r], r) for r in ranks) for ranks in group_ranks]
     if led:
         rank_heaps.append(sorted((load[r], r) for r in range(first)))
+    full_ranks: list[list[tuple[int, float, int]]] = [[] for _ in rank_heaps]  # per group: (-free tokens, load, rank)
     for i in order:
         if groups[i]:
             continue
-        s, h = lengths[i], rank_heaps[where[i]]
-        skipped = []
+        s, h, full = lengths[i], rank_heaps[where[i]], full_ranks[where[i]]
+        while full and -full[0][0] >= s:  # ranks set aside (as groups above) with room again
+            _, w, r = pop(full)
+            push(h, (w, r))
         while h and tok[h[0][1]] + s > cap:
-            skipped.append(pop(h))
+            w, r = pop(h)
+            push(full, (tok[r] - cap, w, r))
         if not h:
             if not spill:
                 raise PlanError(f"sequence {i} ({s} tokens) fits on no GPU of group {where[i]} ({cap} tokens per GPU)")
-            rank_heaps[where[i]] = sorted(skipped)  # every rank of the group, back (a sorted list is a heap)
+            for k, aside in enumerate(full_ranks):  # every rank back in its group's heap (sorted: a heap)
+                if aside:
+                    rank_heaps[k] = sorted(rank_heaps[k] + [(w, r) for _, w, r in aside])
+                    aside.clear()
             groups[i] = spill_whole(i, s, work[i], where[i], cap, load, tok, rank_heaps, whole_max)
             if len(groups[i]) == 1:
                 whole_max = max(whole_max, s)
@@ -323,8 +344,6 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
         tok[r] += s
         load[r] += work[i]
         replace(h, (w + work[i], r))
-        for item in skipped:
-            push(h, item)
     if absorb:
         absorb_whole(lengths, cost.cluster.tokens_per_gpu, groups, work, load, tok, frozenset(spilled))
     return groups

@@ -22,7 +22,8 @@ back one of ``u < s`` tokens or none, where ``r`` has room (``tokens_per_gpu``) 
 now; receivers are tried least-loaded first (ties: the lower rank) among the :data:`TARGETS` least-loaded ranks
 and every ring rank whose waits would hide part of a document, and the first receiver with such a trade makes
 the one with the lowest ``max(new b, new r)`` (ties: the shorter ``s``, then ``u``). One document per distinct
-length is tried on each side (the lowest index). Where no such trade exists and ``b`` is a member of a
+length is tried on each side (the lowest index); for each ``s`` the best ``u`` is found by bisection where the cost
+model's times rise with tokens (:func:`_swaps`). Where no such trade exists and ``b`` is a member of a
 head-parallel ring, one of that ring's documents may move to another head-parallel ring over as many ranks at
 the same width, sharing no rank with it, where every member of both ends below ``b``'s time (the lowest such
 maximum; receivers least-loaded first; :data:`RING_TRIES` receivers timed in all): at 128 GPUs the busiest ranks
@@ -58,7 +59,8 @@ Pure and deterministic.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import NamedTuple, Sequence
+from functools import partial
+from typing import Callable, NamedTuple, Sequence
 
 from .cost_model import CostModel
 from .engine_ring import local_copy_ms_per_token
@@ -163,9 +165,11 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
     """The trades of :func:`move_whole` (module docstring) given each rank's ring ``tot`` and ``own`` ms a layer,
     the row-copy ms per token ``pays`` its whole documents cost on top of ``local_ms``, and its ``tokens``
     (updated in place); ``None`` when no trade lowers the step. ``cost`` gives ``local_ms``, ``linear_ms``, the
-    call overhead, the layers and the cluster's ranks and ``tokens_per_gpu``."""
+    call overhead, the layers, the cluster's ranks and ``tokens_per_gpu``, and ``times_increase`` (swaps found by
+    bisection, :func:`_swaps`, where it holds; else every swap tried)."""
     world, cap = cost.cluster.world_size, cost.cluster.tokens_per_gpu
     oh = cost.call_overhead_ms
+    bisect = cost.times_increase()  # swaps found by bisection (_swaps)
     loc = [0.0] * world
     held: list[list[int]] = [[] for _ in range(world)]
     for i, a in enumerate(assignments):
@@ -190,6 +194,24 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
 
     times = [time(r, loc[r], tokens[r], len(held[r])) for r in range(world)]
     order = sorted((t, r) for r, t in enumerate(times))  # (time, rank), ascending
+
+    def give(b: int, s: int, u: int, j: int, drop: dict[tuple[int, int], float]) -> float:
+        """Rank ``b``'s time after giving ``s`` and taking ``u`` (``j = -1``: taking nothing), memoised in ``drop``
+        (``b``'s, while its work stays)."""
+        after_b = drop.get((s, u))
+        if after_b is None:
+            after_b = drop[(s, u)] = time(b, loc[b] - call(b, s) + (call(b, u) if j >= 0 else 0.0),
+                                          tokens[b] - s + u, len(held[b]) - (j < 0))
+        return after_b
+
+    def take(r: int, s: int, u: int, j: int) -> float:
+        """Rank ``r``'s time after taking ``s`` and giving ``u`` (``j = -1``: giving nothing)."""
+        return time(r, loc[r] + call(r, s) - (call(r, u) if j >= 0 else 0.0), tokens[r] + s - u,
+                    len(held[r]) + (j < 0))
+
+    def crossed(b: int, r: int, s: int, drop: dict[tuple[int, int], float], u: int) -> bool:
+        """Whether swapping ``s`` of ``b`` for ``u`` of ``r`` leaves ``b`` at least as busy as ``r``."""
+        return give(b, s, u, 0, drop) >= take(r, s, u, 0)
 
     def hides(r: int) -> bool:
         """Whether rank ``r``'s ring waits have room for more local work."""
@@ -330,21 +352,19 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
             if theirs is None:
                 theirs = kinds[r] = [(-1, 0)] + _distinct(held[r], lengths)
             room = cap - tokens[r]
+            halve = bisect and len(theirs) > BISECT_FROM
             for i, s in mine:
-                for j, u in theirs:
+                for j, u in _swaps(s, room, theirs, partial(crossed, b, r, s, drop)) if halve else theirs:
                     if u >= s:
                         break  # a swap for a longer one moves work toward b
                     if s - u > room:
                         continue
                     after_b = drop.get((s, u))
                     if after_b is None:
-                        after_b = drop[(s, u)] = time(b, loc[b] - call(b, s) + (call(b, u) if j >= 0 else 0.0),
-                                                      tokens[b] - s + u, len(held[b]) - (j < 0))
+                        after_b = give(b, s, u, j, drop)
                     if after_b > (top - 1e-9 if best is None else best[0]):
                         continue  # no lower than b now, or than the best so far
-                    after_r = time(r, loc[r] + call(r, s) - (call(r, u) if j >= 0 else 0.0), tokens[r] + s - u,
-                                   len(held[r]) + (j < 0))
-                    key = (max(after_b, after_r), s, u, r, i, j)
+                    key = (max(after_b, take(r, s, u, j)), s, u, r, i, j)
                     if key[0] < top - 1e-9 and (best is None or key < best):
                         best = key
         if best is None:
@@ -400,12 +420,40 @@ def trade_whole(lengths: Sequence[int], assignments: Sequence[Assignment], tot: 
     return Moved(traded, layers * first, layers * order[-1][0], widths)
 
 
+BISECT_FROM = 8
+"""A receiver holding more than this many distinct lengths (and the move) has its swaps found by bisection
+(:func:`_swaps`); fewer are all tried (as fast)."""
+
 RING_TRIES = 6
 """At most this many (document, receiving ring) pairs are timed for one ring move (each times two rings)."""
 
 RING_SHARE = 0.5
 """A receiving ring is timed only where its busiest member plus this share of what the document costs each member of
 its own ring stays below the busiest rank (a ring of the same shape gains about that much)."""
+
+
+def _swaps(s: int, room: int, theirs: Sequence[tuple[int, int]],
+           crossed: Callable[[int], bool]) -> list[tuple[int, int]]:
+    """The pairs of ``theirs`` (``(-1, 0)``, then ``(index, length)`` by length, :func:`_distinct`) among which
+    :func:`trade_whole`'s lowest ``(max(after_b, after_r), u)`` for a document of ``s`` tokens lies: the move
+    (``(-1, 0)``) where ``s`` fits ``room``, and the two swaps around the crossing of ``after_b``, which rises with the
+    length ``u`` taken back, and ``after_r``, which falls (``crossed(u)``: ``after_b >= after_r``), among the ``u`` with
+    ``s - room <= u < s``. Exact where :meth:`~.cost_model.CostModel.times_increase` holds: below the crossing the
+    maximum is ``after_r``, falling, above it ``after_b``, rising. ``O(log n)`` calls of ``crossed`` instead of the
+    ``n`` swaps. Example: lengths ``u`` of ``[100, 200, 300, 400]``, ``s = 350``, room 200: ``u`` from 150 to 349,
+    so 200 and 300; ``crossed(200)`` false, ``crossed(300)`` true: both are returned."""
+    out = [theirs[0]] if s <= room else []
+    lo = bisect_left(theirs, s - room, 1, key=lambda x: x[1])
+    hi = bisect_left(theirs, s, lo, key=lambda x: x[1])
+    a, z = lo, hi
+    while a < z:  # the first swap at or past the crossing
+        m = (a + z) // 2
+        if crossed(theirs[m][1]):
+            z = m
+        else:
+            a = m + 1
+    out.extend(theirs[k] for k in (a - 1, a) if lo <= k < hi)
+    return out
 
 
 def _distinct(held: Sequence[int], lengths: Sequence[int]) -> list[tuple[int, int]]:
