@@ -97,22 +97,21 @@ def test_sampler_micro_steps_at_tokens_per_gpu_get_balanced_plans(dist: str, spe
 
 def test_spill_whole_docstring_example() -> None:
     """Groups (0, 1) and (2, 3) of 100 tokens holding 10, 10, 70, 60 (loads 0, 0, 1, 2): 50 tokens that group 1
-    cannot hold whole go whole to rank 0 (least loaded with room; ties: the lower rank); its group heap follows."""
+    cannot hold whole go whole to rank 0 (least loaded with room; ties: the lower rank), which carries its work."""
     load, tok = [0.0, 0.0, 1.0, 2.0], [10, 10, 70, 60]
-    heaps = [[(0.0, 0), (0.0, 1)], [(1.0, 2), (2.0, 3)]]
-    assert spill_whole(0, 50, 4.0, 1, 100, load, tok, heaps, 0) == (0,)
-    assert tok == [60, 10, 70, 60] and load == [4.0, 0.0, 1.0, 2.0] and heaps == [[(0.0, 1), (4.0, 0)],
-                                                                                  [(1.0, 2), (2.0, 3)]]
+    members = [(0, 1), (2, 3)]
+    assert spill_whole(0, 50, 4.0, 1, 100, load, tok, members, 0) == (0,)
+    assert tok == [60, 10, 70, 60] and load == [4.0, 0.0, 1.0, 2.0] and members == [(0, 1), (2, 3)]
 
 
 def test_spill_whole_skips_ranks_without_room_or_names_the_numbers() -> None:
     load, tok = [0.0, 5.0, 1.0, 2.0], [60, 10, 70, 90]
-    heaps = [[(0.0, 0), (5.0, 1)], [(1.0, 2), (2.0, 3)]]
-    assert spill_whole(0, 50, 1.5, 1, 100, load, tok, heaps, 0) == (1,)  # rank 0 (40 free) is less loaded, but too full
-    assert tok == [60, 60, 70, 90] and heaps[0] == [(0.0, 0), (6.5, 1)]
+    members = [(0, 1), (2, 3)]
+    assert spill_whole(0, 50, 1.5, 1, 100, load, tok, members, 0) == (1,)  # rank 0 (40 free): less loaded, too full
+    assert tok == [60, 60, 70, 90] and load == [0.0, 6.5, 1.0, 2.0]
     with pytest.raises(PlanError, match=r"sequence 0 \(50 tokens\) fits on no GPU of group 1 nor of the others "
                                         r"\(100 tokens per GPU\)"):
-        spill_whole(0, 50, 1.5, 1, 100, load, tok, heaps, 0)
+        spill_whole(0, 50, 1.5, 1, 100, load, tok, members, 0)
 
 
 def test_spill_whole_takes_a_ring_only_behind_a_longer_whole_one() -> None:
@@ -120,14 +119,14 @@ def test_spill_whole_takes_a_ring_only_behind_a_longer_whole_one() -> None:
     (``whole_max``), they go on the ring over their group (2, 3), 30 + 30, work split; without, the packing fails:
     :func:`quick_floor` counts the longest whole sequence whole, and on a ring it could run under that bound."""
     load, tok = [0.0, 0.0, 1.0, 2.0], [60, 60, 70, 60]
-    heaps = [[(0.0, 0), (0.0, 1)], [(1.0, 2), (2.0, 3)]]
+    members = [(0, 1), (2, 3)]
     with pytest.raises(PlanError, match=r"sequence 0 \(60 tokens\) fits on no GPU of group 1 nor of the others "
                                         r"\(100 tokens per GPU\) and may not take a ring"):
-        spill_whole(0, 60, 4.0, 1, 100, load, tok, heaps, 59)
-    assert spill_whole(0, 60, 4.0, 1, 100, load, tok, heaps, 60) == (2, 3)
-    assert tok == [60, 60, 100, 90] and load == [0.0, 0.0, 3.0, 4.0] and heaps[1] == [(3.0, 2), (4.0, 3)]
+        spill_whole(0, 60, 4.0, 1, 100, load, tok, members, 59)
+    assert spill_whole(0, 60, 4.0, 1, 100, load, tok, members, 60) == (2, 3)
+    assert tok == [60, 60, 100, 90] and load == [0.0, 0.0, 3.0, 4.0]
     load, tok = [0.0, 0.0, 1.0, 2.0], [60, 60, 80, 90]  # group 1 has 30 free: the ring goes over the roomiest of all
-    assert spill_whole(0, 60, 4.0, 1, 100, load, tok, heaps, 60) == (0, 1)
+    assert spill_whole(0, 60, 4.0, 1, 100, load, tok, members, 60) == (0, 1)
 
 
 def test_packed_candidates_spill_and_wlb_llm_does_not() -> None:

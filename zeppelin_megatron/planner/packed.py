@@ -311,9 +311,8 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
     # whole sequences: per group, ranks by (work, rank), the least-loaded one with room
     whole_max = 0  # the longest sequence placed whole so far (spill_whole: which may take a ring)
     spilled: set[tuple[int, ...]] = set()  # spill_whole's rings: absorb none
-    rank_heaps = [sorted((load[r], r) for r in ranks) for ranks in group_ranks]
-    if led:
-        rank_heaps.append(sorted((load[r], r) for r in range(first)))
+    members = group_ranks + ([tuple(range(first))] if led else [])  # the ranks that take whole sequences, by group
+    rank_heaps = [sorted((load[r], r) for r in ranks) for ranks in members]
     full_ranks: list[list[tuple[int, float, int]]] = [[] for _ in rank_heaps]  # per group: (-free tokens, load, rank)
     for i in order:
         if groups[i]:
@@ -328,11 +327,10 @@ def packed_groups(lengths: Sequence[int], cost: CostModel, cp: int, *, head_para
         if not h:
             if not spill:
                 raise PlanError(f"sequence {i} ({s} tokens) fits on no GPU of group {where[i]} ({cap} tokens per GPU)")
-            for k, aside in enumerate(full_ranks):  # every rank back in its group's heap (sorted: a heap)
-                if aside:
-                    rank_heaps[k] = sorted(rank_heaps[k] + [(w, r) for _, w, r in aside])
-                    aside.clear()
-            groups[i] = spill_whole(i, s, work[i], where[i], cap, load, tok, rank_heaps, whole_max)
+            groups[i] = spill_whole(i, s, work[i], where[i], cap, load, tok, members, whole_max)
+            for k in {n_groups if r < first else (r - first) // cp for r in groups[i]}:  # the groups it loaded
+                rank_heaps[k] = sorted((load[r], r) for r in members[k])  # every rank back (sorted: a heap)
+                full_ranks[k].clear()
             if len(groups[i]) == 1:
                 whole_max = max(whole_max, s)
             else:

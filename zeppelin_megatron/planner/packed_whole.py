@@ -21,12 +21,12 @@ __all__ = ["absorb_whole", "spill_whole"]
 
 
 def spill_whole(i: int, s: int, w: float, b: int, cap: int, load: list[float], tok: list[int],
-                rank_heaps: list[list[tuple[float, int]]], whole_max: int) -> tuple[int, ...]:
+                members: Sequence[Sequence[int]], whole_max: int) -> tuple[int, ...]:
     """Where sequence ``i`` (``s`` tokens, work ``w``) goes when no GPU of its group ``b`` has room for it whole: whole
-    on the least-loaded rank with room of any group (the ranks that take whole sequences, ``rank_heaps``; ties: the
-    lower rank); else, where a sequence of at least ``s`` tokens already went whole (``whole_max >= s``), on the
+    on the least-loaded rank with room of any group (the ranks that take whole sequences, ``members``, by group; ties:
+    the lower rank); else, where a sequence of at least ``s`` tokens already went whole (``whole_max >= s``), on the
     smallest ring over the roomiest ranks of its group, else of every group (:func:`~.capacity_level.roomiest_ring`;
-    ``w`` spread evenly). ``load``, ``tok`` and the heaps of the ranks taken are updated.
+    ``w`` spread evenly). ``load`` and ``tok`` of the ranks taken are updated (the caller re-sorts their groups).
 
     Why ``whole_max``: :func:`~.packed.quick_floor` counts the packing's longest whole sequence whole on one rank; a
     shorter one on a ring leaves that bound true, the longest itself would not. Example: ranks 0-3 in groups
@@ -37,26 +37,22 @@ def spill_whole(i: int, s: int, w: float, b: int, cap: int, load: list[float], t
     Raises:
         PlanError: neither fits (the packing is no candidate).
     """
-    room = [(load[r], r, k) for k, h in enumerate(rank_heaps) for _, r in h if tok[r] + s <= cap]
+    room = [(load[r], r) for ranks in members for r in ranks if tok[r] + s <= cap]
     if room:
-        _, r, k = min(room)
+        _, r = min(room)
         load[r] += w
         tok[r] += s
-        rank_heaps[k] = sorted((load[x], x) for _, x in rank_heaps[k])
         return (r,)
     free = [cap - t for t in tok]
-    heap_of = {r: k for k, h in enumerate(rank_heaps) for _, r in h}
     ring = None
     if whole_max >= s:
-        ring = roomiest_ring(s, free, [r for _, r in rank_heaps[b]]) or roomiest_ring(s, free, sorted(heap_of))
+        ring = roomiest_ring(s, free, members[b]) or roomiest_ring(s, free, sorted(r for rs in members for r in rs))
     if ring is None:
         raise PlanError(f"sequence {i} ({s} tokens) fits on no GPU of group {b} nor of the others ({cap} tokens per "
                         "GPU)" + ("" if whole_max >= s else " and may not take a ring (it is the longest kept whole)"))
     for r, n in zip(ring, zigzag_counts(s, len(ring))):
         load[r] += w / len(ring)
         tok[r] += n
-    for k in {heap_of[r] for r in ring}:
-        rank_heaps[k] = sorted((load[x], x) for _, x in rank_heaps[k])
     return ring
 
 
