@@ -2,6 +2,7 @@
 
 Run: python benchmarks/ratio_guard.py            (compare with benchmarks/ratio_guard.json; exit 1 on a regression)
      python benchmarks/ratio_guard.py --write    (record the current ratios: after a change that is meant to move them)
+     add --jobs N to spread the work over N processes (the same records)
 
 docs/BENCHMARKS.md's tables (``simulate_tables.py``, 60 configurations, 25-40 minutes on two cores since the
 simulator chains every layer) are too slow for every CI run; this guard simulates :data:`CONFIGS`, twelve of them
@@ -24,6 +25,7 @@ import argparse
 import json
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +58,16 @@ def key(model: str, dist: str, nodes: int) -> str:
     return f"{model}:{dist}:{8 * nodes}"
 
 
-def measure_one(model: str, dist: str, nodes: int) -> dict[str, Any]:
-    """One configuration, simulated: ``{"zeppelin_ms", "best_peer", "best_peer_ms", "lower_bound_ms",
-    "ratio", "planned"}`` (``planned``: the strategies that planned the step, sorted)."""
+def _job(model: str, dist: str, nodes: int, strategies: tuple[str, ...]) -> dict[str, Any]:
+    """:func:`simulate_tables.run_config`'s job for ``strategies`` on one configuration."""
     mfile, tp = next((f, t) for name, f, t in st.MODELS if name == model)
-    job = dict(kind="guard", mname=model, model=str(ROOT / mfile), tp=tp, dist=dist, nodes=nodes, steps=1, seed=0,
-               tokens=st.tokens_for(nodes, 1 << 20), strategies=list(STRATEGIES), fill=[], engines=["runtime"],
-               cluster_file=str(ROOT / st.CLUSTER))
-    r = st.run_config(job)
+    return dict(kind="guard", mname=model, model=str(ROOT / mfile), tp=tp, dist=dist, nodes=nodes, steps=1, seed=0,
+                tokens=st.tokens_for(nodes, 1 << 20), strategies=list(strategies), fill=[], engines=["runtime"],
+                cluster_file=str(ROOT / st.CLUSTER))
+
+
+def _summary(r: dict[str, Any]) -> dict[str, Any]:
+    """A configuration's record from :func:`simulate_tables.run_config`'s result with every strategy."""
     best = st.best_peer(r)
     return {"zeppelin_ms": round(st.mean(r, "runtime", "zeppelin"), 3), "best_peer": best,
             "best_peer_ms": round(st.mean(r, "runtime", best), 3),
@@ -71,9 +75,30 @@ def measure_one(model: str, dist: str, nodes: int) -> dict[str, Any]:
             "ratio": round(st.ratio_best(r), 5), "planned": sorted(r["results"]["runtime"])}
 
 
-def measure(configs: tuple[tuple[str, str, int], ...] = CONFIGS) -> dict[str, dict[str, Any]]:
-    """Every configuration of ``configs``, keyed by :func:`key`."""
-    return {key(*c): measure_one(*c) for c in configs}
+def measure_one(model: str, dist: str, nodes: int) -> dict[str, Any]:
+    """One configuration, simulated: ``{"zeppelin_ms", "best_peer", "best_peer_ms", "lower_bound_ms",
+    "ratio", "planned"}`` (``planned``: the strategies that planned the step, sorted)."""
+    return _summary(st.run_config(_job(model, dist, nodes, STRATEGIES)))
+
+
+def measure(configs: tuple[tuple[str, str, int], ...] = CONFIGS, jobs: int = 1) -> dict[str, dict[str, Any]]:
+    """Every configuration of ``configs``, keyed by :func:`key`. ``jobs > 1``: in that many worker processes, one
+    (configuration, strategy) pair a task, the largest clusters first (each strategy plans and simulates on its
+    own, deterministically, so the records are those of ``jobs = 1``).
+
+    Example: 12 configurations x 10 strategies are 120 tasks; on two cores ``jobs=2`` takes about half the time."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if jobs == 1:
+        return {key(*c): measure_one(*c) for c in configs}
+    tasks = sorted(((c, s) for c in configs for s in STRATEGIES), key=lambda t: -t[0][2])
+    merged: dict[str, dict[str, Any]] = {}
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for (c, _), r in zip(tasks, pool.map(st.run_config, [_job(*c, (s,)) for c, s in tasks])):
+            whole = merged.setdefault(key(*c), dict(r, results={"runtime": {}}, errors={}))
+            whole["results"]["runtime"].update(r["results"]["runtime"])
+            whole["errors"].update(r["errors"])
+    return {key(*c): _summary(merged[key(*c)]) for c in configs}
 
 
 def compare(recorded: dict[str, dict[str, Any]], now: dict[str, dict[str, Any]],
@@ -120,8 +145,11 @@ def _commit() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help=f"record the current ratios in {RECORD.name}")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1; the records are the same)")
     args = ap.parse_args()
-    now = measure()
+    if args.jobs < 1:
+        ap.error(f"--jobs must be >= 1, got {args.jobs}")
+    now = measure(jobs=args.jobs)
     for k, v in now.items():
         print(f"{k:24s} zeppelin {v['zeppelin_ms']:9.1f} ms  best peer {v['best_peer']:14s} "
               f"{v['best_peer_ms']:9.1f} ms  ratio {v['ratio']:.4f}")
