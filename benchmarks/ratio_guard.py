@@ -8,8 +8,9 @@ docs/BENCHMARKS.md's tables (``simulate_tables.py``, 60 configurations, 25-40 mi
 simulator chains every layer) are too slow for every CI run; this guard simulates :data:`CONFIGS`, twelve of them
 (every model, every length distribution, every cluster size 16-128 GPUs at least twice), one step each with seed
 0, the same way (:func:`simulate_tables.run_config`: the same batches, plans and simulator, every peer of
-:data:`simulate_tables.PEERS`), in about 5.5 minutes on one core (about 40 s before the simulator chained every
-layer, 2026-11-27: the peers that pick their settings by simulation simulate every candidate so).
+:data:`simulate_tables.PEERS`), in 5.5 (an earlier host) to 23 minutes of one core (about 40 s before the simulator
+chained every layer, 2026-11-27: the peers that pick their settings by simulation simulate every candidate so); with
+``--jobs 2`` 11 minutes on two cores (2026-11-29).
 ``tests/sim/test_ratio_guard.py`` runs it in the default suite and fails when a configuration's ``Zeppelin / best
 peer`` rises more than :data:`TOLERANCE` above the recorded value (a slower Zeppelin, or a peer made faster: either
 must be recorded on purpose, with ``--write``, in the commit that explains it), or when a strategy that planned the
