@@ -61,3 +61,14 @@ def test_simulated_ratios_do_not_regress() -> None:
     time)."""
     bad, _ = guard.compare(guard.load_record(), guard.measure(jobs=JOBS))
     assert not bad, "simulated Zeppelin / best peer regressed (benchmarks/ratio_guard.py):\n" + "\n".join(bad)
+
+
+def test_worker_processes_give_the_same_records() -> None:
+    """``measure(jobs=2)`` splits each configuration into one task per strategy and merges them: the same records
+    as one process, to the last digit (a small configuration: Llama-3B, 8 GPUs)."""
+    configs = (("3B", "arxiv-64k", 1),)
+    one = guard.measure(configs)
+    assert guard.measure(configs, jobs=2) == one
+    assert set(one["3B:arxiv-64k:8"]["planned"]) == set(guard.STRATEGIES)
+    with pytest.raises(ValueError, match="jobs must be >= 1, got 0"):
+        guard.measure(configs, jobs=0)
