@@ -76,26 +76,21 @@ def _summary(r: dict[str, Any]) -> dict[str, Any]:
             "ratio": round(st.ratio_best(r), 5), "planned": sorted(r["results"]["runtime"])}
 
 
-def measure_one(model: str, dist: str, nodes: int) -> dict[str, Any]:
-    """One configuration, simulated: ``{"zeppelin_ms", "best_peer", "best_peer_ms", "lower_bound_ms",
-    "ratio", "planned"}`` (``planned``: the strategies that planned the step, sorted)."""
-    return _summary(st.run_config(_job(model, dist, nodes, STRATEGIES)))
-
-
 def measure(configs: tuple[tuple[str, str, int], ...] = CONFIGS, jobs: int = 1) -> dict[str, dict[str, Any]]:
-    """Every configuration of ``configs``, keyed by :func:`key`. ``jobs > 1``: in that many worker processes, one
-    (configuration, strategy) pair a task, the largest clusters first (each strategy plans and simulates on its
-    own, deterministically, so the records are those of ``jobs = 1``).
+    """Every configuration of ``configs``, keyed by :func:`key`: ``{"zeppelin_ms", "best_peer", "best_peer_ms",
+    "lower_bound_ms", "ratio", "planned"}`` (``planned``: the strategies that planned the step, sorted). One task
+    per (configuration, strategy), the largest clusters first, run in ``jobs`` worker processes and merged per
+    configuration: each strategy plans and simulates on its own, deterministically, so the records do not depend
+    on ``jobs``.
 
     Example: 12 configurations x 10 strategies are 120 tasks; on two cores ``jobs=2`` takes about half the time."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    if jobs == 1:
-        return {key(*c): measure_one(*c) for c in configs}
     tasks = sorted(((c, s) for c in configs for s in STRATEGIES), key=lambda t: -t[0][2])
+    pieces = [_job(*c, (s,)) for c, s in tasks]
     merged: dict[str, dict[str, Any]] = {}
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for (c, _), r in zip(tasks, pool.map(st.run_config, [_job(*c, (s,)) for c, s in tasks])):
+        for (c, _), r in zip(tasks, pool.map(st.run_config, pieces)):
             whole = merged.setdefault(key(*c), dict(r, results={"runtime": {}}, errors={}))
             whole["results"]["runtime"].update(r["results"]["runtime"])
             whole["errors"].update(r["errors"])

@@ -64,11 +64,13 @@ def test_simulated_ratios_do_not_regress() -> None:
 
 
 def test_worker_processes_give_the_same_records() -> None:
-    """``measure(jobs=2)`` splits each configuration into one task per strategy and merges them: the same records
-    as one process, to the last digit (a small configuration: Llama-3B, 8 GPUs)."""
+    """``measure`` splits each configuration into one task per strategy and merges them: the same records in two
+    worker processes, in one, and from one run of every strategy together in this process, to the last digit (a small
+    configuration: Llama-3B, 8 GPUs)."""
     configs = (("3B", "arxiv-64k", 1),)
-    one = guard.measure(configs)
+    one = {guard.key(*c): guard._summary(guard.st.run_config(guard._job(*c, guard.STRATEGIES))) for c in configs}
     assert guard.measure(configs, jobs=2) == one
+    assert guard.measure(configs) == one
     assert set(one["3B:arxiv-64k:8"]["planned"]) == set(guard.STRATEGIES)
     with pytest.raises(ValueError, match="jobs must be >= 1, got 0"):
         guard.measure(configs, jobs=0)
