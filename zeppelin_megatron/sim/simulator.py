@@ -199,37 +199,47 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, engine: str = "r
     world = len(program.ops)
     net = FluidNetwork(_resources(cost))
     transfers = program.transfers
-    # Leg bookkeeping per layer: (l, key) -> ...; hop id (l, key, c, h).
-    need: dict[tuple, int] = {}          # (lk, c, h) -> ends not yet posted
-    pending: dict[tuple, dict[int, int]] = {}   # lk -> rank -> hops of rank not done
-    done_prev: set[tuple] = set()        # (lk, c, h) whose predecessor is done (or first)
-    by_rank: dict[tuple, dict[int, list[tuple[int, int]]]] = {}  # key -> rank -> [(c, h)] (every layer alike)
-    ends_of: dict[tuple, dict[int, int]] = {}  # key -> rank -> hops it is an end of
+    # Hop bookkeeping per layer's transfer ``lk = (l, key)``: a transfer's hops numbered chain by chain (hop ``h`` of
+    # chain ``c`` is ``first[key][c] + h``); per opened ``lk``, ``need[lk][n]``: ends of hop ``n`` not yet posted,
+    # ``ready_prev[lk][n]``: its predecessor (the hop before it in its chain, or the chain it runs ``after``) done
+    first: dict[tuple, list[int]] = {}               # key -> chain -> number of its first hop
+    hop_at: dict[tuple, list[tuple[int, int]]] = {}  # key -> hop number -> (chain, hop in chain)
+    need_of: dict[tuple, list[int]] = {}             # key -> hop -> its ends (1 or 2), every layer alike
+    prev_of: dict[tuple, list[bool]] = {}            # key -> hop -> starts without waiting for another hop
+    by_rank: dict[tuple, dict[int, list[int]]] = {}  # key -> rank -> hops it is an end of (every layer alike)
+    ends_of: dict[tuple, dict[int, int]] = {}        # key -> rank -> hops it is an end of
+    dependents: dict[tuple, dict[int, list[int]]] = {}  # key -> chain -> chains that run after it
     for key, tr in transfers.items():
         pend: dict[int, int] = {}
-        idx: dict[int, list[tuple[int, int]]] = {}
+        idx: dict[int, list[int]] = {}
+        starts: list[int] = []
+        needs: list[int] = []
+        free: list[bool] = []
+        at: list[tuple[int, int]] = []
         for c, chain in enumerate(tr.chains):
+            starts.append(len(needs))
             for h, hop in enumerate(chain):
                 for e in {hop.src, hop.dst}:
                     pend[e] = pend.get(e, 0) + 1
-                    idx.setdefault(e, []).append((c, h))
+                    idx.setdefault(e, []).append(len(needs))
+                needs.append(len({hop.src, hop.dst}))
+                free.append(h == 0 and c not in tr.after)
+                at.append((c, h))
+        first[key], need_of[key], prev_of[key], hop_at[key] = starts, needs, free, at
         ends_of[key] = pend
         by_rank[key] = idx
+        for c2, c1 in sorted(tr.after.items()):
+            dependents.setdefault(key, {}).setdefault(c1, []).append(c2)
+    need: dict[tuple, list[int]] = {}
+    ready_prev: dict[tuple, list[bool]] = {}
+    pending: dict[tuple, dict[int, int]] = {}   # lk -> rank -> hops of rank not done
 
     def open_layer(lk: tuple) -> None:
         """Bookkeeping of layer ``l``'s transfer ``key`` (``lk = (l, key)``), made when a rank first posts it."""
-        tr = transfers[lk[1]]
-        for c, chain in enumerate(tr.chains):
-            for h, hop in enumerate(chain):
-                need[(lk, c, h)] = len({hop.src, hop.dst})
-                if h == 0 and c not in tr.after:
-                    done_prev.add((lk, c, 0))
-        pending[lk] = dict(ends_of[lk[1]])
-
-    dependents: dict[tuple, dict[int, list[int]]] = {}
-    for key, tr in transfers.items():
-        for c2, c1 in sorted(tr.after.items()):
-            dependents.setdefault(key, {}).setdefault(c1, []).append(c2)
+        key = lk[1]
+        need[lk] = list(need_of[key])
+        ready_prev[lk] = list(prev_of[key])
+        pending[lk] = dict(ends_of[key])
 
     def start_hop(lk: tuple, c: int, h: int) -> None:
         hop = transfers[lk[1]].chains[c][h]
@@ -297,10 +307,11 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, engine: str = "r
                 pc[r] += 1
                 if lk not in pending:
                     open_layer(lk)
-                for c, h in by_rank[op.key].get(r, ()):
-                    need[(lk, c, h)] -= 1
-                    if need[(lk, c, h)] == 0 and (lk, c, h) in done_prev:
-                        start_hop(lk, c, h)
+                needs, free = need[lk], ready_prev[lk]
+                for n in by_rank[op.key].get(r, ()):
+                    needs[n] -= 1
+                    if needs[n] == 0 and free[n]:
+                        start_hop(lk, *hop_at[op.key][n])
                 continue
             # wait
             if lk not in pending:
@@ -338,14 +349,17 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, engine: str = "r
                 pending[lk][e] -= 1
                 if pending[lk][e] == 0 and e in waiting_on.get(lk, ()):
                     ready.add(e)
+            needs, free = need[lk], ready_prev[lk]
             if h + 1 < len(tr.chains[c]):
-                done_prev.add((lk, c, h + 1))
-                if need[(lk, c, h + 1)] == 0:
+                n = first[lk[1]][c] + h + 1
+                free[n] = True
+                if needs[n] == 0:
                     start_hop(lk, c, h + 1)
             else:
                 for c2 in dependents.get(lk[1], {}).get(c, ()):
-                    done_prev.add((lk, c2, 0))
-                    if need[(lk, c2, 0)] == 0:
+                    n = first[lk[1]][c2]
+                    free[n] = True
+                    if needs[n] == 0:
                         start_hop(lk, c2, 0)
         while compute_heap and compute_heap[0][0] <= t + EPS_MS:
             ready.add(heapq.heappop(compute_heap)[1])
