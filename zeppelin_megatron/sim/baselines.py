@@ -209,10 +209,10 @@ def wlb_llm_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *, c
     """WLB-LLM plan, its CP size and sharding rule: the lowest ``score`` (default the simulated step) over the CP
     sizes (``cp_size``: that one only) and :data:`SHARD_RULES` (ties: the smaller CP size, then the earlier rule)."""
     if score is None:
-        from .simulator import simulate
+        from .simulator import simulated_step
 
-        def score(plan: StepPlan) -> float:
-            return simulate(plan, cost, keep_events=False, charges="te").step_ms  # WLB-LLM runs TE CP's ring
+        def score(plan: StepPlan) -> float:  # WLB-LLM runs TE CP's ring; a size that cannot win is not simulated
+            return simulated_step(plan, cost, beat=best[0] - 1e-9 if best else math.inf, charges="te")
     candidates = [cp_size] if cp_size is not None else cp_candidates(lengths, cluster)
     best: tuple[float, int, str, StepPlan] | None = None
     seen: set[tuple[tuple[int, ...], ...]] = set()

@@ -38,7 +38,8 @@ from .network import EPS_MS, Flow, FluidNetwork
 from .periodic import LayerLog, components
 from .program import Leg, LayerProgram, build_layer_program, plain_rings
 
-__all__ = ["Event", "SimResult", "simulate", "simulate_program", "link_capacities"]
+__all__ = ["Event", "SimResult", "simulate", "simulate_program", "simulated_step", "compute_floor_ms",
+           "link_capacities"]
 
 
 @dataclass(frozen=True)
@@ -164,9 +165,7 @@ def simulate(plan: StepPlan, cost: CostModel, *, attention_comm: str = "ring", r
     (:func:`~.program.plain_rings`): the same-plan ablation (the planner's ``PlannerOptions.head_parallel``
     instead plans without them).
     """
-    if plan.nodes != cost.cluster.nodes or plan.gpus_per_node != cost.cluster.gpus_per_node:
-        raise ValueError(f"the plan is for {plan.nodes}x{plan.gpus_per_node} GPUs but the cost model's cluster is "
-                         f"{cost.cluster.nodes}x{cost.cluster.gpus_per_node}")
+    _check_cluster(plan, cost)
     if engine not in ENGINES:
         raise ValueError(f"engine is {engine!r}, expected one of {list(ENGINES)}")
     if not head_parallel:
@@ -174,6 +173,49 @@ def simulate(plan: StepPlan, cost: CostModel, *, attention_comm: str = "ring", r
     program = build_layer_program(plan, cost, attention_comm, routing, interleave_local=engine == "runtime",
                                   charges=charges)
     return simulate_program(program, cost, engine=engine, keep_events=keep_events, layers=layers)
+
+
+def _check_cluster(plan: StepPlan, cost: CostModel) -> None:
+    """Refuse a plan made for another cluster than the cost model's."""
+    if plan.nodes != cost.cluster.nodes or plan.gpus_per_node != cost.cluster.gpus_per_node:
+        raise ValueError(f"the plan is for {plan.nodes}x{plan.gpus_per_node} GPUs but the cost model's cluster is "
+                         f"{cost.cluster.nodes}x{cost.cluster.gpus_per_node}")
+
+
+FLOOR_MARGIN = 1e-6
+"""Relative slack under :func:`compute_floor_ms` for :func:`simulated_step`'s test: the simulator adds the same
+kernel times in another order (and extrapolates settled layers to within 1e-9 of the step), far below this."""
+
+
+def compute_floor_ms(program: LayerProgram, cost: CostModel) -> float:
+    """A lower bound on :func:`simulate_program`'s step of ``program`` (runtime engine, every layer): the busiest
+    rank's kernels one after another, ``layers x max_r (compute ops + local call)``, no wait and no transfer. A
+    rank runs one op at a time, so its last layer ends no earlier. The local call is what the runtime engine runs
+    at the rank's first ``local`` op of a layer: its queue as one call, at least the call overhead. Example: a
+    rank with 2 and 3 ms of compute ops and a local queue of 0.1 + 0.2 ms (overhead 1 ms), 32 layers:
+    ``32 x (5 + 1) = 192`` ms."""
+    o = cost.call_overhead_ms
+    queues = list(program.local_queue) or [[] for _ in program.ops]
+    busiest = 0.0
+    for ops, queue in zip(program.ops, queues):
+        per_layer = sum(op.ms for op in ops if op.what == "compute")
+        if queue and any(op.what == "local" for op in ops):
+            per_layer += max(sum(queue), o)
+        busiest = max(busiest, per_layer)
+    return cost.model.layers * busiest
+
+
+def simulated_step(plan: StepPlan, cost: CostModel, *, beat: float = math.inf, attention_comm: str = "ring",
+                   charges: str = "zeppelin") -> float:
+    """``simulate(plan, cost, attention_comm=..., charges=...).step_ms`` (runtime engine, every layer), or
+    ``math.inf`` without simulating when :func:`compute_floor_ms` shows the step is at least ``beat``: for a
+    search that keeps the fastest of several plans (a baseline's CP sizes), passing the step to beat (e.g. the
+    best so far less the search's tie margin) skips the plans that cannot beat it and changes no choice."""
+    _check_cluster(plan, cost)
+    program = build_layer_program(plan, cost, attention_comm, True, interleave_local=True, charges=charges)
+    if compute_floor_ms(program, cost) * (1 - FLOOR_MARGIN) >= beat:
+        return math.inf
+    return simulate_program(program, cost, keep_events=False).step_ms
 
 
 def simulate_program(program: LayerProgram, cost: CostModel, *, engine: str = "runtime",
@@ -215,7 +257,7 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, engine: str = "r
         starts: list[int] = []
         needs: list[int] = []
         free: list[bool] = []
-        at: list[tuple[int, int]] = []
+        numbered: list[tuple[int, int]] = []
         for c, chain in enumerate(tr.chains):
             starts.append(len(needs))
             for h, hop in enumerate(chain):
@@ -224,8 +266,8 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, engine: str = "r
                     idx.setdefault(e, []).append(len(needs))
                 needs.append(len({hop.src, hop.dst}))
                 free.append(h == 0 and c not in tr.after)
-                at.append((c, h))
-        first[key], need_of[key], prev_of[key], hop_at[key] = starts, needs, free, at
+                numbered.append((c, h))
+        first[key], need_of[key], prev_of[key], hop_at[key] = starts, needs, free, numbered
         ends_of[key] = pend
         by_rank[key] = idx
         for c2, c1 in sorted(tr.after.items()):
