@@ -10,7 +10,7 @@ simulator chains every layer) are too slow for every CI run; this guard simulate
 0, the same way (:func:`simulate_tables.run_config`: the same batches, plans and simulator, every peer of
 :data:`simulate_tables.PEERS`), in 5.5 (an earlier host) to 23 minutes of one core (about 40 s before the simulator
 chained every layer, 2026-11-27: the peers that pick their settings by simulation simulate every candidate so); with
-``--jobs 2`` 11 minutes on two cores (2026-11-29).
+``--jobs 2`` 11 minutes on two cores, 6 since the simulator's speed-ups of 2026-11-29 (its test: 364 s at 4c5b402).
 ``tests/sim/test_ratio_guard.py`` runs it in the default suite and fails when a configuration's ``Zeppelin / best
 peer`` rises more than :data:`TOLERANCE` above the recorded value (a slower Zeppelin, or a peer made faster: either
 must be recorded on purpose, with ``--write``, in the commit that explains it), or when a strategy that planned the
