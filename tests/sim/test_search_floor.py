@@ -96,3 +96,27 @@ def test_searches_choose_as_without_the_floor(seed: int, monkeypatch: pytest.Mon
     calls["n"] = 0
     assert _searches(lengths, cost) == with_floor
     assert skipped < calls["n"]
+
+
+def test_fastest_keeps_the_earlier_of_a_tie_and_beats_by_the_same_rule() -> None:
+    fastest: simulator.Fastest[str] = simulator.Fastest()
+    assert fastest.kept is None and fastest.beat == math.inf
+    assert fastest.offer(math.inf, "never faster") and fastest.kept == "never faster"  # the first is kept
+    assert fastest.offer(10.0, "a") and fastest.offer(9.5, "b")
+    assert not fastest.offer(9.5 - 1e-10, "c")  # within the tie margin: the earlier stays
+    assert not fastest.offer(9.5 - simulator.TIE_MS, "d")  # exactly the margin is no gain
+    assert fastest.kept == "b" and fastest.ms == 9.5 and fastest.beat == 9.5 - simulator.TIE_MS
+    assert fastest.offer(9.4, "e") and fastest.kept == "e"
+
+
+def test_fastest_simulate_keeps_what_simulating_everything_keeps() -> None:
+    """Offering every simulated step in order and simulating with ``beat`` keep the same candidate."""
+    cost = _cost()
+    lengths = _batch(random.Random(7), 8 * 16384)
+    plans = [hcp_plan(lengths, cost.cluster, cost, max_seqlen_per_rank=s)[0] for s in (4096, 8192, 16384, 32768)]
+    full: simulator.Fastest[int] = simulator.Fastest()
+    floored: simulator.Fastest[int] = simulator.Fastest()
+    for i, plan in enumerate(plans + plans[::-1]):
+        full.offer(simulate(plan, cost, attention_comm="hcp", keep_events=False).step_ms, i)
+        floored.simulate(plan, cost, i, attention_comm="hcp")
+    assert floored.kept == full.kept and floored.ms == full.ms

@@ -208,13 +208,10 @@ def wlb_llm_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *, c
                  score: Callable[[StepPlan], float] | None = None) -> tuple[StepPlan, int, str]:
     """WLB-LLM plan, its CP size and sharding rule: the lowest ``score`` (default the simulated step) over the CP
     sizes (``cp_size``: that one only) and :data:`SHARD_RULES` (ties: the smaller CP size, then the earlier rule)."""
-    if score is None:
-        from .simulator import simulated_step
+    from .simulator import Fastest
 
-        def score(plan: StepPlan) -> float:  # WLB-LLM runs TE CP's ring; a size that cannot win is not simulated
-            return simulated_step(plan, cost, beat=best[0] - 1e-9 if best else math.inf, charges="te")
+    fastest: Fastest[tuple[StepPlan, int, str]] = Fastest()
     candidates = [cp_size] if cp_size is not None else cp_candidates(lengths, cluster)
-    best: tuple[float, int, str, StepPlan] | None = None
     seen: set[tuple[tuple[int, ...], ...]] = set()
     failed: PlanError | None = None
     for cp in candidates:
@@ -229,11 +226,12 @@ def wlb_llm_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *, c
                 continue  # both rules shard the same documents: the same plan
             seen.add(key)
             plan = build_plan(lengths, groups, cluster, cost)
-            value = score(plan)
-            if best is None or value < best[0] - 1e-9:
-                best = (value, cp, rule, plan)
-    if best is None:
+            if score is None:  # WLB-LLM runs TE CP's ring; a size that cannot win is not simulated
+                fastest.simulate(plan, cost, (plan, cp, rule), charges="te")
+            else:
+                fastest.offer(score(plan), (plan, cp, rule))
+    if fastest.kept is None:
         if cp_size is not None and failed is not None:
             raise failed  # the packing's own message: which sequence, its tokens and the limit
         raise PlanError(f"wlb-llm: no CP size in {candidates} can place the batch")
-    return best[3], best[1], best[2]
+    return fastest.kept

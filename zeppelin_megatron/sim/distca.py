@@ -55,7 +55,6 @@ holds head ``[0, 2)`` and tail ``[6, 8)`` (FLOPs 3 + 15 = 18), rank 1 holds
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -337,12 +336,12 @@ def distca_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *,
         return _wrap(lengths, cluster, distca_schedule(
             lengths, cost, buffer_bytes=DEFAULT_BUFFER_BYTES if buffer_bytes is None else buffer_bytes,
             min_tolerance=min_tolerance))
-    from .simulator import simulated_step
+    from .simulator import Fastest
 
     if buffer_bytes is not None and (not isinstance(buffer_bytes, int) or buffer_bytes < 1):
         raise PlanError(f"distca: buffer_bytes must be a positive integer, got {buffer_bytes!r}")
     halves = split_nano_batches(lengths)
-    best: tuple[float, PeerPlan] | None = None
+    fastest: Fastest[PeerPlan] = Fastest()
     worst = 0.0
     for tol in TOLERANCES:
         sched = _schedule_at(halves, lengths, cost, tol)
@@ -350,14 +349,12 @@ def distca_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *,
         if buffer_bytes is not None and worst > buffer_bytes:
             continue
         plan = _wrap(lengths, cluster, sched)
-        t = simulated_step(plan, cost, attention_comm="distca", beat=best[0] - 1e-9 if best else math.inf)
-        if best is None or t < best[0] - 1e-9:
-            best = (t, plan)
-    if best is None:
+        fastest.simulate(plan, cost, plan, attention_comm="distca")
+    if fastest.kept is None:
         assert buffer_bytes is not None
         raise PlanError(f"distca: no tolerance in {list(TOLERANCES)} keeps the all-to-all buffer within "
                         f"{buffer_bytes / 2**30:.2f} GiB (needs {worst / 2**30:.2f} GiB at tolerance 1.0)")
-    return best[1]
+    return fastest.kept
 
 
 def _pxn_pairs(b: ProgramBuilder, key: tuple, pair_bytes: dict[tuple[int, int], float]) -> tuple:

@@ -290,22 +290,20 @@ def _plan_for(lengths: Sequence[int], cluster: Cluster, cost: CostModel, sched: 
 def hcp_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *,
              max_seqlen_per_rank: int | None = None) -> tuple[PeerPlan, int]:
     """HCP plan at ``max_seqlen_per_rank`` (``None``: the fastest simulated candidate) and the setting used."""
-    from .simulator import simulated_step
+    from .simulator import Fastest
 
     world = cluster.world_size
     if max_seqlen_per_rank is not None:
         sched = hcp_schedule(lengths, max_seqlen_per_rank, world)
         return _plan_for(lengths, cluster, cost, sched), max_seqlen_per_rank
-    best: tuple[float, int, PeerPlan] | None = None
+    fastest: Fastest[tuple[PeerPlan, int]] = Fastest()
     for S in candidate_settings(lengths, cluster):
         plan = _plan_for(lengths, cluster, cost, hcp_schedule(lengths, S, world))
-        t = simulated_step(plan, cost, attention_comm="hcp", beat=best[0] - 1e-9 if best else math.inf)
-        if best is None or t < best[0] - 1e-9:
-            best = (t, S, plan)
-    if best is None:
+        fastest.simulate(plan, cost, (plan, S), attention_comm="hcp")
+    if fastest.kept is None:
         raise PlanError(f"megatron-hcp: no max_seqlen_per_rank in [512, {cluster.tokens_per_gpu}] gives the longest "
                         f"sequence ({max(lengths)} tokens) a CP size Megatron has a group for on {world} GPUs")
-    return best[2], best[1]
+    return fastest.kept
 
 
 def hcp_program(plan: PeerPlan, cost: CostModel) -> LayerProgram:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ..planner.cost_model import CostModel
 from ..planner.plan import StepPlan
@@ -216,6 +216,47 @@ def simulated_step(plan: StepPlan, cost: CostModel, *, beat: float = math.inf, a
     if compute_floor_ms(program, cost) * (1 - FLOOR_MARGIN) >= beat:
         return math.inf
     return simulate_program(program, cost, keep_events=False).step_ms
+
+
+TIE_MS = 1e-9
+"""A search's tie margin: a later candidate replaces the kept one only when faster by more than this."""
+
+T = TypeVar("T")
+
+
+class Fastest(Generic[T]):
+    """The fastest of candidates offered one after another (within :data:`TIE_MS`: the earlier one), for the
+    peers' searches over their settings. :meth:`simulate` simulates a plan with ``beat`` = the kept step less
+    the tie margin, the same rule :meth:`offer` keeps by, so a setting whose compute floor cannot win is not
+    simulated and no choice changes (``tests/sim/test_search_floor.py``).
+
+    Example: offering 10.0 ms (item ``a``), 9.5 (``b``) and 9.5 - 1e-10 (``c``) keeps ``b``; a plan simulated
+    next must come under ``beat`` = 9.5 - 1e-9 or it is not kept (and is not simulated when its floor says so)."""
+
+    def __init__(self) -> None:
+        self.ms = math.inf
+        self.kept: T | None = None
+        self._found = False
+
+    @property
+    def beat(self) -> float:
+        """The step a candidate must come under to be kept: ``math.inf`` until one is kept."""
+        return self.ms - TIE_MS if self._found else math.inf
+
+    def offer(self, ms: float, item: T) -> bool:
+        """Keep ``item`` if it is the first offered or faster than the kept one by more than the tie margin."""
+        if self._found and not ms < self.beat:
+            return False
+        self.ms, self.kept, self._found = ms, item, True
+        return True
+
+    def simulate(self, plan: StepPlan, cost: CostModel, item: T, *, attention_comm: str = "ring",
+                 charges: str = "zeppelin") -> float:
+        """:func:`simulated_step` of ``plan`` with this search's ``beat``, offered with ``item``; its step
+        (``math.inf`` when skipped)."""
+        ms = simulated_step(plan, cost, beat=self.beat, attention_comm=attention_comm, charges=charges)
+        self.offer(ms, item)
+        return ms
 
 
 def simulate_program(program: LayerProgram, cost: CostModel, *, engine: str = "runtime",

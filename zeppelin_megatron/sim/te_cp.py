@@ -106,8 +106,10 @@ def te_cp_plan(
     ``score(plan, cp)`` ranks candidate sizes (lower is better); default: the
     cost model's predicted step time.
     """
+    from .simulator import Fastest
+
     candidates = [cp_size] if cp_size is not None else cp_candidates(lengths, cluster)
-    best: tuple[float, int, StepPlan] | None = None
+    fastest: Fastest[tuple[StepPlan, int]] = Fastest()
     for cp in candidates:
         try:
             plan = build_plan(lengths, cp_groups(lengths, cluster, cp), cluster, cost, routing=routing)
@@ -116,12 +118,11 @@ def te_cp_plan(
                 raise
             continue
         value = score(plan, cp) if score is not None else plan.predicted.step_ms  # type: ignore[union-attr]
-        if best is None or value < best[0] - 1e-9:
-            best = (value, cp, plan)
-    if best is None:
+        fastest.offer(value, (plan, cp))
+    if fastest.kept is None:
         raise PlanError(f"no CP size in {candidates} can pack {len(lengths)} sequences "
                         f"({sum(lengths)} tokens) on {cluster.world_size} GPUs")
-    return best[2], best[1]
+    return fastest.kept
 
 
 def allgather_estimate_ms(plan: StepPlan, cost: CostModel) -> float:

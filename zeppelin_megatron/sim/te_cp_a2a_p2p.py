@@ -43,7 +43,6 @@ all-to-alls inside ranks ``0-3`` and ``4-7``; rings ``(0, 4)``, ``(1, 5)``, ``(2
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
@@ -110,7 +109,7 @@ def a2a_p2p_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *,
     Raises:
         PlanError: sizes TE refuses (heads not divisible, ``a2a`` not inside a node, ...) or none fits.
     """
-    from .simulator import simulated_step
+    from .simulator import Fastest
 
     cands = size_candidates(lengths, cost)
     if (a2a is None) != (p2p is None):
@@ -129,18 +128,16 @@ def a2a_p2p_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, *,
         raise PlanError(f"te-cp-a2a-p2p: no all-to-all size >= 2 divides {cluster.gpus_per_node} GPUs per node, "
                         f"{cost.heads} query heads and {cost.model.kv_heads // cost.tensor_parallel} kv heads "
                         f"(or no CP size holds the longest sequence)")
-    best: tuple[float, A2AP2P, PeerPlan] | None = None
+    fastest: Fastest[tuple[PeerPlan, A2AP2P]] = Fastest()
     for c in cands:
         try:
             plan = _plan_for(lengths, cluster, cost, c)
         except PlanError:
             continue
-        t = simulated_step(plan, cost, attention_comm="a2a_p2p", beat=best[0] - 1e-9 if best else math.inf)
-        if best is None or t < best[0] - 1e-9:
-            best = (t, c, plan)
-    if best is None:
+        fastest.simulate(plan, cost, (plan, c), attention_comm="a2a_p2p")
+    if fastest.kept is None:
         raise PlanError(f"te-cp-a2a-p2p: no sizes in {[(c.a2a, c.p2p) for c in cands]} can pack the batch")
-    return best[2], best[1]
+    return fastest.kept
 
 
 def a2a_p2p_program(plan: PeerPlan, cost: CostModel) -> LayerProgram:
