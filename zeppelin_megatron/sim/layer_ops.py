@@ -65,6 +65,10 @@ class LayerProgram:
     transfers: dict[tuple, Traffic]
     local_queue: list[list[float]] = field(default_factory=list)
 
+    def local_queues(self) -> list[list[float]]:
+        """Each rank's local queue (empty ones when the program has none), one list per rank of ``ops``."""
+        return list(self.local_queue) or [[] for _ in self.ops]
+
 
 def nic_ports(cost: CostModel, leg: Leg) -> tuple[tuple[str, int, int], tuple[str, int, int]]:
     """The NIC ports a network leg goes out of and into: ``("nic_out", node, nic)`` of its source GPU's NIC and

@@ -195,7 +195,7 @@ def compute_floor_ms(program: LayerProgram, cost: CostModel) -> float:
     rank with 2 and 3 ms of compute ops and a local queue of 0.1 + 0.2 ms (overhead 1 ms), 32 layers:
     ``32 x (5 + 1) = 192`` ms."""
     o = cost.call_overhead_ms
-    queues = list(program.local_queue) or [[] for _ in program.ops]
+    queues = program.local_queues()
     busiest = 0.0
     for ops, queue in zip(program.ops, queues):
         per_layer = sum(op.ms for op in ops if op.what == "compute")
@@ -277,7 +277,7 @@ def simulate_program(program: LayerProgram, cost: CostModel, *, engine: str = "r
         raise ValueError(f"layers = {n_layers}: a step simulates at least one layer")
     fill = engine == "fill"
     o = cost.call_overhead_ms
-    local_queue = list(program.local_queue) or [[] for _ in program.ops]
+    local_queue = program.local_queues()
     queue: list[list[float]] = [[] for _ in program.ops]
     world = len(program.ops)
     net = FluidNetwork(_resources(cost))
