@@ -6,7 +6,8 @@
 #
 # Inputs (environment):
 #   DATA_PREFIX      indexed dataset prefix (.bin/.idx from Megatron-LM's tools/preprocess_data.py
-#                    with --append-eod); one prefix, documents kept whole (truncated at SEQ_LENGTH)
+#                    with --append-eod); one prefix, or a blend in Megatron's form "W1 P1 W2 P2"
+#                    (weights are shares of the tokens); documents kept whole (truncated at SEQ_LENGTH)
 #   TOKENIZER_MODEL  HuggingFace tokenizer name or path used to make DATA_PREFIX
 #   VALID_PREFIX     optional validation prefix (else no evaluation: --eval-iters 0)
 #   CKPT_DIR         checkpoints (default ./checkpoints/llama7b-zeppelin); TB_DIR tensorboard logs
@@ -21,7 +22,8 @@
 
 : "${NNODES:?NNODES must be set by the launcher}"
 : "${GPUS_PER_NODE:?GPUS_PER_NODE must be set by the launcher}"
-: "${DATA_PREFIX:?set DATA_PREFIX to an indexed dataset prefix (path without .bin/.idx)}"
+: "${DATA_PREFIX:?set DATA_PREFIX to an indexed dataset prefix (path without .bin/.idx), or a blend W1 P1 W2 P2}"
+read -r -a DATA_PATH <<< "$DATA_PREFIX"  # one prefix, or a blend: "0.3 /data/a 0.7 /data/b"
 : "${TOKENIZER_MODEL:?set TOKENIZER_MODEL to the tokenizer used to make DATA_PREFIX}"
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -72,7 +74,7 @@ RECIPE_ARGS=(
     --micro-batch-size 1
     --global-batch-size "$GLOBAL_BATCH_SIZE"
     # data (the launcher adds --dataloader-type external and --calculate-per-token-loss)
-    --data-path "$DATA_PREFIX"
+    --data-path "${DATA_PATH[@]}"
     --split 100,0,0
     --tokenizer-type HuggingFaceTokenizer
     --tokenizer-model "$TOKENIZER_MODEL"

@@ -5,11 +5,12 @@
 #
 #   RECIPE=configs/recipes/smoke_gpt.sh bash scripts/single_node.sh
 #
-# Inputs: DATA_PREFIX, TOKENIZER_MODEL (HuggingFace tokenizer used for DATA_PREFIX).
+# Inputs: DATA_PREFIX (one prefix, or a blend "W1 P1 W2 P2"), TOKENIZER_MODEL (HuggingFace tokenizer used for it).
 
 : "${NNODES:?NNODES must be set by the launcher}"
 : "${GPUS_PER_NODE:?GPUS_PER_NODE must be set by the launcher}"
-: "${DATA_PREFIX:?set DATA_PREFIX to an indexed dataset prefix (path without .bin/.idx)}"
+: "${DATA_PREFIX:?set DATA_PREFIX to an indexed dataset prefix (path without .bin/.idx), or a blend W1 P1 W2 P2}"
+read -r -a DATA_PATH <<< "$DATA_PREFIX"  # one prefix, or a blend: "0.3 /data/a 0.7 /data/b"
 : "${TOKENIZER_MODEL:?set TOKENIZER_MODEL to the tokenizer used to make DATA_PREFIX}"
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -39,7 +40,7 @@ RECIPE_ARGS=(
     --micro-batch-size 1
     --global-batch-size "$ZEPPELIN_RANKS"
     --bf16
-    --data-path "$DATA_PREFIX"
+    --data-path "${DATA_PATH[@]}"
     --split 100,0,0
     --tokenizer-type HuggingFaceTokenizer
     --tokenizer-model "$TOKENIZER_MODEL"

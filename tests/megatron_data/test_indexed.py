@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zeppelin_megatron.megatron.data.indexed import DataError, DocumentDataset, document_lengths, single_prefix
+from zeppelin_megatron.megatron.data.indexed import DataError, DocumentDataset, document_lengths
 
 from .conftest import SEQ_LENGTH, WrittenDataset, write_indexed
 
@@ -90,13 +90,3 @@ def test_errors(written: WrittenDataset, tmp_path: Path) -> None:
         ds.read(0, 0, n0 + 1)
     with pytest.raises(DataError, match="empty"):
         ds.read(0, 2, 2)
-
-
-def test_single_prefix() -> None:
-    assert single_prefix("a/b") == "a/b"
-    assert single_prefix(["a/b"]) == "a/b"
-    assert single_prefix(["1.0", "a/b"]) == "a/b"
-    with pytest.raises(DataError, match="2 entries"):
-        single_prefix(["a", "b"])
-    with pytest.raises(DataError, match="blending"):
-        single_prefix(["0.5", "a", "0.5", "b"])

@@ -144,13 +144,13 @@ def model_config_check(args, use_zeppelin_model) -> dict:
 
 
 def recipe_check(repo, env, check_startup, parse_args, extra_args_provider, validate_args) -> dict:
-    """Source every configs/recipes/*.sh as the launchers do (4 nodes x 8 GPUs); its flags must
-    pass our start-up checks and Megatron's validate_args."""
+    """Source every configs/recipes/*.sh as the launchers do (4 nodes x 8 GPUs, a blend of two datasets as
+    DATA_PREFIX); its flags must pass our start-up checks and Megatron's validate_args."""
     import glob
     import subprocess
 
     out = {}
-    renv = dict(env, NNODES="4", GPUS_PER_NODE="8", DATA_PREFIX="/data/corpus_text_document",
+    renv = dict(env, NNODES="4", GPUS_PER_NODE="8", DATA_PREFIX="0.3 /data/web_text_document 0.7 /data/code",
                 TOKENIZER_MODEL="gpt2", CKPT_DIR="/tmp/ckpt")
     for path in sorted(glob.glob(f"{repo}/configs/recipes/*.sh")):
         r = subprocess.run(["bash", "-c", 'source "$0" && printf "%s\\0" "${RECIPE_ARGS[@]}"', path],
@@ -163,7 +163,8 @@ def recipe_check(repo, env, check_startup, parse_args, extra_args_provider, vali
         out[os.path.basename(path)] = {
             "cluster": args.zeppelin_cluster, "global_batch_size": args.global_batch_size,
             "data_parallel_size": args.data_parallel_size, "seq_length": args.seq_length,
-            "tensor_parallel": args.tensor_model_parallel_size, "num_layers": args.num_layers}
+            "tensor_parallel": args.tensor_model_parallel_size, "num_layers": args.num_layers,
+            "data_path": list(args.data_path)}
     return out
 
 if __name__ == "__main__":

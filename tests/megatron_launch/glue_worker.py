@@ -1,7 +1,8 @@
 """One rank of the end-to-end glue check (CPU, gloo); run as a subprocess per rank.
 
 Usage: python glue_worker.py MEGATRON_LM REPO PREFIX OUT_JSON TP (env: RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). With the Megatron-LM checkout on sys.path:
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); PREFIX: the --data-path words, space-separated (a blend:
+"W1 P1 W2 P2"). With the Megatron-LM checkout on sys.path:
 check_startup -> Megatron's parse_args/validate_args/set_global_variables -> our
 zeppelin_gpt_builder (start-up checks, Zeppelin group, model with our spec) ->
 train_valid_test_datasets_provider -> forward_step + loss_func for 3 micro-steps, each
@@ -48,7 +49,8 @@ def main() -> None:
             "--num-query-groups", "2", "--ffn-hidden-size", "128", "--swiglu", "--normalization", "RMSNorm",
             "--position-embedding-type", "rope", "--seq-length", "48", "--max-position-embeddings", "64",
             "--micro-batch-size", "1", "--global-batch-size", str(n_ranks), "--train-iters", "3", "--lr", "1e-4",
-            "--tokenizer-type", "NullTokenizer", "--vocab-size", "500", "--data-path", prefix, "--eval-iters", "0",
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", "500", "--data-path", *prefix.split(),
+            "--eval-iters", "0",
             "--transformer-impl", "local", "--no-rope-fusion", "--no-persist-layer-norm",
             "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-dropout-fusion",
             "--use-cpu-initialization", "--attention-dropout", "0", "--hidden-dropout", "0",
@@ -101,10 +103,10 @@ def main() -> None:
                     ref_loss += float(per_tok.double().sum())
             steps.append({"loss_sum": float(totals[0]), "tokens": int(totals[1]), "ref_loss_sum": ref_loss,
                           "plan_tokens": batch_plan.total_tokens, "report": [float(x) for x in report["lm loss"]],
-                          "local_tokens": int(ntok)})
+                          "local_tokens": int(ntok), "seq_ids": [int(s) for s in seq_ids]})
         train.close()
-    result = {"rank": rank, "steps": steps, "metric_lines": lines, "group": [run.group.rank, run.group.size],
-              "describe": run.setup.describe()}
+    result = {"rank": rank, "steps": steps, "parts": list(train.dataset.parts), "metric_lines": lines,
+              "group": [run.group.rank, run.group.size], "describe": run.setup.describe()}
     with open(out_path, "w") as f:
         json.dump(result, f)
     dist.barrier()

@@ -113,7 +113,8 @@ def test_default_global_batch_is_one_micro_batch_per_rank() -> None:
         ({"dataloader_type": "single"}, "--dataloader-type single"),
         ({"spec": ["megatron.core.models.gpt.gpt_layer_specs", "x"]}, "drop --spec"),
         ({"data_path": None}, "needs --data-path"),
-        ({"data_path": ["0.5", "a", "0.5", "b"]}, "not a blend"),
+        ({"data_path": ["0.5", "a", "b", "c"]}, "--data-path 0.5 a b c: give a weight before every prefix"),
+        ({"valid_data_path": ["1", "a", "0", "b"], "eval_iters": 1}, "--valid-data-path: weight 0.0 for b"),
         ({"eval_iters": 10}, "--valid-data-path"),
         ({"use_legacy_models": True}, "--use-legacy-models"),
         ({"rampup_batch_size": ["16", "16", "1000"]}, "--rampup-batch-size"),
@@ -125,6 +126,14 @@ def test_default_global_batch_is_one_micro_batch_per_rank() -> None:
 def test_unservable_megatron_settings(overrides: dict, match: str) -> None:
     with pytest.raises(ZeppelinArgsError, match=match):
         check_megatron_args(megatron_namespace(**overrides), world_size=32, gpus_per_node=8)
+
+
+@pytest.mark.parametrize("data_path", [["0.3", "/d/a", "0.7", "/d/b"], ["/d/a", "/d/b"], ["1", "/d/a"]])
+def test_blends_are_accepted(data_path: list[str]) -> None:
+    """Megatron's blend forms (weights and prefixes, prefixes by size, one weighted prefix) pass the checks."""
+    p = check_megatron_args(megatron_namespace(data_path=data_path, valid_data_path=data_path, eval_iters=1),
+                            world_size=32, gpus_per_node=8)
+    assert p.zeppelin_ranks == 32
 
 
 def test_all_problems_reported_together() -> None:

@@ -27,8 +27,11 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world, local_world, tp", [(2, 2, 1), (4, 2, 2)], ids=["world2-tp1", "world4-2nodes-tp2"])
-def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_world: int, tp: int) -> None:
+@pytest.mark.parametrize("world, local_world, tp, blend", [(2, 2, 1, False), (4, 2, 2, False), (2, 2, 1, True)],
+                         ids=["world2-tp1", "world4-2nodes-tp2", "world2-blend"])
+def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_world: int, tp: int,
+                                            blend: bool) -> None:
+    """``blend``: ``--data-path 1 A 3 B``, two datasets blended by weight (Megatron's blend form)."""
     megatron_lm = Path(os.environ.get("ZEPPELIN_MEGATRON_LM", "/work/ext/Megatron-LM"))
     if not (megatron_lm / "pretrain_gpt.py").is_file():
         pytest.skip(f"no Megatron-LM checkout at {megatron_lm} (set ZEPPELIN_MEGATRON_LM)")
@@ -36,11 +39,14 @@ def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_wo
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     rng = np.random.default_rng(3)
-    prefix = str(tmp_path / "docs")
-    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-    for n in [int(x) for x in rng.integers(3, 40, size=40)] + [70, 55]:  # two truncated at 48 + 1
-        builder.add_document(rng.integers(1, 500, size=n).astype(np.int64), [n])
-    builder.finalize(prefix + ".idx")
+    prefixes = []
+    for name in ("docs", "more") if blend else ("docs",):
+        prefixes.append(str(tmp_path / name))
+        builder = IndexedDatasetBuilder(prefixes[-1] + ".bin", dtype=np.uint16)
+        for n in [int(x) for x in rng.integers(3, 40, size=40)] + [70, 55]:  # two truncated at 48 + 1
+            builder.add_document(rng.integers(1, 500, size=n).astype(np.int64), [n])
+        builder.finalize(prefixes[-1] + ".idx")
+    prefix = f"1 {prefixes[0]} 3 {prefixes[1]}" if blend else prefixes[0]
 
     port = _free_port()
     procs = []
@@ -69,6 +75,11 @@ def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_wo
             assert s["report"][1] == s["local_tokens"]
         assert first["tokens"] == first["plan_tokens"] == sum(s["local_tokens"] for s in steps[::tp])
         assert first["loss_sum"] == pytest.approx(first["ref_loss_sum"], rel=1e-5)
+    if blend:  # both datasets trained (weights 1 : 3), their sequences numbered after each other
+        parts = results[0]["parts"]
+        assert len(parts) == 2
+        ids = [s for step in results[0]["steps"] for s in step["seq_ids"]]
+        assert min(ids) < parts[0] <= max(ids)
     lines = results[-1]["metric_lines"]  # steps 1 and 2 complete when micro-steps 1 and 2 start
     assert [ln.split(" |")[0] for ln in lines] == ["zeppelin step 1", "zeppelin step 2"]
     assert "predicted" in lines[0] and "measured" in lines[0]

@@ -321,6 +321,7 @@ def test_recipes_pass_megatron_and_zeppelin_checks(worker_result: dict) -> None:
     assert set(r) == {p.name for p in (REPO / "configs" / "recipes").glob("*.sh")}
     for name, got in r.items():
         assert got["cluster"].startswith("4x8@") and got["cluster"].endswith("configs/clusters/h100.yaml"), name
+        assert got["data_path"] == ["0.3", "/data/web_text_document", "0.7", "/data/code"], name  # a blend
     seven, thirteen = r["llama7b_4x8_h100.sh"], r["llama13b_4x8_h100_tp2.sh"]
     assert (seven["global_batch_size"], seven["data_parallel_size"], seven["seq_length"]) == (64, 32, 65536)
     assert (thirteen["tensor_parallel"], thirteen["data_parallel_size"], thirteen["num_layers"]) == (2, 16, 40)

@@ -79,3 +79,32 @@ def test_simulate_cli_reads_a_megatron_dataset(tmp_path, capsys) -> None:
                "--strategies", "zeppelin,te-cp"])
     out = capsys.readouterr().out
     assert rc == 0 and f"indexed dataset {prefix}" in out and "| zeppelin |" in out
+
+
+def test_simulate_cli_reads_a_blend(tmp_path, capsys) -> None:
+    """``--dataset W1 P1 W2 P2``: the blend's documents in training's blend order, their token shares as weighed;
+    a bad weight is refused with exit code 2."""
+    pytest.importorskip("megatron.core", reason="writing an indexed dataset needs megatron-core")
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from zeppelin_megatron.sim.lengths import lengths_from_blend
+    prefixes = []
+    for name, sizes in (("a", [300, 500, 0, 1200]), ("b", [40, 60, 80, 20, 100])):
+        prefixes.append(str(tmp_path / name))
+        builder = IndexedDatasetBuilder(prefixes[-1] + ".bin", dtype=np.uint16)
+        for n in sizes:
+            builder.add_document(np.arange(n, dtype=np.int64) % 1000, [n])
+        builder.finalize(prefixes[-1] + ".idx")
+    words = ["1", prefixes[0], "1", prefixes[1]]
+    docs = lengths_from_blend(words, 0, 20000)
+    assert sum(docs) >= 20000 and 0 not in docs
+    a = sum(n for n in docs if n >= 300)  # a's documents are 300 tokens or more, b's under
+    assert abs(a - (sum(docs) - a)) <= 2 * 1200  # equal weights: equal token shares, give or take a document
+    assert docs == lengths_from_blend(words, 0, 20000) != lengths_from_blend(words, 1, 20000)
+    rc = main(["simulate", "--dataset", *words, "--cluster", "1x2", "--steps", "2", "--tokens-per-step", "4000",
+               "--strategies", "zeppelin,te-cp"])
+    out = capsys.readouterr().out
+    assert rc == 0 and f"blend 1 {prefixes[0]} 1 {prefixes[1]}, seed 0" in out and "| zeppelin |" in out
+    rc = main(["simulate", "--dataset", "0", prefixes[0], "1", prefixes[1], "--cluster", "1x2"])
+    assert rc == 2 and f"--dataset: weight 0.0 for {prefixes[0]}" in capsys.readouterr().err
+

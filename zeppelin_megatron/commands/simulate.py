@@ -17,7 +17,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--dist", help="named length distribution (github-64k, arxiv-128k, prolong-64k, ...)")
     src.add_argument("--lengths", help="text file of document lengths, one per line")
-    src.add_argument("--dataset", help="Megatron indexed dataset prefix (PREFIX.idx / PREFIX.bin)")
+    src.add_argument("--dataset", nargs="+", metavar="PREFIX",
+                     help="Megatron indexed dataset prefix (PREFIX.idx / PREFIX.bin), or a blend as --data-path "
+                          "takes it (W1 P1 W2 P2 ..., or P1 P2 ... by size), visited in training's blend order "
+                          "(--seed)")
     p.add_argument("--cluster", required=True, help="NODESxGPUS (H100 defaults), a cluster YAML, or NODESxGPUS@YAML")
     p.add_argument("--model", default=None, help="model YAML (default: Llama-7B shape)")
     p.add_argument("--profile", default=None, help="cost profile JSON (default: bundled H100 bf16)")
@@ -54,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_batches(args: argparse.Namespace) -> tuple[list[list[int]], str]:
     """The global batches and a one-line description of their source."""
-    from ..sim.lengths import lengths_from_dataset, lengths_from_file, sample_steps, split_steps
+    from ..megatron.data.blend import parse_blend
+    from ..sim.lengths import lengths_from_blend, lengths_from_dataset, lengths_from_file, sample_steps, split_steps
     if args.steps < 1 or args.tokens_per_step < 1:
         raise ValueError(f"--steps ({args.steps}) and --tokens-per-step ({args.tokens_per_step}) must be >= 1")
     if args.dist:
@@ -62,8 +66,12 @@ def load_batches(args: argparse.Namespace) -> tuple[list[list[int]], str]:
                 f"distribution {args.dist}, seed {args.seed}")
     if args.lengths:
         docs, what = lengths_from_file(args.lengths), f"lengths file {args.lengths}"
+    elif len(parse_blend(args.dataset, "--dataset")[0]) == 1:
+        prefix = parse_blend(args.dataset, "--dataset")[0][0]
+        docs, what = lengths_from_dataset(prefix), f"indexed dataset {prefix}"
     else:
-        docs, what = lengths_from_dataset(args.dataset), f"indexed dataset {args.dataset}"
+        docs = lengths_from_blend(args.dataset, args.seed, args.steps * args.tokens_per_step)
+        what = f"blend {' '.join(args.dataset)}, seed {args.seed}"
     return split_steps(docs, args.steps, args.tokens_per_step, source=what), what
 
 

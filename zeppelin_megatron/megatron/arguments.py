@@ -311,15 +311,17 @@ class ZeppelinParallel:
         return self.tensor_parallel if self.sequence_parallel else 1
 
 
-def _is_single_prefix(value: Any) -> bool:
-    """``PREFIX`` or ``[PREFIX]`` or ``[WEIGHT, PREFIX]``: whether the data side's ``single_prefix`` accepts it."""
-    from .data.indexed import DataError, single_prefix  # numpy only: no Megatron import
+def _blend_problem(value: Any, flag: str) -> str | None:
+    """What the data side's ``parse_blend`` finds wrong with a ``--data-path``-style value (``None``: it reads it:
+    ``PREFIX``, ``W1 P1 W2 P2 ...`` or ``P1 P2 ...``, Megatron's forms)."""
+    from .data.blend import parse_blend  # numpy only: no Megatron import
+    from .data.index_check import DataError
 
     try:
-        single_prefix(value)
-    except DataError:
-        return False
-    return True
+        parse_blend(value, flag)
+    except DataError as exc:
+        return str(exc)
+    return None
 
 
 def _flag(args: argparse.Namespace, name: str, default: Any = None) -> Any:
@@ -396,9 +398,9 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
     for name, flag in (("data_path", "--data-path"), ("train_data_path", "--train-data-path"),
                        ("valid_data_path", "--valid-data-path"), ("test_data_path", "--test-data-path")):
         value = _flag(args, name)
-        if value and not _is_single_prefix(value):
-            problems.append(f"{flag} {' '.join(value)}: Zeppelin reads one dataset prefix, not a blend "
-                            "(merge datasets with Megatron's tools/merge_datasets.py)")
+        problem = _blend_problem(value, flag) if value else None
+        if problem:
+            problems.append(problem)
     if (_flag(args, "eval_iters", 0) or 0) > 0 and not _flag(args, "valid_data_path"):
         problems.append(f"--eval-iters {args.eval_iters}: Zeppelin evaluates on --valid-data-path PREFIX; "
                         "give it, or --eval-iters 0")

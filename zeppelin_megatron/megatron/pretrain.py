@@ -350,16 +350,18 @@ def iterator_planner(config: ZeppelinConfig, planner: PlanningSetup) -> Callable
 
 
 def _iterator(prefix_arg: Any, *, setup: ZeppelinSetup, rank: int, consumed_samples: int, seed: int) -> Iterator[Any]:
-    from .data.indexed import DocumentDataset, single_prefix
+    from .data.blend import BlendedDocuments, open_documents
     from .data.iterator import ZeppelinDataIterator, from_consumed_samples
     from .data.sampler import TokenBudgetSampler
 
     from megatron.training import print_rank_0
 
     p = setup.parallel
-    dataset = DocumentDataset(prefix=single_prefix(prefix_arg), seq_length=p.seq_length)
+    dataset = open_documents(prefix_arg, p.seq_length)  # one prefix, or a blend ("W1 P1 W2 P2 ...", "P1 P2 ...")
     print_rank_0(dataset.describe())
-    sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=setup.token_budget, seed=seed)
+    blend = isinstance(dataset, BlendedDocuments)
+    sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=setup.token_budget, seed=seed,
+                                 parts=dataset.parts if blend else None, weights=dataset.weights if blend else None)
     prefetch = setup.config.prefetch
     return ZeppelinDataIterator(
         dataset=dataset, sampler=sampler, planner=iterator_planner(setup.config, setup.planner), rank=rank,

@@ -186,3 +186,29 @@ def lengths_from_dataset(prefix: str) -> list[int]:
     """
     from ..megatron.data.indexed import document_lengths
     return [int(x) for x in document_lengths(prefix)]
+
+
+def lengths_from_blend(data_path: Sequence[str], seed: int, tokens: int) -> list[int]:
+    """Document lengths of a blend of Megatron indexed datasets (``--data-path``'s words: ``W1 P1 W2 P2 ...``, or
+    ``P1 P2 ...`` by size) in the order training visits it (:func:`~zeppelin_megatron.megatron.data.blend.
+    blend_order` with ``seed``), blend epoch after blend epoch until at least ``tokens`` tokens; documents of 0
+    tokens left out. Raises ``ValueError`` for a dataset with no tokens (and the blend's own errors)."""
+    from ..megatron.data.blend import blend_order, parse_blend
+    from ..megatron.data.indexed import document_lengths
+    prefixes, weights = parse_blend(list(data_path), "--dataset")
+    per = [np.asarray(document_lengths(p), dtype=np.int64) for p in prefixes]
+    per = [x[x > 0] for x in per]
+    empty = [p for p, x in zip(prefixes, per) if x.size == 0]
+    if empty:
+        raise ValueError(f"--dataset: {empty[0]} has no document of 1 token or more")
+    flat = np.concatenate(per)
+    parts = [int(x.size) for x in per]
+    out: list[int] = []
+    total, epoch = 0, 0
+    while total < tokens:
+        taken = flat[blend_order(flat, parts, weights, seed, epoch)]
+        out.extend(int(n) for n in taken)
+        total += int(taken.sum())
+        epoch += 1
+    return out
+

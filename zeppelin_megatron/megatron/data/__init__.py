@@ -2,6 +2,8 @@
 
 * :mod:`.indexed`: whole documents of a Megatron indexed dataset (``.bin``/``.idx``),
   truncated at ``seq_length`` inputs (``document_lengths``, ``DocumentDataset``);
+* :mod:`.blend`: several datasets blended by weight as Megatron's ``--data-path W1 P1 W2 P2``
+  (``parse_blend``, ``open_documents``, ``BlendedDocuments``, ``blend_order``);
 * :mod:`.sampler`: deterministic epochs cut into micro-steps of at most a token
   budget (``TokenBudgetSampler``);
 * :mod:`.iterator`: plans each micro-step and hands a rank its linear-layout tokens,

@@ -34,7 +34,7 @@ import numpy as np
 
 from .index_check import DataError, check_indexed_files
 
-__all__ = ["DataError", "DocumentDataset", "document_lengths", "single_prefix"]
+__all__ = ["DataError", "DocumentDataset", "document_lengths"]
 
 
 def _open(prefix: str) -> Any:
@@ -87,28 +87,6 @@ def document_lengths(prefix: str) -> np.ndarray:
     """
     lengths, _ = _document_layout(_open(prefix))
     return lengths
-
-
-def single_prefix(data_path: str | list[str] | tuple[str, ...]) -> str:
-    """The one dataset prefix of a Megatron ``--data-path`` value.
-
-    Accepts ``"PREFIX"``, ``["PREFIX"]`` or ``["WEIGHT", "PREFIX"]``. Blending
-    several datasets is not supported: more than one prefix is an error.
-    """
-    items = [data_path] if isinstance(data_path, str) else list(data_path)
-    if len(items) == 2:
-        try:
-            float(items[0])
-            items = items[1:]
-        except ValueError:
-            pass
-    if len(items) != 1:
-        raise DataError(
-            f"zeppelin data reads exactly one indexed dataset; --data-path has {len(items)} entries "
-            f"{items!r} (blending several datasets is not supported: merge them with Megatron's "
-            "tools/merge_datasets.py)"
-        )
-    return items[0]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,6 +146,11 @@ class DocumentDataset:
 
     def __len__(self) -> int:
         return int(self.lengths.size)
+
+    @property
+    def parts(self) -> tuple[int, ...]:
+        """The sequences of each dataset (one here; a blend's: :class:`~.blend.BlendedDocuments`)."""
+        return (len(self),)
 
     @property
     def total_tokens(self) -> int:

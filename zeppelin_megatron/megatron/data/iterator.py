@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from .blend import BlendedDocuments
 from .indexed import DataError, DocumentDataset
 from .sampler import TokenBudgetSampler
 
@@ -110,8 +111,8 @@ class ZeppelinDataIterator(Iterator[ZeppelinBatch]):
     """Micro-step batches for one rank: ``next()`` gives micro-step ``start_step``, then +1, ...
 
     Args:
-        dataset: the training sequences (``read`` and ``lengths``).
-        sampler: micro-step -> sequence ids.
+        dataset: the training sequences (``read``, ``lengths`` and ``parts``): one dataset or a blend.
+        sampler: micro-step -> sequence ids (built with the dataset's ``parts``).
         planner: lengths of a micro-step's sequences -> its ``StepPlan`` (pure:
             every rank computes the same plan), e.g.
             ``functools.partial(plan_step, cluster=cluster, cost_model=cost)``, or a
@@ -130,7 +131,7 @@ class ZeppelinDataIterator(Iterator[ZeppelinBatch]):
     def __init__(
         self,
         *,
-        dataset: DocumentDataset,
+        dataset: DocumentDataset | BlendedDocuments,
         sampler: TokenBudgetSampler,
         planner: Callable[[Sequence[int]], "StepPlan"],
         rank: int,
@@ -152,6 +153,9 @@ class ZeppelinDataIterator(Iterator[ZeppelinBatch]):
             )
         if not np.array_equal(sampler.lengths, dataset.lengths):
             raise DataError("the sampler's lengths differ from the dataset's: build it from dataset.lengths")
+        if tuple(sampler.parts) != dataset.parts:
+            raise DataError(f"the sampler's parts {tuple(sampler.parts)} differ from the dataset's {dataset.parts}: "
+                            "build it with parts=dataset.parts (a blend)")
         self.dataset = dataset
         self.sampler = sampler
         self.planner = planner

@@ -13,6 +13,9 @@ Worked example, ``lengths = [5, 3, 4, 2, 6]``, ``budget = 8``, an epoch order
 ``[0, 6, 9, 14, 18, 20]``; micro-step 0 = ``(4,)`` (6 + 3 > 8), micro-step 1 =
 ``(1, 0)`` (3 + 5 = 8), micro-step 2 = ``(2, 3)`` (4 + 2 = 6, the epoch's rest).
 Micro-step 3 is the first of epoch 1.
+
+A blend (``parts`` and ``weights``: several datasets' sequences, ids concatenated) visits blend epoch ``e`` in
+:func:`~.blend.blend_order`'s order instead, cut the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .blend import blend_order
 from .indexed import DataError
 
 __all__ = ["TokenBudgetSampler"]
@@ -35,12 +39,17 @@ class TokenBudgetSampler:
         lengths: tokens of each sequence (each ``1 <= length <= budget``).
         budget: most tokens of one micro-step.
         seed: shuffling seed (same on every rank).
+        parts: for a blend, the sequences of each dataset (``lengths`` concatenates theirs, in this order);
+            ``None`` or one part: a single dataset.
+        weights: for a blend, one positive weight per part (``None``: by the parts' tokens, as Megatron blends
+            datasets given without weights).
 
     Epoch boundaries are computed lazily, once per epoch, and cached: asking
     for micro-step ``k`` computes the cut of every epoch up to ``k``'s.
     """
 
-    def __init__(self, *, lengths: Sequence[int] | np.ndarray, budget: int, seed: int) -> None:
+    def __init__(self, *, lengths: Sequence[int] | np.ndarray, budget: int, seed: int,
+                 parts: Sequence[int] | None = None, weights: Sequence[float] | None = None) -> None:
         if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
             raise DataError(f"budget must be a positive integer, got {budget!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -60,6 +69,8 @@ class TokenBudgetSampler:
                 f"sequence {longest} has {int(arr[longest])} tokens, more than the micro-step budget of "
                 f"{int(budget)} tokens (a sequence is never split across micro-steps)"
             )
+        self.parts = _parts(parts, weights, arr.size)
+        self.weights = None if weights is None else tuple(float(w) for w in weights)
         self._lengths = arr
         self._lengths.setflags(write=False)
         self.budget = int(budget)
@@ -79,17 +90,21 @@ class TokenBudgetSampler:
 
     # -- epochs ------------------------------------------------------------------
     def order(self, epoch: int) -> np.ndarray:
-        """The sequence ids of ``epoch`` in visiting order (``int64 [num_sequences]``)."""
+        """The sequence ids of ``epoch`` in visiting order (``int64``: ``[num_sequences]``, each once; a blend's
+        epoch: as many as its window holds, :func:`~.blend.blend_order`)."""
         cache = self._order_cache
         if cache is not None and cache[0] == epoch:
             return cache[1]
-        perm = np.random.default_rng([self.seed, int(epoch)]).permutation(self.num_sequences).astype(np.int64)
+        if len(self.parts) > 1:
+            perm = blend_order(self._lengths, self.parts, self.weights, self.seed, int(epoch))
+        else:
+            perm = np.random.default_rng([self.seed, int(epoch)]).permutation(self.num_sequences).astype(np.int64)
         perm.setflags(write=False)
         self._order_cache = (int(epoch), perm)
         return perm
 
     def _cut(self, epoch: int) -> np.ndarray:
-        """Start positions of the epoch's micro-steps in its order, plus ``num_sequences``.
+        """Start positions of the epoch's micro-steps in its order, plus the order's length.
 
         ``cum[p]`` is the tokens of the first ``p`` sequences of the order; a
         micro-step starting at ``p`` ends at the largest ``q`` with
@@ -138,5 +153,26 @@ class TokenBudgetSampler:
             return tuple(int(i) for i in self.order(epoch)[bounds[j]:bounds[j + 1]])
 
     def __repr__(self) -> str:
+        blend = f", parts={self.parts}, weights={self.weights}" if len(self.parts) > 1 else ""
         return (f"TokenBudgetSampler(num_sequences={self.num_sequences}, budget={self.budget}, "
-                f"seed={self.seed})")
+                f"seed={self.seed}{blend})")
+
+
+def _parts(parts: Sequence[int] | None, weights: Sequence[float] | None, n: int) -> tuple[int, ...]:
+    """``parts`` checked against ``n`` sequences and ``weights`` (:class:`TokenBudgetSampler`)."""
+    if parts is None:
+        if weights is not None:
+            raise DataError("weights need parts: the sequences of each blended dataset")
+        return (n,)
+    out = tuple(parts)
+    if not out or any(isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1 for p in out):
+        raise DataError(f"parts must be positive integers (the sequences of each dataset), got {parts!r}")
+    if sum(out) != n:
+        raise DataError(f"parts {out} sum to {sum(out)} sequences but lengths has {n}")
+    if weights is not None:
+        ws = list(weights)
+        if len(ws) != len(out):
+            raise DataError(f"{len(ws)} weights for {len(out)} parts")
+        if not all(isinstance(w, (int, float, np.number)) and np.isfinite(w) and w > 0 for w in ws):
+            raise DataError(f"weights must be positive finite numbers, got {ws!r}")
+    return tuple(int(p) for p in out)
