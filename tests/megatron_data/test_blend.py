@@ -3,17 +3,22 @@ stream-merging reference, token shares, the sampler and the iterator over a blen
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from zeppelin_megatron.megatron.data.blend import BlendedDocuments, blend_order, open_documents, parse_blend
+from zeppelin_megatron.megatron.data.blend import (
+    BlendedDocuments,
+    blend_order,
+    open_documents,
+    parse_blend,
+    split_ranges,
+)
 from zeppelin_megatron.megatron.data.indexed import DataError, DocumentDataset
 from zeppelin_megatron.megatron.data.iterator import ZeppelinDataIterator
 from zeppelin_megatron.megatron.data.sampler import TokenBudgetSampler
@@ -51,7 +56,7 @@ def _merged_reference(lengths: list[list[int]], weights: list[float] | None, see
     offsets = [sum(len(x) for x in lengths[:i]) for i in range(len(lengths))]
     items = []
     for i, own in enumerate(lengths):
-        start, q, end = 0, 0, math.floor(epochs * w[i] * total)
+        start, q, end = 0, 0, epochs * w[i] * total  # virtual time start / w below epochs x V (exact)
         while start < end:
             for j in np.random.default_rng([seed, q, i]).permutation(len(own)):
                 if start >= end:
@@ -65,7 +70,8 @@ def _merged_reference(lengths: list[list[int]], weights: list[float] | None, see
 lengths_st = st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=12), min_size=2, max_size=4)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=300, deadline=None)
+@example(lengths=[[1], [1]], weighted=True, seed=0, raw=[1.0, 2.0, 1.0, 1.0])  # a window ends mid-token (ceil)
 @given(lengths=lengths_st, weighted=st.booleans(), seed=st.integers(0, 5),
        raw=st.lists(st.floats(0.05, 10.0), min_size=4, max_size=4))
 def test_blend_order_matches_the_stream_merge(lengths: list[list[int]], weighted: bool, seed: int,
@@ -197,3 +203,35 @@ def test_iterator_over_a_blend(two: tuple[list[str], list[list[np.ndarray]]]) ->
     with pytest.raises(DataError, match="build it with parts=dataset.parts"):
         ZeppelinDataIterator(dataset=blend, sampler=TokenBudgetSampler(lengths=blend.lengths, budget=512, seed=2),
                              planner=make_planner(256), rank=0, prefetch=False)
+
+
+@pytest.mark.parametrize("split", ["969, 30, 1", "100,0,0", "90,10", "0,1,0", "1,1,1", "7,2,1", "98,1,1", "3"])
+def test_split_ranges_are_megatrons(split: str) -> None:
+    pytest.importorskip("megatron.core")
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
+    want = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
+    assert split_ranges(split) == [None if x is None else (float(x[0]), float(x[1])) for x in want]
+
+
+def test_split_ranges_refuse_what_megatron_cannot_split() -> None:
+    for bad in ("", "a,b", "0,0,0", "1,2,3,4"):
+        with pytest.raises(DataError, match="give up to three non-negative shares"):
+            split_ranges(bad)
+
+
+def test_a_split_blend_takes_the_same_share_of_each_dataset(two: tuple[list[str], list[list[np.ndarray]]]) -> None:
+    prefixes, docs = two
+    train, valid = split_ranges("80,20")[:2]
+    a = open_documents(["1", prefixes[0], "1", prefixes[1]], SEQ_LENGTH, train)
+    b = open_documents(["1", prefixes[0], "1", prefixes[1]], SEQ_LENGTH, valid)
+    assert isinstance(a, BlendedDocuments) and isinstance(b, BlendedDocuments)
+    for x, y, d in zip(a.datasets, b.datasets, docs):
+        n = len(d)
+        assert (x.first_document, x.end_document, y.first_document, y.end_document) == (
+            0, round(0.8 * n), round(0.8 * n), n)
+        assert x.documents.max() < round(0.8 * n) <= y.documents.min()  # no document in both
+        assert "split 0.8-1" in y.describe()
+

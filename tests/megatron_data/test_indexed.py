@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zeppelin_megatron.megatron.data.indexed import DataError, DocumentDataset, document_lengths
+from zeppelin_megatron.megatron.data.indexed import DataError, DocumentDataset, EmptySplitError, document_lengths
 
 from .conftest import SEQ_LENGTH, WrittenDataset, write_indexed
 
@@ -90,3 +90,27 @@ def test_errors(written: WrittenDataset, tmp_path: Path) -> None:
         ds.read(0, 0, n0 + 1)
     with pytest.raises(DataError, match="empty"):
         ds.read(0, 2, 2)
+
+
+def test_split_takes_megatrons_document_range(written: WrittenDataset) -> None:
+    """``split=(b, e)``: documents ``[round(b N), round(e N))``, the counts over those only."""
+    whole = DocumentDataset(prefix=written.prefix, seq_length=SEQ_LENGTH)
+    n = whole.num_documents
+    parts = [DocumentDataset(prefix=written.prefix, seq_length=SEQ_LENGTH, split=r)
+             for r in ((0.0, 0.9), (0.9, 0.99), (0.99, 1.0))]
+    edges = [0, round(0.9 * n), round(0.99 * n), n]
+    for ds, lo, hi in zip(parts, edges, edges[1:]):
+        assert (ds.first_document, ds.end_document, ds.num_documents) == (lo, hi, n)
+        assert ds.documents.tolist() == [d for d in whole.documents.tolist() if lo <= d < hi]
+        for seq in range(len(ds)):
+            assert ds.lengths[seq] == whole.lengths[whole.documents.tolist().index(int(ds.documents[seq]))]
+        assert f"documents [{lo}, {hi}) of {n}" in ds.describe()
+    assert sum(len(ds) for ds in parts) == len(whole)
+    assert sum(ds.skipped_documents for ds in parts) == whole.skipped_documents
+    assert sum(ds.truncated_tokens for ds in parts) == whole.truncated_tokens
+    # --split 969,30,1's test share of 240 documents: round(0.999 * 240) = 240, none
+    with pytest.raises(EmptySplitError, match=rf"the split 0.999-1 of its {n} documents is documents \[240, 240\)"):
+        DocumentDataset(prefix=written.prefix, seq_length=SEQ_LENGTH, split=(0.999, 1.0))
+    with pytest.raises(DataError, match="split must be"):
+        DocumentDataset(prefix=written.prefix, seq_length=SEQ_LENGTH, split=(0.5, 0.5))
+

@@ -1,6 +1,6 @@
 """One rank of the end-to-end glue check (CPU, gloo); run as a subprocess per rank.
 
-Usage: python glue_worker.py MEGATRON_LM REPO PREFIX OUT_JSON TP (env: RANK, WORLD_SIZE,
+Usage: python glue_worker.py MEGATRON_LM REPO PREFIX OUT_JSON TP [FLAG ...] (env: RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); PREFIX: the --data-path words, space-separated (a blend:
 "W1 P1 W2 P2"). With the Megatron-LM checkout on sys.path:
 check_startup -> Megatron's parse_args/validate_args/set_global_variables -> our
@@ -20,6 +20,7 @@ import traceback
 
 def main() -> None:
     megatron_lm, repo, prefix, out_path, tp = sys.argv[1:6]
+    extra = sys.argv[6:]  # more flags (later ones override the defaults below)
     # Appended: `megatron` is a namespace package, so megatron.core comes from the installed
     # megatron-core and only megatron.training (absent from the wheel) from the checkout.
     sys.path.insert(0, repo)
@@ -55,7 +56,7 @@ def main() -> None:
             "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-dropout-fusion",
             "--use-cpu-initialization", "--attention-dropout", "0", "--hidden-dropout", "0",
             "--untie-embeddings-and-output-weights", "--seed", "7", "--log-interval", "1",
-            "--zeppelin-backend", "reference"]
+            "--zeppelin-backend", "reference", *extra]
     sys.argv = zp.check_startup(argv, env=dict(os.environ), exit_on_error=False)
     args = parse_args(extra_args_provider=zp.extra_args_provider(), ignore_unknown_args=False)
     validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
@@ -71,7 +72,11 @@ def main() -> None:
         assert run.recorder is not None
         run.recorder.writer.log = lines.append  # capture the metric lines (print_rank_last otherwise)
         train, valid, test = zp.train_valid_test_datasets_provider([6, 0, 0])
-        assert valid is None and test is None
+        assert test is None and (valid is None) == (args.eval_iters == 0)
+        held_out = [] if valid is None else [[d.first_document, d.end_document] for d in
+                                             getattr(valid.dataset, "datasets", [valid.dataset])]
+        if valid is not None:
+            valid.close()
 
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -105,7 +110,9 @@ def main() -> None:
                           "plan_tokens": batch_plan.total_tokens, "report": [float(x) for x in report["lm loss"]],
                           "local_tokens": int(ntok), "seq_ids": [int(s) for s in seq_ids]})
         train.close()
-    result = {"rank": rank, "steps": steps, "parts": list(train.dataset.parts), "metric_lines": lines,
+    trained = [[d.first_document, d.end_document] for d in getattr(train.dataset, "datasets", [train.dataset])]
+    result = {"rank": rank, "steps": steps, "parts": list(train.dataset.parts), "trained": trained,
+              "held_out": held_out, "metric_lines": lines,
               "group": [run.group.rank, run.group.size], "describe": run.setup.describe()}
     with open(out_path, "w") as f:
         json.dump(result, f)

@@ -115,7 +115,9 @@ def test_default_global_batch_is_one_micro_batch_per_rank() -> None:
         ({"data_path": None}, "needs --data-path"),
         ({"data_path": ["0.5", "a", "b", "c"]}, "--data-path 0.5 a b c: give a weight before every prefix"),
         ({"valid_data_path": ["1", "a", "0", "b"], "eval_iters": 1}, "--valid-data-path: weight 0.0 for b"),
-        ({"eval_iters": 10}, "--valid-data-path"),
+        ({"eval_iters": 10, "split": "100,0,0"}, "--valid-data-path PREFIX or on the validation share"),
+        ({"split": "0,90,10"}, "--split 0,90,10: gives training no share"),
+        ({"split": "a,b"}, "--split 'a,b': give up to three non-negative shares"),
         ({"use_legacy_models": True}, "--use-legacy-models"),
         ({"rampup_batch_size": ["16", "16", "1000"]}, "--rampup-batch-size"),
         ({"reset_position_ids": True}, "--reset-position-ids"),
@@ -126,6 +128,13 @@ def test_default_global_batch_is_one_micro_batch_per_rank() -> None:
 def test_unservable_megatron_settings(overrides: dict, match: str) -> None:
     with pytest.raises(ZeppelinArgsError, match=match):
         check_megatron_args(megatron_namespace(**overrides), world_size=32, gpus_per_node=8)
+
+
+def test_evaluation_on_the_split_of_data_path() -> None:
+    """--eval-iters without --valid-data-path: the validation share of --split (Megatron's default 969,30,1 when
+    unset) is evaluated on."""
+    for split in (None, "90,10,0"):
+        check_megatron_args(megatron_namespace(eval_iters=10, split=split), world_size=32, gpus_per_node=8)
 
 
 @pytest.mark.parametrize("data_path", [["0.3", "/d/a", "0.7", "/d/b"], ["/d/a", "/d/b"], ["1", "/d/a"]])

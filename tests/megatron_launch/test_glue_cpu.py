@@ -31,7 +31,9 @@ def _free_port() -> int:
                          ids=["world2-tp1", "world4-2nodes-tp2", "world2-blend"])
 def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_world: int, tp: int,
                                             blend: bool) -> None:
-    """``blend``: ``--data-path 1 A 3 B``, two datasets blended by weight (Megatron's blend form)."""
+    """``blend``: ``--data-path 1 A 3 B``, two datasets blended by weight (Megatron's blend form), ``--split
+    80,20,0`` and evaluation: each dataset's first 80% of documents trained, the rest held out for validation.
+    Without: ``--split`` unset, so Megatron's default 969,30,1 (42 documents: 41 trained)."""
     megatron_lm = Path(os.environ.get("ZEPPELIN_MEGATRON_LM", "/work/ext/Megatron-LM"))
     if not (megatron_lm / "pretrain_gpt.py").is_file():
         pytest.skip(f"no Megatron-LM checkout at {megatron_lm} (set ZEPPELIN_MEGATRON_LM)")
@@ -56,7 +58,8 @@ def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_wo
                    MASTER_PORT=str(port))
         procs.append(subprocess.Popen(
             [sys.executable, str(HERE / "glue_worker.py"), str(megatron_lm), str(REPO), prefix,
-             str(tmp_path / f"rank{rank}.json"), str(tp)],
+             str(tmp_path / f"rank{rank}.json"), str(tp), *(["--split", "80,20,0", "--eval-iters", "1"] if blend
+                                                            else [])],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=600) for p in procs]
     for (out, err), p in zip(outs, procs):
@@ -78,8 +81,11 @@ def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_wo
     if blend:  # both datasets trained (weights 1 : 3), their sequences numbered after each other
         parts = results[0]["parts"]
         assert len(parts) == 2
+        assert results[0]["trained"] == [[0, 34], [0, 34]] and results[0]["held_out"] == [[34, 42], [34, 42]]
         ids = [s for step in results[0]["steps"] for s in step["seq_ids"]]
         assert min(ids) < parts[0] <= max(ids)
+    if not blend:
+        assert results[0]["trained"] == [[0, 41]] and results[0]["held_out"] == []  # round(0.969 * 42) = 41
     lines = results[-1]["metric_lines"]  # steps 1 and 2 complete when micro-steps 1 and 2 start
     assert [ln.split(" |")[0] for ln in lines] == ["zeppelin step 1", "zeppelin step 2"]
     assert "predicted" in lines[0] and "measured" in lines[0]

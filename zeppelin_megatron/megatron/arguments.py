@@ -324,6 +324,19 @@ def _blend_problem(value: Any, flag: str) -> str | None:
     return None
 
 
+def _split_shares(split: str | None, problems: list[str]) -> list[tuple[float, float] | None] | None:
+    """``--split`` as the data side reads it (Megatron's default when unset: ``LEGACY_SPLIT``), or ``None`` with
+    the reason appended to ``problems``."""
+    from .data.blend import LEGACY_SPLIT, split_ranges  # numpy only: no Megatron import
+    from .data.index_check import DataError
+
+    try:
+        return split_ranges(split or LEGACY_SPLIT)
+    except DataError as exc:
+        problems.append(str(exc))
+        return None
+
+
 def _flag(args: argparse.Namespace, name: str, default: Any = None) -> Any:
     return getattr(args, name, default)
 
@@ -401,9 +414,13 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
         problem = _blend_problem(value, flag) if value else None
         if problem:
             problems.append(problem)
-    if (_flag(args, "eval_iters", 0) or 0) > 0 and not _flag(args, "valid_data_path"):
-        problems.append(f"--eval-iters {args.eval_iters}: Zeppelin evaluates on --valid-data-path PREFIX; "
-                        "give it, or --eval-iters 0")
+    shares = _split_shares(_flag(args, "split"), problems) if data_path else None
+    if shares is not None and shares[0] is None:
+        problems.append(f"--split {args.split}: gives training no share of --data-path")
+    if (_flag(args, "eval_iters", 0) or 0) > 0 and not _flag(args, "valid_data_path") and not (
+            shares is not None and shares[1] is not None):
+        problems.append(f"--eval-iters {args.eval_iters}: Zeppelin evaluates on --valid-data-path PREFIX or on "
+                        "the validation share of --data-path's --split; give one, or --eval-iters 0")
     if problems:
         raise ZeppelinArgsError("cannot run --zeppelin:\n  - " + "\n  - ".join(problems))
     mbs = _flag(args, "micro_batch_size")

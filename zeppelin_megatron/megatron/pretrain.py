@@ -349,7 +349,8 @@ def iterator_planner(config: ZeppelinConfig, planner: PlanningSetup) -> Callable
     return planner
 
 
-def _iterator(prefix_arg: Any, *, setup: ZeppelinSetup, rank: int, consumed_samples: int, seed: int) -> Iterator[Any]:
+def _iterator(prefix_arg: Any, *, setup: ZeppelinSetup, rank: int, consumed_samples: int, seed: int,
+              split: tuple[float, float] | None = None) -> Iterator[Any]:
     from .data.blend import BlendedDocuments, open_documents
     from .data.iterator import ZeppelinDataIterator, from_consumed_samples
     from .data.sampler import TokenBudgetSampler
@@ -357,7 +358,7 @@ def _iterator(prefix_arg: Any, *, setup: ZeppelinSetup, rank: int, consumed_samp
     from megatron.training import print_rank_0
 
     p = setup.parallel
-    dataset = open_documents(prefix_arg, p.seq_length)  # one prefix, or a blend ("W1 P1 W2 P2 ...", "P1 P2 ...")
+    dataset = open_documents(prefix_arg, p.seq_length, split)  # one prefix or a blend ("W1 P1 W2 P2", "P1 P2")
     print_rank_0(dataset.describe())
     blend = isinstance(dataset, BlendedDocuments)
     sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=setup.token_budget, seed=seed,
@@ -377,23 +378,38 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: Sequence[int]
     Every rank (each TP rank too) builds the same deterministic iterator and
     keeps its own linear-layout tokens, so nothing is broadcast. Train resumes
     at micro-step ``consumed_train_samples // (micro_batch_size * N)``;
-    validation (``--valid-data-path``) at ``consumed_valid_samples``; test from 0.
+    validation at ``consumed_valid_samples``; test from 0. As Megatron: ``--train-data-path`` /
+    ``--valid-data-path`` / ``--test-data-path`` whole, else ``--data-path`` split by ``--split``
+    (each dataset of a blend alike; docs/data.md, "Splits"); validation and test only with ``--eval-iters`` > 0.
     """
     from megatron.training import get_args, print_rank_0
+
+    from .data.blend import LEGACY_SPLIT, split_ranges
+    from .data.indexed import EmptySplitError
 
     run = _run()
     args = get_args()
     rank = run.group.rank
     print_rank_0("> building Zeppelin data iterators ...")
-    train = _iterator(args.train_data_path or args.data_path, setup=run.setup, rank=rank,
-                      consumed_samples=args.consumed_train_samples, seed=args.seed)
-    valid = test = None
-    if args.valid_data_path and args.eval_iters > 0:
-        valid = _iterator(args.valid_data_path, setup=run.setup, rank=rank,
-                          consumed_samples=args.consumed_valid_samples, seed=args.seed)
-    if args.test_data_path and args.eval_iters > 0:
-        test = _iterator(args.test_data_path, setup=run.setup, rank=rank, consumed_samples=0, seed=args.seed)
-    return train, valid, test
+    shares = split_ranges(args.split or LEGACY_SPLIT) if args.data_path else [None, None, None]
+    if args.data_path and shares[0] is None:  # the start-up checks refuse it first (arguments.py)
+        raise ZeppelinArgsError(f"--split {args.split}: gives training no share of --data-path")
+    sources = [(args.train_data_path, None) if args.train_data_path else (args.data_path, shares[0])]
+    for own, share in ((args.valid_data_path, shares[1]), (args.test_data_path, shares[2])):
+        sources.append((own, None) if own else (args.data_path, share) if share is not None else (None, None))
+    consumed = [args.consumed_train_samples, args.consumed_valid_samples, 0]
+    out: list[Any] = []
+    for k, ((path, share), done) in enumerate(zip(sources, consumed)):
+        it = None
+        if path and (k == 0 or args.eval_iters > 0):
+            try:
+                it = _iterator(path, setup=run.setup, rank=rank, consumed_samples=done, seed=args.seed, split=share)
+            except EmptySplitError as exc:
+                if k == 0:
+                    raise
+                print_rank_0(f"zeppelin data: no {('validation', 'test')[k - 1]} set ({exc})")
+        out.append(it)
+    return out[0], out[1], out[2]
 
 
 train_valid_test_datasets_provider.is_distributed = True  # type: ignore[attr-defined]

@@ -11,9 +11,10 @@ weights normalised to sum to 1) runs through its own epochs one after another, i
 it in that stream. The blend visits every sequence at the *virtual time* ``start / w_i`` (ties: the lower dataset
 index), so by virtual time ``t`` each dataset has trained ``w_i t`` tokens, give or take its sequence in progress.
 Blend epoch ``e`` is the virtual times ``[e V, (e + 1) V)``, ``V = T_0 + T_1 + ...``: dataset ``i``'s starts in
-``[floor(e w_i V), floor((e + 1) w_i V))`` (exact: the weights as fractions). Without weights (``w_i = T_i / V``)
-every dataset makes exactly one pass per blend epoch, in its own epoch's order; a small dataset with a large weight
-is repeated (several of its epochs in one blend epoch), as Megatron repeats it. The blend's sequence ids concatenate
+``[ceil(e w_i V), ceil((e + 1) w_i V))``, exactly those whose virtual time is in the window (the weights as
+fractions). Without weights (``w_i = T_i / V``) every dataset makes exactly one pass per blend epoch, in its own
+epoch's order; a small dataset with a large weight is repeated (several of its epochs in one blend epoch), as
+Megatron repeats it. The blend's sequence ids concatenate
 the datasets' (dataset ``i``'s sequence ``j`` is ``n_0 + ... + n_{i-1} + j``); :class:`~.sampler.TokenBudgetSampler`
 cuts each blend epoch into micro-steps as it cuts a single dataset's epoch.
 
@@ -28,6 +29,7 @@ first), A0, A0, A1, i.e. ids ``[1, 4, 0, 0, 1]``: 16 tokens of A and 4 of B. Ble
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Sequence
@@ -37,7 +39,10 @@ import numpy as np
 from .index_check import DataError
 from .indexed import DocumentDataset
 
-__all__ = ["BlendedDocuments", "blend_order", "open_documents", "parse_blend"]
+__all__ = ["BlendedDocuments", "LEGACY_SPLIT", "blend_order", "open_documents", "parse_blend", "split_ranges"]
+
+LEGACY_SPLIT = "969, 30, 1"
+"""What Megatron's ``validate_args`` sets ``--split`` to when ``--data-path`` is given without it."""
 
 
 def parse_blend(data_path: str | Sequence[str], flag: str = "--data-path") -> tuple[list[str], list[float] | None]:
@@ -69,6 +74,24 @@ def parse_blend(data_path: str | Sequence[str], flag: str = "--data-path") -> tu
     return [x.strip() for x in items[1::2]], weights
 
 
+def split_ranges(split: str) -> list[tuple[float, float] | None]:
+    """Megatron's ``--split`` as ``(begin, end)`` fractions of the documents for train, valid and test, ``None`` for
+    a split with no share (megatron-core's ``parse_and_normalize_split`` and split matrix: the numbers in the
+    string, padded with zeros to three, normalised). Raises :class:`DataError` for a string without a positive
+    number, more than three numbers. Example: ``"969, 30, 1"`` -> ``[(0, 0.969), (0.969, 0.999), (0.999, 1.0)]``;
+    ``"100,0,0"`` -> ``[(0, 1.0), None, None]``."""
+    parts = [float(x) for x in re.findall(r"[.0-9]+", split) if x.strip(".")]
+    if not parts or len(parts) > 3 or not sum(parts) > 0:
+        raise DataError(f"--split {split!r}: give up to three non-negative shares for train, valid and test, "
+                        "e.g. 969,30,1 (at least one positive)")
+    parts += [0.0] * (3 - len(parts))
+    total = sum(parts)
+    edges = [0.0]
+    for x in parts:  # normalised, then summed in order: megatron-core's float arithmetic, to the last bit
+        edges.append(edges[-1] + x / total)
+    return [(b, e) if e > b else None for b, e in zip(edges[:-1], edges[1:])]
+
+
 def _number(text: str) -> float | None:
     try:
         return float(text)
@@ -91,7 +114,7 @@ def blend_order(lengths: np.ndarray, parts: Sequence[int], weights: Sequence[flo
     ids, keys, which = [], [], []
     for i, (n, t) in enumerate(zip(parts, totals)):
         w = raw[i] / norm
-        lo, hi = math.floor(epoch * w * total), math.floor((epoch + 1) * w * total)
+        lo, hi = math.ceil(epoch * w * total), math.ceil((epoch + 1) * w * total)  # start / w in [e V, (e+1) V)
         if hi <= lo:
             continue
         own = lengths[offsets[i]:offsets[i + 1]]
@@ -163,11 +186,13 @@ class BlendedDocuments:
         return self.datasets[i].read(int(seq - self._offsets[i]), start, end)
 
 
-def open_documents(data_path: str | Sequence[str], seq_length: int) -> DocumentDataset | BlendedDocuments:
+def open_documents(data_path: str | Sequence[str], seq_length: int, split: tuple[float, float] | None = None
+                   ) -> DocumentDataset | BlendedDocuments:
     """The documents of a ``--data-path`` value (:func:`parse_blend`): one :class:`~.indexed.DocumentDataset`, or a
-    :class:`BlendedDocuments` of several."""
+    :class:`BlendedDocuments` of several; ``split``: the same share of every dataset's documents (one entry of
+    :func:`split_ranges`, as Megatron splits each dataset of a blend), ``None`` for all."""
     prefixes, weights = parse_blend(data_path)
-    datasets = tuple(DocumentDataset(prefix=p, seq_length=seq_length) for p in prefixes)
+    datasets = tuple(DocumentDataset(prefix=p, seq_length=seq_length, split=split) for p in prefixes)
     if len(datasets) == 1:
         return datasets[0]
     return BlendedDocuments(datasets, None if weights is None else tuple(weights))

@@ -34,7 +34,12 @@ import numpy as np
 
 from .index_check import DataError, check_indexed_files
 
-__all__ = ["DataError", "DocumentDataset", "document_lengths"]
+__all__ = ["DataError", "DocumentDataset", "EmptySplitError", "document_lengths"]
+
+
+class EmptySplitError(DataError):
+    """A ``split`` of a dataset's documents that holds none (e.g. ``--split 969,30,1``'s test share of fewer than
+    500 documents): Megatron's validation and test sets may be empty, its training set may not."""
 
 
 def _open(prefix: str) -> Any:
@@ -98,16 +103,25 @@ class DocumentDataset:
             (``1 <= n_i <= seq_length``).
         documents: ``int64 [num_sequences]``, the document index of each sequence.
         num_documents: documents in the index.
+        first_document, end_document: the documents ``[first, end)`` taken (``split``; all by default).
         truncated_documents: documents longer than ``seq_length + 1`` tokens.
         truncated_tokens: tokens dropped by truncation.
         skipped_documents: documents with fewer than 2 tokens.
+
+    ``split``: ``(begin, end)`` fractions of the documents, as Megatron splits one ``--data-path`` into train,
+    valid and test (``--split``): documents ``[round(begin * N), round(end * N))`` of the ``N`` in the index
+    (Python's ``round``, as megatron-core's builder). Example: ``--split 969,30,1`` on 1000 documents: train
+    ``(0, 0.969)`` -> documents 0-968, valid ``(0.969, 0.999)`` -> 969-998, test ``(0.999, 1.0)`` -> 999.
     """
 
     prefix: str
     seq_length: int
+    split: tuple[float, float] | None = None
     lengths: np.ndarray = field(init=False, repr=False)
     documents: np.ndarray = field(init=False, repr=False)
     num_documents: int = field(init=False)
+    first_document: int = field(init=False)
+    end_document: int = field(init=False)
     truncated_documents: int = field(init=False)
     truncated_tokens: int = field(init=False)
     skipped_documents: int = field(init=False)
@@ -120,16 +134,26 @@ class DocumentDataset:
             raise DataError(f"prefix must be a non-empty path prefix string, got {self.prefix!r}")
         if isinstance(self.seq_length, bool) or not isinstance(self.seq_length, int) or self.seq_length < 1:
             raise DataError(f"seq_length must be a positive integer, got {self.seq_length!r}")
+        split = self.split
+        if split is not None and not (len(split) == 2 and 0.0 <= split[0] < split[1] <= 1.0):
+            raise DataError(f"split must be (begin, end) fractions with 0 <= begin < end <= 1, got {split!r}")
         indexed = _open(self.prefix)
         doc_len, seq_cumsum = _document_layout(indexed)
         doc_idx = np.asarray(indexed.document_indices, dtype=np.int64)
-        keep = np.flatnonzero(doc_len >= 2)
+        n_docs = int(doc_len.size)
+        lo, hi = (0, n_docs) if split is None else (int(round(split[0] * float(n_docs))),
+                                                     int(round(split[1] * float(n_docs))))
+        if hi <= lo:
+            raise EmptySplitError(f"{self.prefix}: the split {split[0]:g}-{split[1]:g} of its {n_docs} documents is "
+                            f"documents [{lo}, {hi}): none (a larger share in --split, or more documents)")
+        keep = lo + np.flatnonzero(doc_len[lo:hi] >= 2)
         if keep.size == 0:
+            where = f"its {n_docs} documents" if split is None else f"its documents [{lo}, {hi}) (the split)"
             raise DataError(
-                f"{self.prefix}.idx: none of its {doc_len.size} documents has the 2 tokens a training sequence "
+                f"{self.prefix}.idx: none of {where} has the 2 tokens a training sequence "
                 "needs (an input and its label): the dataset is empty"
             )
-        over = doc_len - (self.seq_length + 1)
+        over = doc_len[lo:hi] - (self.seq_length + 1)  # the split's documents
         set_ = object.__setattr__
         set_(self, "_indexed", indexed)
         set_(self, "_seq_cumsum", seq_cumsum)
@@ -137,10 +161,12 @@ class DocumentDataset:
         set_(self, "lengths", np.minimum(doc_len[keep], self.seq_length + 1) - 1)
         set_(self, "_doc_start", seq_cumsum[doc_idx[keep]])  # token offset of each sequence's document
         set_(self, "_first_item", doc_idx[keep])  # first Megatron sequence (item) of each document
-        set_(self, "num_documents", int(doc_len.size))
+        set_(self, "num_documents", n_docs)
+        set_(self, "first_document", lo)
+        set_(self, "end_document", hi)
         set_(self, "truncated_documents", int(np.count_nonzero(over > 0)))
         set_(self, "truncated_tokens", int(over[over > 0].sum()))
-        set_(self, "skipped_documents", int(doc_len.size - keep.size))
+        set_(self, "skipped_documents", int(hi - lo - keep.size))
         self.lengths.setflags(write=False)
         self.documents.setflags(write=False)
 
@@ -170,8 +196,11 @@ class DocumentDataset:
 
     def describe(self) -> str:
         """One log line: documents, sequences, tokens, truncations, skips."""
+        docs = (f"{self.num_documents} documents" if self.split is None else
+                f"documents [{self.first_document}, {self.end_document}) of {self.num_documents} "
+                f"(split {self.split[0]:g}-{self.split[1]:g})")
         return (
-            f"zeppelin data: {self.prefix}: {self.num_documents} documents -> {len(self)} sequences, "
+            f"zeppelin data: {self.prefix}: {docs} -> {len(self)} sequences, "
             f"{self.total_tokens} tokens; {self.truncated_documents} documents truncated at "
             f"seq_length {self.seq_length} + 1 ({self.truncated_tokens} tokens dropped); "
             f"{self.skipped_documents} documents skipped (fewer than 2 tokens)"
