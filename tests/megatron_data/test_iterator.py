@@ -222,3 +222,23 @@ def test_iterator_errors(dataset: DocumentDataset) -> None:
         next(it)
     with pytest.raises(DataError, match="start_step must be a non-negative integer, got -1"):
         ZeppelinDataIterator(dataset=dataset, sampler=sampler, planner=wrong, rank=0, start_step=-1)
+
+
+def test_eod_mask_token_masks_exactly_its_inputs(dataset: DocumentDataset) -> None:
+    """Megatron's --eod-mask-loss: the loss mask is 0 where the input is the end-of-document token, 1 on every other
+    real token, 0 on padding; everything else as without it. The token is picked as one that occurs as an input."""
+    plain = take(make_iter(dataset, "splits", 1, prefetch=False, pad_to_multiple=8), 4)
+    eod = int(plain[0].tokens[0, plain[0].real_tokens // 2])
+    masked = take(make_iter(dataset, "splits", 1, prefetch=False, pad_to_multiple=8, eod_mask_token=eod), 4)
+    hits = 0
+    for a, b in zip(plain, masked):
+        for name in ("tokens", "labels", "position_ids"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        real = b.real_tokens
+        is_eod = b.tokens[0, :real] == eod
+        assert torch.equal(b.loss_mask[0, :real], (~is_eod).float()) and torch.all(b.loss_mask[0, real:] == 0)
+        hits += int(is_eod.sum())
+    assert hits >= 1
+    with pytest.raises(DataError, match="eod_mask_token must be a token id"):
+        make_iter(dataset, "splits", 0, prefetch=False, eod_mask_token=-1)
+

@@ -72,6 +72,8 @@ def main() -> None:
         assert run.recorder is not None
         run.recorder.writer.log = lines.append  # capture the metric lines (print_rank_last otherwise)
         train, valid, test = zp.train_valid_test_datasets_provider([6, 0, 0])
+        from megatron.training import get_tokenizer
+        eod = get_tokenizer().eod
         assert test is None and (valid is None) == (args.eval_iters == 0)
         held_out = [] if valid is None else [[d.first_document, d.end_document] for d in
                                              getattr(valid.dataset, "datasets", [valid.dataset])]
@@ -99,19 +101,24 @@ def main() -> None:
             # reference: the same micro-step's sequences, one at a time, on a plain megatron-core model
             seq_ids = train.sampler.micro_step(len(steps))
             ref_loss = 0.0
+            masked = 0  # inputs that are the end-of-document token (what --eod-mask-loss leaves out)
             with torch.no_grad():
                 for s in seq_ids:
                     n = int(train.dataset.lengths[s])
                     tok, lab = train.dataset.read(int(s), 0, n)
+                    masked += int((tok == eod).sum())
                     per_tok = ref(torch.from_numpy(tok)[None], torch.arange(n)[None], causal_mask(n),
                                   labels=torch.from_numpy(lab)[None])
+                    if args.eod_mask_loss:  # Megatron's dataset: no loss where the input is end-of-document
+                        per_tok = per_tok * torch.from_numpy(tok != eod)[None]
                     ref_loss += float(per_tok.double().sum())
             steps.append({"loss_sum": float(totals[0]), "tokens": int(totals[1]), "ref_loss_sum": ref_loss,
                           "plan_tokens": batch_plan.total_tokens, "report": [float(x) for x in report["lm loss"]],
-                          "local_tokens": int(ntok), "seq_ids": [int(s) for s in seq_ids]})
+                          "local_tokens": int(ntok), "seq_ids": [int(s) for s in seq_ids],
+                          "eod_inputs": masked if args.eod_mask_loss else 0})
         train.close()
     trained = [[d.first_document, d.end_document] for d in getattr(train.dataset, "datasets", [train.dataset])]
-    result = {"rank": rank, "steps": steps, "parts": list(train.dataset.parts), "trained": trained,
+    result = {"rank": rank, "steps": steps, "eod": int(eod), "parts": list(train.dataset.parts), "trained": trained,
               "held_out": held_out, "metric_lines": lines,
               "group": [run.group.rank, run.group.size], "describe": run.setup.describe()}
     with open(out_path, "w") as f:

@@ -122,7 +122,6 @@ def test_default_global_batch_is_one_micro_batch_per_rank() -> None:
         ({"rampup_batch_size": ["16", "16", "1000"]}, "--rampup-batch-size"),
         ({"reset_position_ids": True}, "--reset-position-ids"),
         ({"mock_data": True}, "--mock-data"),
-        ({"eod_mask_loss": True}, "--eod-mask-loss"),
     ],
 )
 def test_unservable_megatron_settings(overrides: dict, match: str) -> None:

@@ -32,7 +32,8 @@ def _free_port() -> int:
 def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_world: int, tp: int,
                                             blend: bool) -> None:
     """``blend``: ``--data-path 1 A 3 B``, two datasets blended by weight (Megatron's blend form), ``--split
-    80,20,0`` and evaluation: each dataset's first 80% of documents trained, the rest held out for validation.
+    80,20,0`` and evaluation: each dataset's first 80% of documents trained, the rest held out for validation;
+    ``--eod-mask-loss`` with end-of-document tokens inside documents (no loss on them as inputs).
     Without: ``--split`` unset, so Megatron's default 969,30,1 (42 documents: 41 trained)."""
     megatron_lm = Path(os.environ.get("ZEPPELIN_MEGATRON_LM", "/work/ext/Megatron-LM"))
     if not (megatron_lm / "pretrain_gpt.py").is_file():
@@ -46,10 +47,14 @@ def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_wo
         prefixes.append(str(tmp_path / name))
         builder = IndexedDatasetBuilder(prefixes[-1] + ".bin", dtype=np.uint16)
         for n in [int(x) for x in rng.integers(3, 40, size=40)] + [70, 55]:  # two truncated at 48 + 1
-            builder.add_document(rng.integers(1, 500, size=n).astype(np.int64), [n])
+            doc = rng.integers(1, 500, size=n).astype(np.int64)
+            if blend:
+                doc[1::9] = 500  # NullTokenizer(500)'s end-of-document id inside documents: --eod-mask-loss masks it
+            builder.add_document(doc, [n])
         builder.finalize(prefixes[-1] + ".idx")
     prefix = f"1 {prefixes[0]} 3 {prefixes[1]}" if blend else prefixes[0]
 
+    extra = ["--split", "80,20,0", "--eval-iters", "1", "--eod-mask-loss"] if blend else []
     port = _free_port()
     procs = []
     for rank in range(world):
@@ -58,8 +63,7 @@ def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_wo
                    MASTER_PORT=str(port))
         procs.append(subprocess.Popen(
             [sys.executable, str(HERE / "glue_worker.py"), str(megatron_lm), str(REPO), prefix,
-             str(tmp_path / f"rank{rank}.json"), str(tp), *(["--split", "80,20,0", "--eval-iters", "1"] if blend
-                                                            else [])],
+             str(tmp_path / f"rank{rank}.json"), str(tp), *extra],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=600) for p in procs]
     for (out, err), p in zip(outs, procs):
@@ -76,7 +80,9 @@ def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_wo
             assert (s["loss_sum"], s["tokens"], s["plan_tokens"]) == (first["loss_sum"], first["tokens"],
                                                                       first["plan_tokens"])
             assert s["report"][1] == s["local_tokens"]
-        assert first["tokens"] == first["plan_tokens"] == sum(s["local_tokens"] for s in steps[::tp])
+        assert first["tokens"] == first["plan_tokens"] - first["eod_inputs"] == sum(s["local_tokens"]
+                                                                                 for s in steps[::tp])
+        assert (first["eod_inputs"] > 0) == blend  # --eod-mask-loss left out the inputs that are end-of-document
         assert first["loss_sum"] == pytest.approx(first["ref_loss_sum"], rel=1e-5)
     if blend:  # both datasets trained (weights 1 : 3), their sequences numbered after each other
         parts = results[0]["parts"]

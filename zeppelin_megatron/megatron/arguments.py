@@ -380,9 +380,7 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
                        ("reset_attention_mask", "--reset-attention-mask"),
                        ("sft", "--sft"),
                        ("fim_data", "--fim-data"),
-                       ("mock_data", "--mock-data"),
-                       ("eod_mask_loss", "--eod-mask-loss (documents are kept whole: the end-of-document "
-                                         "token is never an input; see docs/data.md)")):
+                       ("mock_data", "--mock-data")):
         if _flag(args, name):
             problems.append(f"{flag} is not supported with --zeppelin")
     spec = _flag(args, "spec")

@@ -350,7 +350,7 @@ def iterator_planner(config: ZeppelinConfig, planner: PlanningSetup) -> Callable
 
 
 def _iterator(prefix_arg: Any, *, setup: ZeppelinSetup, rank: int, consumed_samples: int, seed: int,
-              split: tuple[float, float] | None = None) -> Iterator[Any]:
+              split: tuple[float, float] | None = None, eod_mask_token: int | None = None) -> Iterator[Any]:
     from .data.blend import BlendedDocuments, open_documents
     from .data.iterator import ZeppelinDataIterator, from_consumed_samples
     from .data.sampler import TokenBudgetSampler
@@ -368,6 +368,7 @@ def _iterator(prefix_arg: Any, *, setup: ZeppelinSetup, rank: int, consumed_samp
         dataset=dataset, sampler=sampler, planner=iterator_planner(setup.config, setup.planner), rank=rank,
         start_step=from_consumed_samples(consumed_samples, p.micro_batch_size, p.zeppelin_ranks),
         pad_to_multiple=p.pad_to_multiple, prefetch=prefetch > 0, prefetch_depth=max(1, prefetch),
+        eod_mask_token=eod_mask_token,
     )
 
 
@@ -381,8 +382,9 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: Sequence[int]
     validation at ``consumed_valid_samples``; test from 0. As Megatron: ``--train-data-path`` /
     ``--valid-data-path`` / ``--test-data-path`` whole, else ``--data-path`` split by ``--split``
     (each dataset of a blend alike; docs/data.md, "Splits"); validation and test only with ``--eval-iters`` > 0.
+    ``--eod-mask-loss``: no loss where the input is the tokenizer's end-of-document token, as Megatron's dataset.
     """
-    from megatron.training import get_args, print_rank_0
+    from megatron.training import get_args, get_tokenizer, print_rank_0
 
     from .data.blend import LEGACY_SPLIT, split_ranges
     from .data.indexed import EmptySplitError
@@ -397,13 +399,15 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: Sequence[int]
     sources = [(args.train_data_path, None) if args.train_data_path else (args.data_path, shares[0])]
     for own, share in ((args.valid_data_path, shares[1]), (args.test_data_path, shares[2])):
         sources.append((own, None) if own else (args.data_path, share) if share is not None else (None, None))
+    eod = int(get_tokenizer().eod) if getattr(args, "eod_mask_loss", False) else None  # Megatron's --eod-mask-loss
     consumed = [args.consumed_train_samples, args.consumed_valid_samples, 0]
     out: list[Any] = []
     for k, ((path, share), done) in enumerate(zip(sources, consumed)):
         it = None
         if path and (k == 0 or args.eval_iters > 0):
             try:
-                it = _iterator(path, setup=run.setup, rank=rank, consumed_samples=done, seed=args.seed, split=share)
+                it = _iterator(path, setup=run.setup, rank=rank, consumed_samples=done, seed=args.seed, split=share,
+                               eod_mask_token=eod)
             except EmptySplitError as exc:
                 if k == 0:
                     raise

@@ -75,7 +75,8 @@ class ZeppelinBatch:
 
     * ``tokens``: ``int64 [1, T]`` input ids;
     * ``labels``: ``int64 [1, T]`` next-token ids;
-    * ``loss_mask``: ``float32 [1, T]``, 1 on real tokens, 0 on padding;
+    * ``loss_mask``: ``float32 [1, T]``, 1 on real tokens, 0 on padding (and, with ``eod_mask_token``, on the
+      real tokens whose input is that token: Megatron's ``--eod-mask-loss``);
     * ``position_ids``: ``int64 [1, T]``, each token's position inside its
       sequence (0 on padding).
     """
@@ -126,6 +127,8 @@ class ZeppelinDataIterator(Iterator[ZeppelinBatch]):
             thread while the current one trains; call :meth:`close` (or use the
             iterator as a context manager) to stop it.
         prefetch_depth: batches the background thread may hold ready (1 or 2).
+        eod_mask_token: the tokenizer's end-of-document id under Megatron's ``--eod-mask-loss`` (no loss where it
+            is the input; with documents kept whole it is an input only inside a document), else ``None``.
     """
 
     def __init__(
@@ -139,6 +142,7 @@ class ZeppelinDataIterator(Iterator[ZeppelinBatch]):
         pad_to_multiple: int = 1,
         prefetch: bool = True,
         prefetch_depth: int = 2,
+        eod_mask_token: int | None = None,
     ) -> None:
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 0:
             raise DataError(f"rank must be a non-negative integer, got {rank!r}")
@@ -147,6 +151,10 @@ class ZeppelinDataIterator(Iterator[ZeppelinBatch]):
         self.pad_to_multiple = _positive("pad_to_multiple", pad_to_multiple)
         if prefetch_depth not in (1, 2):
             raise DataError(f"prefetch_depth must be 1 or 2, got {prefetch_depth!r}")
+        if eod_mask_token is not None and (isinstance(eod_mask_token, bool) or not isinstance(
+                eod_mask_token, (int, np.integer)) or eod_mask_token < 0):
+            raise DataError(f"eod_mask_token must be a token id (>= 0) or None, got {eod_mask_token!r}")
+        self.eod_mask_token = None if eod_mask_token is None else int(eod_mask_token)
         if sampler.num_sequences != len(dataset):
             raise DataError(
                 f"the sampler covers {sampler.num_sequences} sequences but the dataset has {len(dataset)}"
@@ -209,6 +217,8 @@ class ZeppelinDataIterator(Iterator[ZeppelinBatch]):
             positions[at:at + end - start] = np.arange(start, end, dtype=np.int64)
             at += end - start
         mask[:real] = 1.0
+        if self.eod_mask_token is not None:  # Megatron's --eod-mask-loss: no loss where the input is end-of-document
+            mask[:real][tokens[:real] == self.eod_mask_token] = 0.0
         return ZeppelinBatch(
             step=int(step), plan=plan, seq_ids=seq_ids,
             tokens=torch.from_numpy(tokens).unsqueeze(0), labels=torch.from_numpy(labels).unsqueeze(0),
