@@ -120,13 +120,19 @@ def test_default_global_batch_is_one_micro_batch_per_rank() -> None:
         ({"split": "a,b"}, "--split 'a,b': give up to three non-negative shares"),
         ({"use_legacy_models": True}, "--use-legacy-models"),
         ({"rampup_batch_size": ["16", "16", "1000"]}, "--rampup-batch-size"),
-        ({"reset_position_ids": True}, "--reset-position-ids"),
         ({"mock_data": True}, "--mock-data"),
     ],
 )
 def test_unservable_megatron_settings(overrides: dict, match: str) -> None:
     with pytest.raises(ZeppelinArgsError, match=match):
         check_megatron_args(megatron_namespace(**overrides), world_size=32, gpus_per_node=8)
+
+
+def test_document_reset_flags_are_what_zeppelin_does() -> None:
+    """--reset-position-ids / --reset-attention-mask (positions and attention restart at every document of a packed
+    sample) describe what Zeppelin always does (documents whole, positions from 0): accepted."""
+    check_megatron_args(megatron_namespace(reset_position_ids=True, reset_attention_mask=True), world_size=32,
+                        gpus_per_node=8)
 
 
 def test_evaluation_on_the_split_of_data_path() -> None:

@@ -376,8 +376,6 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
                        ("mtp_num_layers", "--mtp-num-layers"),
                        ("yaml_cfg", "--yaml-cfg"),
                        ("rampup_batch_size", "--rampup-batch-size"),
-                       ("reset_position_ids", "--reset-position-ids"),
-                       ("reset_attention_mask", "--reset-attention-mask"),
                        ("sft", "--sft"),
                        ("fim_data", "--fim-data"),
                        ("mock_data", "--mock-data")):
