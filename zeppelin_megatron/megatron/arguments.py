@@ -311,27 +311,23 @@ class ZeppelinParallel:
         return self.tensor_parallel if self.sequence_parallel else 1
 
 
-def _blend_problem(value: Any, flag: str) -> str | None:
-    """What the data side's ``parse_blend`` finds wrong with a ``--data-path``-style value (``None``: it reads it:
-    ``PREFIX``, ``W1 P1 W2 P2 ...`` or ``P1 P2 ...``, Megatron's forms)."""
-    from .data.blend import parse_blend  # numpy only: no Megatron import
+def data_sources_from_args(args: argparse.Namespace) -> Any:
+    """:func:`~.data.sources.data_sources` of Megatron's data flags in ``args`` (raises its ``DataError``)."""
+    from .data.sources import data_sources  # numpy and json only: no Megatron import
+
+    return data_sources(
+        data_path=_flag(args, "data_path"), data_args_path=_flag(args, "data_args_path"),
+        train_data_path=_flag(args, "train_data_path"), valid_data_path=_flag(args, "valid_data_path"),
+        test_data_path=_flag(args, "test_data_path"), per_split_data_args_path=_flag(args, "per_split_data_args_path"),
+        split=_flag(args, "split"))
+
+
+def _data_sources(args: argparse.Namespace, problems: list[str]) -> Any:
+    """:func:`data_sources_from_args`, or ``None`` with its reason appended to ``problems``."""
     from .data.index_check import DataError
 
     try:
-        parse_blend(value, flag)
-    except DataError as exc:
-        return str(exc)
-    return None
-
-
-def _split_shares(split: str | None, problems: list[str]) -> list[tuple[float, float] | None] | None:
-    """``--split`` as the data side reads it (Megatron's default when unset: ``LEGACY_SPLIT``), or ``None`` with
-    the reason appended to ``problems``."""
-    from .data.blend import LEGACY_SPLIT, split_ranges  # numpy only: no Megatron import
-    from .data.index_check import DataError
-
-    try:
-        return split_ranges(split or LEGACY_SPLIT)
+        return data_sources_from_args(args)
     except DataError as exc:
         problems.append(str(exc))
         return None
@@ -398,23 +394,8 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
     if not _flag(args, "calculate_per_token_loss", False):
         problems.append("Zeppelin needs --calculate-per-token-loss (tokens move between ranks, so the "
                         "loss must be normalised by the global token count; the launcher sets it)")
-    data_path = _flag(args, "data_path")
-    train_path = _flag(args, "train_data_path")
-    if data_path and train_path:
-        problems.append("give --data-path or --train-data-path, not both")
-    if not (data_path or train_path):
-        problems.append("Zeppelin needs --data-path PREFIX (an indexed dataset made by tools/preprocess_data.py)")
-    for name, flag in (("data_path", "--data-path"), ("train_data_path", "--train-data-path"),
-                       ("valid_data_path", "--valid-data-path"), ("test_data_path", "--test-data-path")):
-        value = _flag(args, name)
-        problem = _blend_problem(value, flag) if value else None
-        if problem:
-            problems.append(problem)
-    shares = _split_shares(_flag(args, "split"), problems) if data_path else None
-    if shares is not None and shares[0] is None:
-        problems.append(f"--split {args.split}: gives training no share of --data-path")
-    if (_flag(args, "eval_iters", 0) or 0) > 0 and not _flag(args, "valid_data_path") and not (
-            shares is not None and shares[1] is not None):
+    sources = _data_sources(args, problems)
+    if sources is not None and (_flag(args, "eval_iters", 0) or 0) > 0 and sources.valid is None:
         problems.append(f"--eval-iters {args.eval_iters}: Zeppelin evaluates on --valid-data-path PREFIX or on "
                         "the validation share of --data-path's --split; give one, or --eval-iters 0")
     if problems:

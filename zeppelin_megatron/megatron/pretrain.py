@@ -379,34 +379,30 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: Sequence[int]
     Every rank (each TP rank too) builds the same deterministic iterator and
     keeps its own linear-layout tokens, so nothing is broadcast. Train resumes
     at micro-step ``consumed_train_samples // (micro_batch_size * N)``;
-    validation at ``consumed_valid_samples``; test from 0. As Megatron: ``--train-data-path`` /
-    ``--valid-data-path`` / ``--test-data-path`` whole, else ``--data-path`` split by ``--split``
-    (each dataset of a blend alike; docs/data.md, "Splits"); validation and test only with ``--eval-iters`` > 0.
+    validation at ``consumed_valid_samples``; test from 0. The sources: :func:`~.data.sources.data_sources`
+    (``--data-path`` / ``--data-args-path`` split by ``--split``, each dataset of a blend alike; per-split paths or
+    ``--per-split-data-args-path`` whole; docs/data.md, "Splits"); validation and test only with ``--eval-iters`` > 0.
     ``--eod-mask-loss``: no loss where the input is the tokenizer's end-of-document token, as Megatron's dataset.
     """
     from megatron.training import get_args, get_tokenizer, print_rank_0
 
-    from .data.blend import LEGACY_SPLIT, split_ranges
+    from .arguments import data_sources_from_args
     from .data.indexed import EmptySplitError
 
     run = _run()
     args = get_args()
     rank = run.group.rank
     print_rank_0("> building Zeppelin data iterators ...")
-    shares = split_ranges(args.split or LEGACY_SPLIT) if args.data_path else [None, None, None]
-    if args.data_path and shares[0] is None:  # the start-up checks refuse it first (arguments.py)
-        raise ZeppelinArgsError(f"--split {args.split}: gives training no share of --data-path")
-    sources = [(args.train_data_path, None) if args.train_data_path else (args.data_path, shares[0])]
-    for own, share in ((args.valid_data_path, shares[1]), (args.test_data_path, shares[2])):
-        sources.append((own, None) if own else (args.data_path, share) if share is not None else (None, None))
+    sources = data_sources_from_args(args)  # the start-up checks have read the same flags the same way
     eod = int(get_tokenizer().eod) if getattr(args, "eod_mask_loss", False) else None  # Megatron's --eod-mask-loss
     consumed = [args.consumed_train_samples, args.consumed_valid_samples, 0]
     out: list[Any] = []
-    for k, ((path, share), done) in enumerate(zip(sources, consumed)):
+    for k, (source, done) in enumerate(zip((sources.train, sources.valid, sources.test), consumed)):
         it = None
-        if path and (k == 0 or args.eval_iters > 0):
+        if source is not None and (k == 0 or args.eval_iters > 0):
+            words, share = source
             try:
-                it = _iterator(path, setup=run.setup, rank=rank, consumed_samples=done, seed=args.seed, split=share,
+                it = _iterator(words, setup=run.setup, rank=rank, consumed_samples=done, seed=args.seed, split=share,
                                eod_mask_token=eod)
             except EmptySplitError as exc:
                 if k == 0:

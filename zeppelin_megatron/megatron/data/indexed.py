@@ -143,9 +143,9 @@ class DocumentDataset:
         n_docs = int(doc_len.size)
         lo, hi = (0, n_docs) if split is None else (int(round(split[0] * float(n_docs))),
                                                      int(round(split[1] * float(n_docs))))
-        if hi <= lo:
+        if hi <= lo and split is not None:  # (every index has a document: index_check)
             raise EmptySplitError(f"{self.prefix}: the split {split[0]:g}-{split[1]:g} of its {n_docs} documents is "
-                            f"documents [{lo}, {hi}): none (a larger share in --split, or more documents)")
+                                  f"documents [{lo}, {hi}): none (a larger share in --split, or more documents)")
         keep = lo + np.flatnonzero(doc_len[lo:hi] >= 2)
         if keep.size == 0:
             where = f"its {n_docs} documents" if split is None else f"its documents [{lo}, {hi}) (the split)"
