@@ -108,3 +108,36 @@ def test_simulate_cli_reads_a_blend(tmp_path, capsys) -> None:
     rc = main(["simulate", "--dataset", "0", prefixes[0], "1", prefixes[1], "--cluster", "1x2"])
     assert rc == 2 and f"--dataset: weight 0.0 for {prefixes[0]}" in capsys.readouterr().err
 
+
+def test_simulate_cli_runs_the_micro_steps_training_runs(tmp_path, capsys) -> None:
+    """``--dataset P --seq-length N``: documents truncated at N inputs and cut by the training sampler, the very
+    micro-steps the data iterator would give (same seed, budget, split)."""
+    pytest.importorskip("megatron.core", reason="writing an indexed dataset needs megatron-core")
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from zeppelin_megatron.megatron.data.indexed import DocumentDataset
+    from zeppelin_megatron.megatron.data.sampler import TokenBudgetSampler
+    from zeppelin_megatron.sim.lengths import training_steps
+    prefix = str(tmp_path / "docs")
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    rng = np.random.default_rng(0)
+    for n in [int(x) for x in rng.integers(1, 3000, size=60)]:
+        builder.add_document(np.arange(n, dtype=np.int64) % 1000, [n])
+    builder.finalize(prefix + ".idx")
+    got = training_steps([prefix], seq_length=1024, tokens_per_step=4000, steps=3, seed=5, split="90,10,0")
+    ds = DocumentDataset(prefix=prefix, seq_length=1024, split=(0.0, 0.9))
+    sampler = TokenBudgetSampler(lengths=ds.lengths, budget=4000, seed=5)
+    assert got == [[int(ds.lengths[i]) for i in sampler.micro_step(k)] for k in range(3)]
+    assert all(max(step) <= 1024 and sum(step) <= 4000 for step in got)
+    rc = main(["simulate", "--dataset", prefix, "--seq-length", "1024", "--split", "90,10,0", "--cluster", "1x2",
+               "--steps", "2", "--tokens-per-step", "4000", "--strategies", "zeppelin,te-cp"])
+    out = capsys.readouterr().out
+    assert rc == 0 and f"{prefix} as training reads it (seq_length 1024, seed 0, split 90,10,0)" in out
+    rc = main(["simulate", "--dist", "arxiv-64k", "--seq-length", "1024", "--cluster", "1x2"])
+    assert rc == 2 and "give --dataset" in capsys.readouterr().err
+    rc = main(["simulate", "--dataset", prefix, "--split", "9,1", "--cluster", "1x2"])
+    assert rc == 2 and "--split needs --seq-length" in capsys.readouterr().err
+    rc = main(["simulate", "--dataset", prefix, "--seq-length", "5000", "--tokens-per-step", "1500",
+               "--cluster", "1x2"])
+    assert rc == 2 and "more than the micro-step budget of 1500 tokens" in capsys.readouterr().err
+

@@ -21,6 +21,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="Megatron indexed dataset prefix (PREFIX.idx / PREFIX.bin), or a blend as --data-path "
                           "takes it (W1 P1 W2 P2 ..., or P1 P2 ... by size), visited in training's blend order "
                           "(--seed)")
+    p.add_argument("--seq-length", type=int, default=None,
+                   help="with --dataset: the micro-steps training runs (documents truncated at this many inputs, "
+                        "never split, cut at --tokens-per-step by the training sampler with --seed) instead of "
+                        "the documents in file order cut into steps")
+    p.add_argument("--split", default=None,
+                   help="with --seq-length: Megatron's --split (train, valid, test shares); the steps come from the "
+                        "training share (default: every document)")
     p.add_argument("--cluster", required=True, help="NODESxGPUS (H100 defaults), a cluster YAML, or NODESxGPUS@YAML")
     p.add_argument("--model", default=None, help="model YAML (default: Llama-7B shape)")
     p.add_argument("--profile", default=None, help="cost profile JSON (default: bundled H100 bf16)")
@@ -41,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "zeppelin-no-remap-overlap")
     p.add_argument("--steps", type=int, default=4, help="global batches to simulate (default 4)")
     p.add_argument("--tokens-per-step", type=int, default=1 << 20, help="tokens per global batch (default 1M)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (--dist)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (--dist; with --dataset, a blend's order and training's sampler)")
     p.add_argument("--cp-size", type=int, default=None, help="fixed CP size for te-cp/allgather-cp/wlb-llm")
     p.add_argument("--engine", choices=("runtime", "fill"), default="runtime",
                    help="runtime: the order zeppelin_megatron.runtime runs (rings in plan order, local work inside "
@@ -58,9 +65,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def load_batches(args: argparse.Namespace) -> tuple[list[list[int]], str]:
     """The global batches and a one-line description of their source."""
     from ..megatron.data.blend import parse_blend
-    from ..sim.lengths import lengths_from_blend, lengths_from_dataset, lengths_from_file, sample_steps, split_steps
+    from ..sim.lengths import (
+        lengths_from_blend, lengths_from_dataset, lengths_from_file, sample_steps, split_steps, training_steps,
+    )
     if args.steps < 1 or args.tokens_per_step < 1:
         raise ValueError(f"--steps ({args.steps}) and --tokens-per-step ({args.tokens_per_step}) must be >= 1")
+    if (args.seq_length is not None or args.split is not None) and not args.dataset:
+        raise ValueError("--seq-length and --split read a dataset as training does: give --dataset")
+    if args.split is not None and args.seq_length is None:
+        raise ValueError("--split needs --seq-length (the steps training runs)")
+    if args.seq_length is not None:
+        if args.seq_length < 1:
+            raise ValueError(f"--seq-length must be >= 1, got {args.seq_length}")
+        steps = training_steps(args.dataset, seq_length=args.seq_length, tokens_per_step=args.tokens_per_step,
+                               steps=args.steps, seed=args.seed, split=args.split)
+        return steps, (f"{' '.join(args.dataset)} as training reads it (seq_length {args.seq_length}, seed "
+                       f"{args.seed}{f', split {args.split}' if args.split else ''})")
     if args.dist:
         return (sample_steps(args.dist, args.steps, args.tokens_per_step, args.seed),
                 f"distribution {args.dist}, seed {args.seed}")

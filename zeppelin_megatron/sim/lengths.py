@@ -212,3 +212,25 @@ def lengths_from_blend(data_path: Sequence[str], seed: int, tokens: int) -> list
         epoch += 1
     return out
 
+
+def training_steps(data_path: Sequence[str], *, seq_length: int, tokens_per_step: int, steps: int, seed: int,
+                   split: str | None = None) -> list[list[int]]:
+    """The first ``steps`` micro-steps training runs on a dataset or blend (``--data-path``'s words), as lists of
+    sequence lengths: documents truncated at ``seq_length`` inputs (those under 2 tokens skipped), cut by the
+    training sampler (:class:`~zeppelin_megatron.megatron.data.sampler.TokenBudgetSampler`, budget
+    ``tokens_per_step``, ``seed``: shuffled epochs, a blend's order, no document split across micro-steps), from
+    ``split``'s training share of the documents (Megatron's ``--split``; ``None``: every document). Raises the
+    data side's ``DataError`` (a ``ValueError``) for a sequence over the budget, a bad blend or split."""
+    from ..megatron.data.blend import BlendedDocuments, open_documents, split_ranges
+    from ..megatron.data.sampler import TokenBudgetSampler
+    share = None
+    if split is not None:
+        share = split_ranges(split)[0]
+        if share is None:
+            raise ValueError(f"--split {split}: gives training no share of the dataset")
+    ds = open_documents(list(data_path), seq_length, share)
+    blend = isinstance(ds, BlendedDocuments)
+    sampler = TokenBudgetSampler(lengths=ds.lengths, budget=tokens_per_step, seed=seed,
+                                 parts=ds.parts if blend else None, weights=ds.weights if blend else None)
+    return [[int(ds.lengths[i]) for i in sampler.micro_step(k)] for k in range(steps)]
+
