@@ -48,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "zeppelin-no-remap-overlap")
     p.add_argument("--steps", type=int, default=4, help="global batches to simulate (default 4)")
     p.add_argument("--tokens-per-step", type=int, default=1 << 20, help="tokens per global batch (default 1M)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (--dist; with --dataset, a blend's order and training's sampler)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="sampling seed (--dist; with --dataset: a blend's order, training's sampler)")
     p.add_argument("--cp-size", type=int, default=None, help="fixed CP size for te-cp/allgather-cp/wlb-llm")
     p.add_argument("--engine", choices=("runtime", "fill"), default="runtime",
                    help="runtime: the order zeppelin_megatron.runtime runs (rings in plan order, local work inside "

@@ -5,25 +5,24 @@ makes up its weight's share of the samples, so of the *tokens* trained; without 
 weights are the datasets' sizes. Zeppelin keeps documents whole, so here a weight is a share of the tokens too, and
 no document is split or padded to meet it.
 
-**Order** (:func:`blend_order`). Dataset ``i`` (``n_i`` sequences of ``T_i`` tokens in all, weight ``w_i``, the
-weights normalised to sum to 1) runs through its own epochs one after another, its epoch ``q`` in the order
-``np.random.default_rng([seed, q, i]).permutation(n_i)``; a sequence's *start* is the tokens of dataset ``i`` before
-it in that stream. The blend visits every sequence at the *virtual time* ``start / w_i`` (ties: the lower dataset
-index), so by virtual time ``t`` each dataset has trained ``w_i t`` tokens, give or take its sequence in progress.
-Blend epoch ``e`` is the virtual times ``[e V, (e + 1) V)``, ``V = T_0 + T_1 + ...``: dataset ``i``'s starts in
-``[ceil(e w_i V), ceil((e + 1) w_i V))``, exactly those whose virtual time is in the window (the weights as
-fractions). Without weights (``w_i = T_i / V``) every dataset makes exactly one pass per blend epoch, in its own
-epoch's order; a small dataset with a large weight is repeated (several of its epochs in one blend epoch), as
-Megatron repeats it. The blend's sequence ids concatenate
-the datasets' (dataset ``i``'s sequence ``j`` is ``n_0 + ... + n_{i-1} + j``); :class:`~.sampler.TokenBudgetSampler`
-cuts each blend epoch into micro-steps as it cuts a single dataset's epoch.
+**Order** (:func:`blend_order`). Dataset ``i`` (``n_i`` sequences of ``T_i`` tokens in all, weight ``w_i``, the weights
+normalised to sum to 1) runs through its own epochs one after another, its epoch ``q`` in the order
+``np.random.default_rng([seed, q, i]).permutation(n_i)``; a sequence's *start* is the tokens of dataset ``i`` before it
+in that stream. The blend visits every sequence at the *virtual time* ``start / w_i`` (compared in float64; ties: the
+lower dataset index), so by virtual time ``t`` each dataset has trained ``w_i t`` tokens, give or take its sequence in
+progress. Blend epoch ``e`` is the virtual times ``[e V, (e + 1) V)``, ``V = T_0 + T_1 + ...``: dataset ``i``'s starts
+in ``[ceil(e w_i V), ceil((e + 1) w_i V))``, exactly those whose virtual time is in the window (the weights as
+fractions). Without weights (``w_i = T_i / V``) every dataset makes exactly one pass per blend epoch, in its own epoch's
+order; a small dataset with a large weight is repeated (several of its epochs in one blend epoch), as Megatron repeats
+it. The blend's sequence ids concatenate the datasets' (dataset ``i``'s sequence ``j`` is ``n_0 + ... + n_{i-1} + j``);
+:class:`~.sampler.TokenBudgetSampler` cuts each blend epoch into micro-steps as it cuts a single dataset's epoch.
 
 Worked example: A with sequences of ``[3, 5]`` tokens, B with ``[2, 2, 4]``, weights ``0.75, 0.25``: ``V = 16``.
 Blend epoch 0 takes A's starts in ``[0, 12)`` and B's in ``[0, 4)``. With seed 3 A's epochs run ``[1, 0]`` then
 ``[0, 1]``: starts 0 (5 tokens), 5 (3), 8 (3), 11 (5), virtual times 0, 6.7, 10.7, 14.7; B's epoch 0 runs ``[2, 0, 1]``:
 starts 0 (4 tokens), 4, 6, of which only 0 is in the window (virtual time 0). The order: A1, B2 (both at 0: A
-first), A0, A0, A1, i.e. ids ``[1, 4, 0, 0, 1]``: 16 tokens of A and 4 of B. Blend epoch 1 goes on from A's start
-12 and B's start 4.
+first), A0, A0, A1, i.e. ids ``[1, 4, 0, 0, 1]``: 16 tokens of A and 4 of B. Blend epoch 1 takes A's starts in
+``[12, 24)`` (16 and 19 or 21: its third epoch) and B's in ``[4, 8)`` (4 and 6).
 """
 
 from __future__ import annotations
