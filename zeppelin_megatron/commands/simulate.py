@@ -87,9 +87,8 @@ def load_batches(args: argparse.Namespace) -> tuple[list[list[int]], str]:
                 f"distribution {args.dist}, seed {args.seed}")
     if args.lengths:
         docs, what = lengths_from_file(args.lengths), f"lengths file {args.lengths}"
-    elif len(parse_blend(args.dataset, "--dataset")[0]) == 1:
-        prefix = parse_blend(args.dataset, "--dataset")[0][0]
-        docs, what = lengths_from_dataset(prefix), f"indexed dataset {prefix}"
+    elif len(prefixes := parse_blend(args.dataset, "--dataset")[0]) == 1:
+        docs, what = lengths_from_dataset(prefixes[0]), f"indexed dataset {prefixes[0]}"
     else:
         docs = lengths_from_blend(args.dataset, args.seed, args.steps * args.tokens_per_step)
         what = f"blend {' '.join(args.dataset)}, seed {args.seed}"

@@ -351,7 +351,7 @@ def iterator_planner(config: ZeppelinConfig, planner: PlanningSetup) -> Callable
 
 def _iterator(prefix_arg: Any, *, setup: ZeppelinSetup, rank: int, consumed_samples: int, seed: int,
               split: tuple[float, float] | None = None, eod_mask_token: int | None = None) -> Iterator[Any]:
-    from .data.blend import BlendedDocuments, open_documents
+    from .data.blend import open_documents
     from .data.iterator import ZeppelinDataIterator, from_consumed_samples
     from .data.sampler import TokenBudgetSampler
 
@@ -360,9 +360,8 @@ def _iterator(prefix_arg: Any, *, setup: ZeppelinSetup, rank: int, consumed_samp
     p = setup.parallel
     dataset = open_documents(prefix_arg, p.seq_length, split)  # one prefix or a blend ("W1 P1 W2 P2", "P1 P2")
     print_rank_0(dataset.describe())
-    blend = isinstance(dataset, BlendedDocuments)
-    sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=setup.token_budget, seed=seed,
-                                 parts=dataset.parts if blend else None, weights=dataset.weights if blend else None)
+    sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=setup.token_budget, seed=seed, parts=dataset.parts,
+                                 weights=dataset.weights)
     prefetch = setup.config.prefetch
     return ZeppelinDataIterator(
         dataset=dataset, sampler=sampler, planner=iterator_planner(setup.config, setup.planner), rank=rank,

@@ -221,7 +221,7 @@ def training_steps(data_path: Sequence[str], *, seq_length: int, tokens_per_step
     ``tokens_per_step``, ``seed``: shuffled epochs, a blend's order, no document split across micro-steps), from
     ``split``'s training share of the documents (Megatron's ``--split``; ``None``: every document). Raises the
     data side's ``DataError`` (a ``ValueError``) for a sequence over the budget, a bad blend or split."""
-    from ..megatron.data.blend import BlendedDocuments, open_documents, split_ranges
+    from ..megatron.data.blend import open_documents, split_ranges
     from ..megatron.data.sampler import TokenBudgetSampler
     share = None
     if split is not None:
@@ -229,8 +229,6 @@ def training_steps(data_path: Sequence[str], *, seq_length: int, tokens_per_step
         if share is None:
             raise ValueError(f"--split {split}: gives training no share of the dataset")
     ds = open_documents(list(data_path), seq_length, share)
-    blend = isinstance(ds, BlendedDocuments)
-    sampler = TokenBudgetSampler(lengths=ds.lengths, budget=tokens_per_step, seed=seed,
-                                 parts=ds.parts if blend else None, weights=ds.weights if blend else None)
+    sampler = TokenBudgetSampler(lengths=ds.lengths, budget=tokens_per_step, seed=seed, parts=ds.parts,
+                                 weights=ds.weights)
     return [[int(ds.lengths[i]) for i in sampler.micro_step(k)] for k in range(steps)]
-

@@ -98,6 +98,14 @@ def _number(text: str) -> float | None:
         return None
 
 
+def _shares(totals: Sequence[int], weights: Sequence[float] | None) -> list[Fraction]:
+    """Each dataset's normalised weight, exact: ``weights`` over their sum, or without weights the datasets' tokens
+    ``totals`` over theirs (Megatron's blend by size). Example: ``_shares([6, 2], None)`` -> ``[3/4, 1/4]``."""
+    raw = [Fraction(t) for t in totals] if weights is None else [Fraction(float(w)) for w in weights]
+    norm = sum(raw)
+    return [r / norm for r in raw]
+
+
 def blend_order(lengths: np.ndarray, parts: Sequence[int], weights: Sequence[float] | None, seed: int,
                 epoch: int) -> np.ndarray:
     """Sequence ids of blend epoch ``epoch`` in visiting order (module docstring), ``int64``.
@@ -108,11 +116,8 @@ def blend_order(lengths: np.ndarray, parts: Sequence[int], weights: Sequence[flo
     offsets = np.concatenate(([0], np.cumsum(parts))).astype(np.int64)
     totals = [int(lengths[offsets[i]:offsets[i + 1]].sum()) for i in range(len(parts))]
     total = sum(totals)
-    raw = [Fraction(t) for t in totals] if weights is None else [Fraction(float(w)) for w in weights]
-    norm = sum(raw)
     ids, keys, which = [], [], []
-    for i, (n, t) in enumerate(zip(parts, totals)):
-        w = raw[i] / norm
+    for i, (n, t, w) in enumerate(zip(parts, totals, _shares(totals, weights))):
         lo, hi = math.ceil(epoch * w * total), math.ceil((epoch + 1) * w * total)  # start / w in [e V, (e+1) V)
         if hi <= lo:
             continue
@@ -165,8 +170,7 @@ class BlendedDocuments:
 
     def shares(self) -> list[float]:
         """Each dataset's share of the tokens trained (its normalised weight; by size without weights)."""
-        raw = [float(d.total_tokens) for d in self.datasets] if self.weights is None else list(self.weights)
-        return [w / sum(raw) for w in raw]
+        return [float(w) for w in _shares([d.total_tokens for d in self.datasets], self.weights)]
 
     def describe(self) -> str:
         """One log line per dataset, then the blend's."""

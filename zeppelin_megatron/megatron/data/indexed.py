@@ -179,6 +179,12 @@ class DocumentDataset:
         return (len(self),)
 
     @property
+    def weights(self) -> None:
+        """No blend weights (a blend's: :class:`~.blend.BlendedDocuments`): ``parts`` and ``weights`` build the
+        sampler alike for both, ``TokenBudgetSampler(..., parts=ds.parts, weights=ds.weights)``."""
+        return None
+
+    @property
     def total_tokens(self) -> int:
         """Input tokens over all training sequences (one epoch)."""
         return int(self.lengths.sum())
