@@ -127,7 +127,7 @@ def test_empty_dataset(tmp_path: Path) -> None:
 def test_dataset_of_only_one_token_documents(tmp_path: Path) -> None:
     prefix = write_indexed(tmp_path / "ones", [np.array([3]), np.array([4])])
     check_indexed_files(prefix)  # valid files ...
-    with pytest.raises(DataError, match=r"ones\.idx: none of its 2 documents has the 2 tokens"):
+    with pytest.raises(DataError, match=r"ones: none of its 2 documents has the 2 tokens"):
         DocumentDataset(prefix=prefix, seq_length=8)  # ... but nothing to train on
 
 

@@ -145,14 +145,18 @@ def model_config_check(args, use_zeppelin_model) -> dict:
 
 def recipe_check(repo, env, check_startup, parse_args, extra_args_provider, validate_args) -> dict:
     """Source every configs/recipes/*.sh as the launchers do (4 nodes x 8 GPUs, a blend of two datasets as
-    DATA_PREFIX); its flags must pass our start-up checks and Megatron's validate_args."""
+    DATA_PREFIX), and smoke_gpt.sh with DATA_PREFIX=mock (as "smoke_gpt.sh mock", no TOKENIZER_MODEL); their
+    flags must pass our start-up checks and Megatron's validate_args."""
     import glob
     import subprocess
 
     out = {}
     renv = dict(env, NNODES="4", GPUS_PER_NODE="8", DATA_PREFIX="0.3 /data/web_text_document 0.7 /data/code",
                 TOKENIZER_MODEL="gpt2", CKPT_DIR="/tmp/ckpt")
-    for path in sorted(glob.glob(f"{repo}/configs/recipes/*.sh")):
+    mock_env = {k: v for k, v in renv.items() if k != "TOKENIZER_MODEL"}
+    runs = [(os.path.basename(p), p, renv) for p in sorted(glob.glob(f"{repo}/configs/recipes/*.sh"))]
+    runs.append(("smoke_gpt.sh mock", f"{repo}/configs/recipes/smoke_gpt.sh", dict(mock_env, DATA_PREFIX="mock")))
+    for key, path, renv in runs:
         r = subprocess.run(["bash", "-c", 'source "$0" && printf "%s\\0" "${RECIPE_ARGS[@]}"', path],
                            env=renv, capture_output=True, text=True, check=True)
         flags = [a for a in r.stdout.split("\0") if a]
@@ -160,11 +164,12 @@ def recipe_check(repo, env, check_startup, parse_args, extra_args_provider, vali
         sys.argv = argv
         args = parse_args(extra_args_provider=extra_args_provider(), ignore_unknown_args=False)
         validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
-        out[os.path.basename(path)] = {
+        out[key] = {
             "cluster": args.zeppelin_cluster, "global_batch_size": args.global_batch_size,
             "data_parallel_size": args.data_parallel_size, "seq_length": args.seq_length,
             "tensor_parallel": args.tensor_model_parallel_size, "num_layers": args.num_layers,
-            "data_path": list(args.data_path)}
+            "data_path": list(args.data_path or []), "mock_data": bool(args.mock_data),
+            "tokenizer_type": args.tokenizer_type}
     return out
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Usage: python glue_worker.py MEGATRON_LM REPO PREFIX OUT_JSON TP [FLAG ...] (env: RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); PREFIX: the --data-path words, space-separated (a blend:
-"W1 P1 W2 P2"). With the Megatron-LM checkout on sys.path:
+"W1 P1 W2 P2"), or "-" for no --data-path (--mock-data among the FLAGs). With the Megatron-LM checkout on sys.path:
 check_startup -> Megatron's parse_args/validate_args/set_global_variables -> our
 zeppelin_gpt_builder (start-up checks, Zeppelin group, model with our spec) ->
 train_valid_test_datasets_provider -> forward_step + loss_func for 3 micro-steps, each
@@ -50,7 +50,8 @@ def main() -> None:
             "--num-query-groups", "2", "--ffn-hidden-size", "128", "--swiglu", "--normalization", "RMSNorm",
             "--position-embedding-type", "rope", "--seq-length", "48", "--max-position-embeddings", "64",
             "--micro-batch-size", "1", "--global-batch-size", str(n_ranks), "--train-iters", "3", "--lr", "1e-4",
-            "--tokenizer-type", "NullTokenizer", "--vocab-size", "500", "--data-path", *prefix.split(),
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", "500",
+            *(["--data-path", *prefix.split()] if prefix != "-" else []),
             "--eval-iters", "0",
             "--transformer-impl", "local", "--no-rope-fusion", "--no-persist-layer-norm",
             "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-dropout-fusion",
@@ -74,7 +75,10 @@ def main() -> None:
         train, valid, test = zp.train_valid_test_datasets_provider([6, 0, 0])
         from megatron.training import get_tokenizer
         eod = get_tokenizer().eod
-        assert test is None and (valid is None) == (args.eval_iters == 0)
+        assert (valid is None) == (args.eval_iters == 0)
+        assert (test is None) != bool(args.mock_data and args.eval_iters)  # mock data's 1,1,1 split has a test share
+        if test is not None:
+            test.close()
         held_out = [] if valid is None else [[d.first_document, d.end_document] for d in
                                              getattr(valid.dataset, "datasets", [valid.dataset])]
         if valid is not None:
@@ -89,6 +93,11 @@ def main() -> None:
             share_embeddings_and_output_weights=False, position_embedding_type="rope")
         missing = ref.load_state_dict(model.state_dict(), strict=False)
         assert not missing.missing_keys, missing.missing_keys
+
+        megatron_mock = None  # --mock-data: megatron-core's own mock documents, to check the tokens read against
+        if args.mock_data:
+            from megatron.core.datasets.gpt_dataset import MockGPTLowLevelDataset
+            megatron_mock = MockGPTLowLevelDataset(get_tokenizer())
 
         steps = []
         for _ in range(3):
@@ -106,6 +115,9 @@ def main() -> None:
                 for s in seq_ids:
                     n = int(train.dataset.lengths[s])
                     tok, lab = train.dataset.read(int(s), 0, n)
+                    if megatron_mock is not None:
+                        doc = megatron_mock[int(train.dataset.documents[s])]
+                        assert (tok == doc[:n]).all() and (lab == doc[1:n + 1]).all(), f"mock sequence {s}"
                     masked += int((tok == eod).sum())
                     per_tok = ref(torch.from_numpy(tok)[None], torch.arange(n)[None], causal_mask(n),
                                   labels=torch.from_numpy(lab)[None])

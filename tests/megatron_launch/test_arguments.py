@@ -120,12 +120,19 @@ def test_default_global_batch_is_one_micro_batch_per_rank() -> None:
         ({"split": "a,b"}, "--split 'a,b': give up to three non-negative shares"),
         ({"use_legacy_models": True}, "--use-legacy-models"),
         ({"rampup_batch_size": ["16", "16", "1000"]}, "--rampup-batch-size"),
-        ({"mock_data": True}, "--mock-data"),
+        ({"mock_data": True}, "give --mock-data or --data-path, not both"),
     ],
 )
 def test_unservable_megatron_settings(overrides: dict, match: str) -> None:
     with pytest.raises(ZeppelinArgsError, match=match):
         check_megatron_args(megatron_namespace(**overrides), world_size=32, gpus_per_node=8)
+
+
+def test_mock_data_is_a_source_with_a_validation_share() -> None:
+    """--mock-data alone (as Megatron requires): megatron-core's mock documents, split 1,1,1 whatever --split says,
+    so --eval-iters has a validation set (tests/megatron_data/test_mock.py checks the documents)."""
+    check_megatron_args(megatron_namespace(mock_data=True, data_path=None, eval_iters=10, split="100,0,0"),
+                        world_size=32, gpus_per_node=8)
 
 
 def test_document_reset_flags_are_what_zeppelin_does() -> None:

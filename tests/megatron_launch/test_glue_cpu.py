@@ -27,14 +27,18 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world, local_world, tp, blend", [(2, 2, 1, False), (4, 2, 2, False), (2, 2, 1, True)],
-                         ids=["world2-tp1", "world4-2nodes-tp2", "world2-blend"])
+@pytest.mark.parametrize("world, local_world, tp, data", [(2, 2, 1, "one"), (4, 2, 2, "one"), (2, 2, 1, "blend"),
+                                                          (2, 2, 1, "mock")],
+                         ids=["world2-tp1", "world4-2nodes-tp2", "world2-blend", "world2-mock"])
 def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_world: int, tp: int,
-                                            blend: bool) -> None:
+                                            data: str) -> None:
     """``blend``: ``--data-path 1 A 3 B``, two datasets blended by weight (Megatron's blend form), ``--split
     80,20,0`` and evaluation: each dataset's first 80% of documents trained, the rest held out for validation;
     ``--eod-mask-loss`` with end-of-document tokens inside documents (no loss on them as inputs).
-    Without: ``--split`` unset, so Megatron's default 969,30,1 (42 documents: 41 trained)."""
+    ``one``: ``--split`` unset, so Megatron's default 969,30,1 (42 documents: 41 trained).
+    ``mock``: ``--mock-data`` with evaluation, no ``--data-path``: megatron-core's mock documents split 1,1,1 (the
+    worker checks every token read against megatron-core's ``MockGPTLowLevelDataset``)."""
+    blend = data == "blend"
     megatron_lm = Path(os.environ.get("ZEPPELIN_MEGATRON_LM", "/work/ext/Megatron-LM"))
     if not (megatron_lm / "pretrain_gpt.py").is_file():
         pytest.skip(f"no Megatron-LM checkout at {megatron_lm} (set ZEPPELIN_MEGATRON_LM)")
@@ -52,9 +56,10 @@ def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_wo
                 doc[1::9] = 500  # NullTokenizer(500)'s end-of-document id inside documents: --eod-mask-loss masks it
             builder.add_document(doc, [n])
         builder.finalize(prefixes[-1] + ".idx")
-    prefix = f"1 {prefixes[0]} 3 {prefixes[1]}" if blend else prefixes[0]
+    prefix = f"1 {prefixes[0]} 3 {prefixes[1]}" if blend else prefixes[0] if data == "one" else "-"
 
-    extra = ["--split", "80,20,0", "--eval-iters", "1", "--eod-mask-loss"] if blend else []
+    extra = {"one": [], "blend": ["--split", "80,20,0", "--eval-iters", "1", "--eod-mask-loss"],
+             "mock": ["--mock-data", "--eval-iters", "1"]}[data]
     port = _free_port()
     procs = []
     for rank in range(world):
@@ -90,8 +95,10 @@ def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_wo
         assert results[0]["trained"] == [[0, 34], [0, 34]] and results[0]["held_out"] == [[34, 42], [34, 42]]
         ids = [s for step in results[0]["steps"] for s in step["seq_ids"]]
         assert min(ids) < parts[0] <= max(ids)
-    if not blend:
+    if data == "one":
         assert results[0]["trained"] == [[0, 41]] and results[0]["held_out"] == []  # round(0.969 * 42) = 41
+    if data == "mock":  # megatron-core's 100,000 mock documents, split 1,1,1
+        assert results[0]["trained"] == [[0, 33333]] and results[0]["held_out"] == [[33333, 66667]]
     lines = results[-1]["metric_lines"]  # steps 1 and 2 complete when micro-steps 1 and 2 start
     assert [ln.split(" |")[0] for ln in lines] == ["zeppelin step 1", "zeppelin step 2"]
     assert "predicted" in lines[0] and "measured" in lines[0]

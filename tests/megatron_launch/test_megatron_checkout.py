@@ -318,6 +318,8 @@ def test_unservable_configs_rejected_by_startup_check(worker_result: dict, name:
 
 def test_recipes_pass_megatron_and_zeppelin_checks(worker_result: dict) -> None:
     r = worker_result["recipe"]
+    mock = r.pop("smoke_gpt.sh mock")  # DATA_PREFIX=mock: Megatron's --mock-data, a NullTokenizer, no files
+    assert (mock["mock_data"], mock["data_path"], mock["tokenizer_type"]) == (True, [], "NullTokenizer")
     assert set(r) == {p.name for p in (REPO / "configs" / "recipes").glob("*.sh")}
     for name, got in r.items():
         assert got["cluster"].startswith("4x8@") and got["cluster"].endswith("configs/clusters/h100.yaml"), name

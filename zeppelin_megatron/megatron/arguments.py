@@ -319,7 +319,7 @@ def data_sources_from_args(args: argparse.Namespace) -> Any:
         data_path=_flag(args, "data_path"), data_args_path=_flag(args, "data_args_path"),
         train_data_path=_flag(args, "train_data_path"), valid_data_path=_flag(args, "valid_data_path"),
         test_data_path=_flag(args, "test_data_path"), per_split_data_args_path=_flag(args, "per_split_data_args_path"),
-        split=_flag(args, "split"))
+        split=_flag(args, "split"), mock_data=bool(_flag(args, "mock_data", False)))
 
 
 def _data_sources(args: argparse.Namespace, problems: list[str]) -> Any:
@@ -373,8 +373,7 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
                        ("yaml_cfg", "--yaml-cfg"),
                        ("rampup_batch_size", "--rampup-batch-size"),
                        ("sft", "--sft"),
-                       ("fim_data", "--fim-data"),
-                       ("mock_data", "--mock-data")):
+                       ("fim_data", "--fim-data")):
         if _flag(args, name):
             problems.append(f"{flag} is not supported with --zeppelin")
     spec = _flag(args, "spec")

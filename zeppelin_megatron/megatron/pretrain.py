@@ -349,16 +349,24 @@ def iterator_planner(config: ZeppelinConfig, planner: PlanningSetup) -> Callable
     return planner
 
 
-def _iterator(prefix_arg: Any, *, setup: ZeppelinSetup, rank: int, consumed_samples: int, seed: int,
+def _iterator(words: list[str] | None, *, setup: ZeppelinSetup, rank: int, consumed_samples: int, seed: int,
               split: tuple[float, float] | None = None, eod_mask_token: int | None = None) -> Iterator[Any]:
+    """A set's iterator over ``words`` (one prefix or a blend, "W1 P1 W2 P2" / "P1 P2"; ``None``: Megatron's mock
+    data for its tokenizer), ``split``'s share of the documents."""
     from .data.blend import open_documents
     from .data.iterator import ZeppelinDataIterator, from_consumed_samples
+    from .data.mock import MockDocuments
     from .data.sampler import TokenBudgetSampler
 
-    from megatron.training import print_rank_0
+    from megatron.training import get_tokenizer, print_rank_0
 
     p = setup.parallel
-    dataset = open_documents(prefix_arg, p.seq_length, split)  # one prefix or a blend ("W1 P1 W2 P2", "P1 P2")
+    if words is None:
+        tokenizer = get_tokenizer()
+        dataset: Any = MockDocuments(seq_length=p.seq_length, split=split, vocab_size=int(tokenizer.vocab_size),
+                                     eod=int(tokenizer.eod))
+    else:
+        dataset = open_documents(words, p.seq_length, split)
     print_rank_0(dataset.describe())
     sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=setup.token_budget, seed=seed, parts=dataset.parts,
                                  weights=dataset.weights)
@@ -380,7 +388,8 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: Sequence[int]
     at micro-step ``consumed_train_samples // (micro_batch_size * N)``;
     validation at ``consumed_valid_samples``; test from 0. The sources: :func:`~.data.sources.data_sources`
     (``--data-path`` / ``--data-args-path`` split by ``--split``, each dataset of a blend alike; per-split paths or
-    ``--per-split-data-args-path`` whole; docs/data.md, "Splits"); validation and test only with ``--eval-iters`` > 0.
+    ``--per-split-data-args-path`` whole; ``--mock-data``: megatron-core's mock documents split 1,1,1; docs/data.md,
+    "Splits"); validation and test only with ``--eval-iters`` > 0.
     ``--eod-mask-loss``: no loss where the input is the tokenizer's end-of-document token, as Megatron's dataset.
     """
     from megatron.training import get_args, get_tokenizer, print_rank_0

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from .blend import BlendedDocuments
-from .indexed import DataError, DocumentDataset
+from .documents import Documents
+from .index_check import DataError
 from .sampler import TokenBudgetSampler
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ class ZeppelinDataIterator(Iterator[ZeppelinBatch]):
     def __init__(
         self,
         *,
-        dataset: DocumentDataset | BlendedDocuments,
+        dataset: Documents | BlendedDocuments,
         sampler: TokenBudgetSampler,
         planner: Callable[[Sequence[int]], "StepPlan"],
         rank: int,

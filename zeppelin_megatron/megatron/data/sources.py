@@ -11,6 +11,10 @@ the start-up checks and the data provider read the flags the same way. Example: 
 One difference from Megatron, on purpose: beside ``--data-path``, Megatron ignores ``--valid-data-path`` and
 ``--test-data-path`` (its validation then comes from ``--split`` only); here a per-split path given beside
 ``--data-path`` is read for its set, since a user who names one means it.
+
+``--mock-data`` (alone, as Megatron requires): megatron-core's mock documents (:mod:`.mock`), split ``1,1,1`` as
+megatron-core splits them whatever ``--split`` says; a source's words are then ``None``: train ``(None, (0.0,
+1/3))``, valid ``(None, (1/3, 2/3))``, test ``(None, (2/3, 1.0))``.
 """
 
 from __future__ import annotations
@@ -21,12 +25,13 @@ from typing import Any, Sequence
 
 from .blend import LEGACY_SPLIT, parse_blend, split_ranges
 from .index_check import DataError
+from .mock import MOCK_SPLIT
 
 __all__ = ["DataSource", "DataSources", "data_sources"]
 
-DataSource = tuple[list[str], "tuple[float, float] | None"]
-"""``(words, split)``: ``--data-path``-style words (one prefix or a blend) and the share of their documents
-(``None``: all)."""
+DataSource = tuple["list[str] | None", "tuple[float, float] | None"]
+"""``(words, split)``: ``--data-path``-style words (one prefix or a blend; ``None``: Megatron's mock data) and the
+share of their documents (``None``: all)."""
 
 
 @dataclass(frozen=True)
@@ -71,11 +76,21 @@ def data_sources(*, data_path: Sequence[str] | str | None = None, data_args_path
                  train_data_path: Sequence[str] | str | None = None,
                  valid_data_path: Sequence[str] | str | None = None,
                  test_data_path: Sequence[str] | str | None = None, per_split_data_args_path: str | None = None,
-                 split: str | None = None) -> DataSources:
+                 split: str | None = None, mock_data: bool = False) -> DataSources:
     """The sources Megatron's data flags name (module docstring). Raises :class:`DataError` naming the flag for
-    flags given together that exclude each other, no training source, a file that cannot be read, a malformed
-    blend (:func:`~.blend.parse_blend`) or ``--split`` (:func:`~.blend.split_ranges`), or a ``--split`` that
-    leaves training no share."""
+    flags given together that exclude each other (``--mock-data`` with another source), no training source, a
+    file that cannot be read, a malformed blend (:func:`~.blend.parse_blend`) or ``--split``
+    (:func:`~.blend.split_ranges`), or a ``--split`` that leaves training no share."""
+    if mock_data:
+        given = [flag for flag, value in (("--data-path", data_path), ("--data-args-path", data_args_path),
+                                          ("--train-data-path", train_data_path),
+                                          ("--valid-data-path", valid_data_path),
+                                          ("--test-data-path", test_data_path),
+                                          ("--per-split-data-args-path", per_split_data_args_path)) if value]
+        if given:
+            raise DataError(f"give --mock-data or {' / '.join(given)}, not both (Megatron trains on one data source)")
+        mock = split_ranges(MOCK_SPLIT)
+        return DataSources(train=(None, mock[0]), valid=(None, mock[1]), test=(None, mock[2]))
     if data_path and data_args_path:
         raise DataError("give --data-path or --data-args-path, not both")
     words = _words(data_path) if data_path else (
@@ -89,7 +104,7 @@ def data_sources(*, data_path: Sequence[str] | str | None = None, data_args_path
         raise DataError("give --data-path (or --data-args-path) or a training path of its own, not both")
     if not (words or per[0]):
         raise DataError("Zeppelin needs --data-path PREFIX (an indexed dataset made by tools/preprocess_data.py), "
-                        "--data-args-path or a training path")
+                        "--data-args-path, a training path or --mock-data")
     for value, flag in ((words, "--data-path"), (per[0], "--train-data-path"), (per[1], "--valid-data-path"),
                         (per[2], "--test-data-path")):
         if value:
