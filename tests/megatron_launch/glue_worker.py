@@ -58,6 +58,9 @@ def main() -> None:
             "--use-cpu-initialization", "--attention-dropout", "0", "--hidden-dropout", "0",
             "--untie-embeddings-and-output-weights", "--seed", "7", "--log-interval", "1",
             "--zeppelin-backend", "reference", *extra]
+    if "--train-samples" in extra:  # sample-based training (a batch-size ramp-up needs it): no --train-iters
+        at = argv.index("--train-iters")
+        del argv[at:at + 2]
     sys.argv = zp.check_startup(argv, env=dict(os.environ), exit_on_error=False)
     args = parse_args(extra_args_provider=zp.extra_args_provider(), ignore_unknown_args=False)
     validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
@@ -130,8 +133,19 @@ def main() -> None:
                           "eod_inputs": masked if args.eod_mask_loss else 0})
         train.close()
     trained = [[d.first_document, d.end_document] for d in getattr(train.dataset, "datasets", [train.dataset])]
+    # micro-steps per step: Megatron's own calculator (set up from the same args, driven as its training loop drives
+    # it) and the schedule the Zeppelin step metrics group micro-steps by
+    from megatron.core.num_microbatches_calculator import get_num_microbatches, update_num_microbatches
+    consumed, megatron_counts = 0, []
+    for _ in range(6):
+        update_num_microbatches(consumed, consistency_check=True)
+        megatron_counts.append(get_num_microbatches())
+        consumed += megatron_counts[-1] * args.micro_batch_size * args.data_parallel_size
+    schedule = run.setup.parallel.schedule
+    schedule_counts = [schedule.locate(m)[2] for m in range(sum(megatron_counts)) if schedule.locate(m)[1] == 0]
     result = {"rank": rank, "steps": steps, "eod": int(eod), "parts": list(train.dataset.parts), "trained": trained,
-              "held_out": held_out, "metric_lines": lines,
+              "held_out": held_out, "metric_lines": lines, "megatron_counts": megatron_counts,
+              "schedule_counts": schedule_counts,
               "group": [run.group.rank, run.group.size], "describe": run.setup.describe()}
     with open(out_path, "w") as f:
         json.dump(result, f)

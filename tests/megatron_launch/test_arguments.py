@@ -119,13 +119,31 @@ def test_default_global_batch_is_one_micro_batch_per_rank() -> None:
         ({"split": "0,90,10"}, "--split 0,90,10: gives training no share"),
         ({"split": "a,b"}, "--split 'a,b': give up to three non-negative shares"),
         ({"use_legacy_models": True}, "--use-legacy-models"),
-        ({"rampup_batch_size": ["16", "16", "1000"]}, "--rampup-batch-size"),
+        ({"rampup_batch_size": ["16", "16", "1000"]}, "--rampup-batch-size 16 16 1000: START and INCREMENT must be "
+         "multiples of the 32 samples of a micro-step"),
+        ({"rampup_batch_size": ["32", "32"]}, "--rampup-batch-size 32 32: give three integers"),
+        ({"rampup_batch_size": ["32", "32", "64"], "train_iters": 100}, "--train-iters 100: a ramp-up needs "
+         "sample-based training"),
+        ({"rampup_batch_size": ["32", "x", "9"]}, "--rampup-batch-size 32 x 9: give three integers"),
+        ({"rampup_batch_size": ["32", "24", "100"], "decrease_batch_size_if_needed": True},
+         "--global-batch-size 64 must be START plus a positive multiple of INCREMENT"),
         ({"mock_data": True}, "give --mock-data or --data-path, not both"),
     ],
 )
 def test_unservable_megatron_settings(overrides: dict, match: str) -> None:
     with pytest.raises(ZeppelinArgsError, match=match):
         check_megatron_args(megatron_namespace(**overrides), world_size=32, gpus_per_node=8)
+
+
+def test_a_batch_size_ramp_up_is_megatrons() -> None:
+    """--rampup-batch-size START INCREMENT SAMPLES: the micro-steps of each step grow as megatron-core grows them
+    (test_rampup.py checks the schedule against its calculator); the data side is unchanged."""
+    p = check_megatron_args(megatron_namespace(rampup_batch_size=["32", "32", "64"]), world_size=32, gpus_per_node=8)
+    assert p.rampup == (32, 32, 64) and p.num_micro_batches == 2
+    assert [p.schedule.locate(m) for m in range(5)] == [(0, 0, 1), (1, 0, 1), (2, 0, 2), (2, 1, 2), (3, 0, 2)]
+    p = check_megatron_args(megatron_namespace(rampup_batch_size=["40", "24", "64"],
+                                               decrease_batch_size_if_needed=True), world_size=32, gpus_per_node=8)
+    assert p.schedule.locate(0) == (0, 0, 1)  # 40 samples rounded down to one micro-step of 32
 
 
 def test_mock_data_is_a_source_with_a_validation_share() -> None:

@@ -28,8 +28,8 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world, local_world, tp, data", [(2, 2, 1, "one"), (4, 2, 2, "one"), (2, 2, 1, "blend"),
-                                                          (2, 2, 1, "mock")],
-                         ids=["world2-tp1", "world4-2nodes-tp2", "world2-blend", "world2-mock"])
+                                                          (2, 2, 1, "mock"), (2, 2, 1, "rampup")],
+                         ids=["world2-tp1", "world4-2nodes-tp2", "world2-blend", "world2-mock", "world2-rampup"])
 def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_world: int, tp: int,
                                             data: str) -> None:
     """``blend``: ``--data-path 1 A 3 B``, two datasets blended by weight (Megatron's blend form), ``--split
@@ -37,7 +37,9 @@ def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_wo
     ``--eod-mask-loss`` with end-of-document tokens inside documents (no loss on them as inputs).
     ``one``: ``--split`` unset, so Megatron's default 969,30,1 (42 documents: 41 trained).
     ``mock``: ``--mock-data`` with evaluation, no ``--data-path``: megatron-core's mock documents split 1,1,1 (the
-    worker checks every token read against megatron-core's ``MockGPTLowLevelDataset``)."""
+    worker checks every token read against megatron-core's ``MockGPTLowLevelDataset``).
+    ``rampup``: ``--rampup-batch-size 2 2 2`` to a global batch of 4 (sample-based training): the step metrics group
+    micro-steps 0 | 1 2 | 3 4 | ..., as megatron-core's calculator set up from the same arguments counts them."""
     blend = data == "blend"
     megatron_lm = Path(os.environ.get("ZEPPELIN_MEGATRON_LM", "/work/ext/Megatron-LM"))
     if not (megatron_lm / "pretrain_gpt.py").is_file():
@@ -56,10 +58,12 @@ def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_wo
                 doc[1::9] = 500  # NullTokenizer(500)'s end-of-document id inside documents: --eod-mask-loss masks it
             builder.add_document(doc, [n])
         builder.finalize(prefixes[-1] + ".idx")
-    prefix = f"1 {prefixes[0]} 3 {prefixes[1]}" if blend else prefixes[0] if data == "one" else "-"
+    prefix = f"1 {prefixes[0]} 3 {prefixes[1]}" if blend else "-" if data == "mock" else prefixes[0]
 
     extra = {"one": [], "blend": ["--split", "80,20,0", "--eval-iters", "1", "--eod-mask-loss"],
-             "mock": ["--mock-data", "--eval-iters", "1"]}[data]
+             "mock": ["--mock-data", "--eval-iters", "1"],
+             "rampup": ["--train-samples", "20", "--global-batch-size", "4",
+                        "--rampup-batch-size", "2", "2", "2"]}[data]
     port = _free_port()
     procs = []
     for rank in range(world):
@@ -95,10 +99,14 @@ def test_forward_step_through_megatron_args(tmp_path: Path, world: int, local_wo
         assert results[0]["trained"] == [[0, 34], [0, 34]] and results[0]["held_out"] == [[34, 42], [34, 42]]
         ids = [s for step in results[0]["steps"] for s in step["seq_ids"]]
         assert min(ids) < parts[0] <= max(ids)
-    if data == "one":
+    assert results[0]["schedule_counts"] == results[0]["megatron_counts"]
+    assert results[0]["megatron_counts"] == ([1, 2, 2, 2, 2, 2] if data == "rampup" else [1] * 6)
+    if data in ("one", "rampup"):
         assert results[0]["trained"] == [[0, 41]] and results[0]["held_out"] == []  # round(0.969 * 42) = 41
     if data == "mock":  # megatron-core's 100,000 mock documents, split 1,1,1
         assert results[0]["trained"] == [[0, 33333]] and results[0]["held_out"] == [[33333, 66667]]
-    lines = results[-1]["metric_lines"]  # steps 1 and 2 complete when micro-steps 1 and 2 start
-    assert [ln.split(" |")[0] for ln in lines] == ["zeppelin step 1", "zeppelin step 2"]
+    lines = results[-1]["metric_lines"]  # steps 1 and 2 complete when micro-steps 1 and 2 start (ramp-up: step 1
+    # of micro-step 0 when micro-step 1 starts; step 2, micro-steps 1 and 2, is not complete after 3 micro-steps)
+    assert [ln.split(" |")[0] for ln in lines] == ["zeppelin step 1"] + ["zeppelin step 2"] * (data != "rampup")
+    assert "micro-steps 1," in lines[0]
     assert "predicted" in lines[0] and "measured" in lines[0]

@@ -12,6 +12,7 @@ from zeppelin_megatron.megatron.metrics import (
     scalars,
     step_metrics,
 )
+from zeppelin_megatron.megatron.rampup import StepSchedule
 from zeppelin_megatron.planner import CostModel, PlannerOptions, load_cluster, plan_step
 from zeppelin_megatron.planner.model import LLAMA_7B
 from zeppelin_megatron.planner.predict import attention_time
@@ -84,13 +85,16 @@ class _WB:
         self.calls.append((values, step))
 
 
+TWO = StepSchedule(samples_per_micro_step=1, global_batch_size=2)  # 2 micro-steps per step
+
+
 def test_recorder_times_complete_steps(plans) -> None:
     t = [0.0]
     lines: list[str] = []
     tb, wb = _TB(), _WB()
     syncs = []
     writer = MetricsWriter(log=lines.append, tensorboard=tb, wandb=wb, log_interval=2, scalar_interval=1)
-    rec = StepMetricsRecorder(num_micro_batches=2, writer=writer, clock=lambda: t[0], sync=lambda: syncs.append(1))
+    rec = StepMetricsRecorder(schedule=TWO, writer=writer, clock=lambda: t[0], sync=lambda: syncs.append(1))
     out = []
     for micro, at in [(0, 0.0), (1, 0.4), (1, 0.5), (2, 1.5), (3, 1.6), (4, 4.0)]:
         t[0] = at
@@ -107,7 +111,7 @@ def test_recorder_times_complete_steps(plans) -> None:
 
 def test_recorder_skips_partial_first_step(plans) -> None:
     # Resuming mid-step (micro 3 of M=2 -> step 1 index 1): step 1 is incomplete, not reported.
-    rec = StepMetricsRecorder(num_micro_batches=2, clock=lambda: 0.0)
+    rec = StepMetricsRecorder(schedule=TWO, clock=lambda: 0.0)
     assert rec.record(3, plans[0]) is None
     assert rec.record(4, plans[1]) is None
     assert rec.record(5, plans[1]) is None
@@ -117,8 +121,23 @@ def test_recorder_skips_partial_first_step(plans) -> None:
 def test_writer_validation() -> None:
     with pytest.raises(ValueError, match="log_interval"):
         MetricsWriter(log_interval=0)
-    with pytest.raises(ValueError, match="num_micro_batches"):
-        StepMetricsRecorder(num_micro_batches=0)
+    with pytest.raises(TypeError, match="schedule must be a StepSchedule, got int"):
+        StepMetricsRecorder(schedule=2)  # type: ignore[arg-type]
+
+
+def test_recorder_follows_the_ramp_up(plans) -> None:
+    """--rampup-batch-size 1 1 2 to 3 samples of one micro-step each (micro-steps 0 | 1 2 | 3 4 5 | 6 7 8 | ...,
+    rampup.py): each step reported with its own micro-steps, numbered as Megatron's iterations."""
+    t = [0.0]
+    rec = StepMetricsRecorder(schedule=StepSchedule(samples_per_micro_step=1, global_batch_size=3, rampup=(1, 1, 2)),
+                              clock=lambda: t[0])
+    done = []
+    for micro in range(10):
+        t[0] = float(micro)
+        out = rec.record(micro, plans[micro % 3])
+        if out is not None:
+            done.append((out.iteration, out.micro_steps, out.measured_ms))
+    assert done == [(1, 1, 1000.0), (2, 2, 2000.0), (3, 3, 3000.0), (4, 3, 3000.0)]
 
 
 def test_paths_counted_per_sequence(plans) -> None:

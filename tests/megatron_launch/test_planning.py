@@ -120,6 +120,13 @@ def test_capacity_check() -> None:
     assert s.cluster.tokens_per_gpu == 131072
 
 
+def test_describe_states_the_ramp_up() -> None:
+    s = _setup(rampup_batch_size=["32", "32", "64"])
+    assert "2 micro-steps per step (1 at first: --rampup-batch-size 32 32 64, micro-steps of 32 samples);" \
+        in s.describe()
+    assert "2 micro-steps per step; routing" in _setup().describe()
+
+
 def test_micro_step_budget_keeps_the_level_margin() -> None:
     """With mbs x seq_length equal to a rank's capacity, the sampler's budget keeps 5 tokens per rank free
     (capacity_level's guarantee: every micro-step then plans); with 5 or more to spare, Megatron's budget."""

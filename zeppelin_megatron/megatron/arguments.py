@@ -15,16 +15,19 @@ Rank arithmetic of a run (pipeline and context parallelism are rejected)::
     Zeppelin ranks per node = gpus_per_node / TP    = 4
     micro-step token budget = micro_batch_size * seq_length * N
     micro-steps per step    = global_batch_size / (micro_batch_size * N)
+                              (growing to it under --rampup-batch-size: :mod:`.rampup`)
 """
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from ..planner.options import REMAP_WORDS, PlannerOptions, Remap
 from ..planner.plan import PlanError
+from .rampup import RampupError, StepSchedule
 
 __all__ = [
     "ZeppelinArgsError",
@@ -256,6 +259,9 @@ class ZeppelinParallel:
     global_batch_size: int
     seq_length: int
     sequence_parallel: bool = False
+    rampup: tuple[int, int, int] | None = None
+    """``--rampup-batch-size START INCREMENT SAMPLES`` (``None``: the global batch from the first step)."""
+    decrease_batch_size_if_needed: bool = False
 
     def __post_init__(self) -> None:
         for attr, what in (("world_size", "the world size (WORLD_SIZE)"),
@@ -282,6 +288,17 @@ class ZeppelinParallel:
                 f"--global-batch-size {self.global_batch_size} is not a multiple of --micro-batch-size "
                 f"{self.micro_batch_size} x {self.zeppelin_ranks} Zeppelin ranks = {per_step}"
             )
+        try:
+            self.schedule  # noqa: B018 (checks the ramp-up)
+        except RampupError as exc:
+            raise ZeppelinArgsError(str(exc)) from None
+
+    @cached_property
+    def schedule(self) -> StepSchedule:
+        """Micro-steps per training step, step by step (:class:`~.rampup.StepSchedule`; ramp-up included)."""
+        return StepSchedule(samples_per_micro_step=self.micro_batch_size * self.zeppelin_ranks,
+                            global_batch_size=self.global_batch_size, rampup=self.rampup,
+                            decrease_if_needed=self.decrease_batch_size_if_needed)
 
     @property
     def nodes(self) -> int:
@@ -337,6 +354,27 @@ def _flag(args: argparse.Namespace, name: str, default: Any = None) -> Any:
     return getattr(args, name, default)
 
 
+def _rampup(args: argparse.Namespace, problems: list[str]) -> tuple[int, int, int] | None:
+    """``--rampup-batch-size``'s three words (Megatron reads them with ``int``) as integers, or ``None`` with the
+    reason appended to ``problems`` when they are not three integers (their values: :class:`~.rampup.StepSchedule`,
+    checked with the batch sizes)."""
+    words = _flag(args, "rampup_batch_size")
+    if not words:
+        return None
+    try:
+        values = [int(w) for w in words]
+    except (TypeError, ValueError):
+        values = []
+    if len(values) != 3:
+        problems.append(f"--rampup-batch-size {' '.join(map(str, words))}: give three integers, START INCREMENT "
+                        "SAMPLES")
+        return None
+    if _flag(args, "train_iters"):
+        problems.append(f"--rampup-batch-size with --train-iters {args.train_iters}: a ramp-up needs sample-based "
+                        "training, --train-samples (Megatron's rule)")
+    return values[0], values[1], values[2]
+
+
 def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_node: int) -> ZeppelinParallel:
     """Reject Megatron settings a Zeppelin run cannot serve; return the run's shape.
 
@@ -371,7 +409,6 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
                        ("heterogeneous_layers_config_path", "--heterogeneous-layers-config-path"),
                        ("mtp_num_layers", "--mtp-num-layers"),
                        ("yaml_cfg", "--yaml-cfg"),
-                       ("rampup_batch_size", "--rampup-batch-size"),
                        ("sft", "--sft"),
                        ("fim_data", "--fim-data")):
         if _flag(args, name):
@@ -397,6 +434,7 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
     if sources is not None and (_flag(args, "eval_iters", 0) or 0) > 0 and sources.valid is None:
         problems.append(f"--eval-iters {args.eval_iters}: Zeppelin evaluates on --valid-data-path PREFIX or on "
                         "the validation share of --data-path's --split; give one, or --eval-iters 0")
+    rampup = _rampup(args, problems)
     if problems:
         raise ZeppelinArgsError("cannot run --zeppelin:\n  - " + "\n  - ".join(problems))
     mbs = _flag(args, "micro_batch_size")
@@ -412,4 +450,6 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
         global_batch_size=gbs,
         seq_length=_flag(args, "seq_length"),
         sequence_parallel=bool(_flag(args, "sequence_parallel", False)),
+        rampup=rampup,
+        decrease_batch_size_if_needed=bool(_flag(args, "decrease_batch_size_if_needed", False)),
     )

@@ -1,7 +1,7 @@
 """Per-step Zeppelin metrics: what the plans placed, predicted against measured time.
 
 Pure parts: :func:`plan_metrics` (one micro-step's plan), :func:`step_metrics`
-(one training step = ``num_micro_batches`` micro-steps), :func:`scalars` and
+(one training step's micro-steps), :func:`scalars` and
 :func:`format_step`. Stateful edge: :class:`StepMetricsRecorder` groups the
 micro-steps of a step and times the step; :class:`MetricsWriter` prints a line
 and writes scalars to Megatron's tensorboard / wandb writers when given. No
@@ -39,6 +39,7 @@ from typing import Any, Callable, Sequence
 from ..planner.plan import StepPlan
 from ..planner.predict import attention_time
 from ..planner.ring_parts import parted
+from .rampup import StepSchedule
 
 __all__ = [
     "PlanMetrics",
@@ -273,8 +274,10 @@ class StepMetricsRecorder:
     """Groups micro-steps into training steps and times them.
 
     ``record(micro_step, plan)`` is called for each training micro-step in
-    order (``micro_step`` = global micro-step index; step ``i`` holds
-    micro-steps ``i*M .. i*M + M-1`` for ``M = num_micro_batches``). When the
+    order (``micro_step`` = global micro-step index); ``schedule`` says which
+    step holds it (:meth:`~.rampup.StepSchedule.locate`: step ``i`` holds
+    micro-steps ``i*M .. i*M + M-1`` for ``M`` micro-steps per step, fewer
+    while Megatron's ``--rampup-batch-size`` ramps the batch up). When the
     first micro-step of step ``i+1`` arrives, step ``i`` is complete: its
     metrics, timed from its first micro-step to now, go to ``writer`` and are
     returned. ``sync`` (e.g. ``torch.cuda.synchronize``) runs before reading the
@@ -285,16 +288,17 @@ class StepMetricsRecorder:
     def __init__(
         self,
         *,
-        num_micro_batches: int,
+        schedule: StepSchedule,
         writer: MetricsWriter | None = None,
         clock: Callable[[], float] = time.perf_counter,
         sync: Callable[[], None] | None = None,
     ) -> None:
-        if not isinstance(num_micro_batches, int) or num_micro_batches < 1:
-            raise ValueError(f"num_micro_batches must be a positive integer, got {num_micro_batches!r}")
-        self.num_micro_batches = num_micro_batches
+        if not isinstance(schedule, StepSchedule):
+            raise TypeError(f"schedule must be a StepSchedule, got {type(schedule).__name__}")
+        self.schedule = schedule
         self.writer, self.clock, self.sync = writer, clock, sync
         self._step: int | None = None
+        self._count = 0
         self._start: float | None = None
         self._last = -1
         self._plans: list[PlanMetrics] = []
@@ -303,20 +307,20 @@ class StepMetricsRecorder:
         if micro_step <= self._last:
             return None
         self._last = micro_step
-        step, index = divmod(micro_step, self.num_micro_batches)
+        step, index, count = self.schedule.locate(micro_step)
         done: StepMetrics | None = None
         if step != self._step:
             if self.sync is not None:
                 self.sync()
             now = self.clock()
             complete = (self._step is not None and step == self._step + 1 and self._start is not None
-                        and len(self._plans) == self.num_micro_batches)
+                        and len(self._plans) == self._count)
             if complete:
                 assert self._step is not None and self._start is not None
                 done = step_metrics(self._step + 1, self._plans, (now - self._start) * 1e3)
                 if self.writer is not None:
                     self.writer.write(done)
-            self._step, self._plans = step, []
+            self._step, self._plans, self._count = step, [], count
             self._start = now if index == 0 else None
         self._plans.append(plan_metrics(plan))
         return done

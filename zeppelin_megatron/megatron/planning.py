@@ -155,6 +155,13 @@ class ZeppelinSetup:
                      "in time (docs/planner.md, 'When tokens are tight')]")
         return note
 
+    def _rampup_note(self) -> str:
+        r = self.parallel.rampup
+        if r is None:
+            return ""
+        return (f" ({self.parallel.schedule.locate(0)[2]} at first: --rampup-batch-size {r[0]} {r[1]} {r[2]}, "
+                f"micro-steps of {self.parallel.micro_batch_size * self.parallel.zeppelin_ranks} samples)")
+
     def describe(self) -> str:
         c, p, o = self.cluster, self.parallel, self.planning.options
         return (
@@ -162,7 +169,7 @@ class ZeppelinSetup:
             f"Zeppelin ranks ({c.gpus_per_node} per node, {c.nics_per_node} NICs per node at {c.nic_Gbps:g} Gb/s "
             f"for the group), {c.tokens_per_gpu} tokens per rank; micro-step budget {self.token_budget} tokens"
             f"{self._budget_note()}, "
-            f"{p.num_micro_batches} micro-steps per step; routing {'on' if o.routing else 'off'}, "
+            f"{p.num_micro_batches} micro-steps per step{self._rampup_note()}; routing {'on' if o.routing else 'off'}, "
             f"remap {REMAP_WORDS[o.remap]}"
         )
 

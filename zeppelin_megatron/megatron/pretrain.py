@@ -218,7 +218,7 @@ def _run() -> _Run:
                                log_interval=max(1, args.log_interval),
                                scalar_interval=max(1, getattr(args, "tensorboard_log_interval", 1) or 1))
         sync = torch.cuda.synchronize if torch.cuda.is_available() else None
-        recorder = StepMetricsRecorder(num_micro_batches=setup.parallel.num_micro_batches, writer=writer, sync=sync)
+        recorder = StepMetricsRecorder(schedule=setup.parallel.schedule, writer=writer, sync=sync)
     print_rank_0(setup.describe())
     _RUN = _Run(setup=setup, group=group, recorder=recorder)
     return _RUN
