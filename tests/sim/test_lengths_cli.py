@@ -141,3 +141,30 @@ def test_simulate_cli_runs_the_micro_steps_training_runs(tmp_path, capsys) -> No
                "--cluster", "1x2"])
     assert rc == 2 and "more than the micro-step budget of 1500 tokens" in capsys.readouterr().err
 
+
+
+def test_simulate_steps_keep_training_s_margin(tmp_path, capsys) -> None:
+    """A step that fills the cluster to within 5 tokens per rank is cut as training cuts its micro-step budget
+    (placeable_budget: 4 x (1000 - 5) = 3980), with a note; more than the cluster holds is refused before any work;
+    no --tokens-per-step on a cluster holding less than 1M: what it places."""
+    from zeppelin_megatron.commands.simulate import step_budget
+    from zeppelin_megatron.planner import load_cluster
+
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("\n".join(str(x) for x in [900, 700, 400, 300, 120, 60, 25, 7] * 20) + "\n")
+    out = tmp_path / "r.json"
+    rc = main(["simulate", "--lengths", str(lengths), "--cluster", "1x4", "--tokens-per-gpu", "1000", "--steps", "2",
+               "--tokens-per-step", "4000", "--strategies", "zeppelin,te-cp", "--json", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "steps of 3980 tokens, not --tokens-per-step 4000: as training's micro-step budget, each of the 4 ranks " \
+           "keeps 5 of its 1000 tokens free" in captured.err
+    assert "2 steps x 3980 tokens" in captured.out and json.loads(out.read_text())["tokens_per_step"] == 3980
+    rc = main(["simulate", "--lengths", str(lengths), "--cluster", "1x4", "--tokens-per-gpu", "1000",
+               "--tokens-per-step", "4001"])
+    captured = capsys.readouterr()
+    assert rc == 2 and not captured.out
+    assert "--tokens-per-step 4001 is more than the cluster holds: 4 ranks x 1000 tokens = 4000" in captured.err
+    cluster = load_cluster("1x4")
+    assert step_budget(None, cluster) == (4 * (cluster.tokens_per_gpu - 5), None)  # 4 x 65,531 < 1M
+    assert step_budget(3000, cluster) == (3000, None)

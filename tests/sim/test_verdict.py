@@ -90,3 +90,50 @@ def test_jobs_give_the_same_results_in_the_same_order() -> None:
     assert all(two[n].step_ms == one[n].step_ms and two[n].notes == one[n].notes for n in names)
     with pytest.raises(ValueError, match="jobs is 0, expected at least 1"):
         run_strategies(batches, cluster, cost, names, jobs=0)
+
+
+def test_a_peer_that_cannot_run_a_step_is_reported_not_fatal(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    """Six sequences of 600 tokens on 4 GPUs of 1000: whole-sequence peers (hybrid-dp, flexsp's groups) cannot pack
+    them; with ``peer_refusals`` (the simulate command) they are reported as refused, the others and the verdict
+    go on; without it (the benchmarks), the refusal propagates; Zeppelin's own refusal always propagates."""
+    from zeppelin_megatron.commands.simulate import setup
+    from zeppelin_megatron.planner.plan import PlanError
+    from zeppelin_megatron.sim.runner import run_strategies
+
+    cluster, cost = setup("1x4", None, None, 1, 1000)
+    batches = [[600] * 6, [500] * 7 + [300]]
+    names = ["zeppelin", "te-cp", "hybrid-dp", "flexsp"]
+    seen: list[str] = []
+    got = run_strategies(batches, cluster, cost, names, peer_refusals=True, on_step=seen.append)
+    assert sorted(seen) == sorted(names * 2)
+    assert got["hybrid-dp"].refused.startswith("step 0: hybrid-dp: sequence 4 (600 tokens on 1 GPUs) fits in no "
+                                               "block of 1000 tokens per GPU")
+    assert got["flexsp"].refused.startswith("step 0: flexsp: ") and len(got["te-cp"].step_ms) == 2
+    assert got["hybrid-dp"].to_dict() == {"name": "hybrid-dp", "refused": got["hybrid-dp"].refused}
+    with pytest.raises(ValueError, match="hybrid-dp has no step time: it refused step 0"):
+        got["hybrid-dp"].mean_step_ms  # noqa: B018
+    v = verdict(got)
+    assert v is not None and v.best_peer == "te-cp" and v.peers == ("te-cp",) and v.refused == ("hybrid-dp", "flexsp")
+    two = run_strategies(batches, cluster, cost, names, peer_refusals=True, jobs=2)
+    assert [(r.step_ms, r.refused) for r in two.values()] == [(r.step_ms, r.refused) for r in got.values()]
+    with pytest.raises(PlanError, match="hybrid-dp: sequence 4"):
+        run_strategies(batches, cluster, cost, ["hybrid-dp"])
+    with pytest.raises(PlanError):  # more tokens than the GPUs hold: Zeppelin's refusal is an error, never a row
+        run_strategies([[1000] * 4 + [1]], cluster, cost, ["zeppelin"], peer_refusals=True)
+    out = tmp_path / "r.json"
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("600\n" * 12)
+    assert main(["simulate", "--lengths", str(lengths), "--cluster", "1x4", "--tokens-per-gpu", "1000", "--steps",
+                 "2", "--tokens-per-step", "3600", "--strategies", "peers", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| hybrid-dp | refused | - | - | - | - | cannot run step 0: hybrid-dp: sequence" in text
+    assert "best of the 6 of the 8 peers that run these steps (hybrid-dp, flexsp cannot)" in text
+    assert json.loads(out.read_text())["verdict"]["refused"] == ["hybrid-dp", "flexsp"]
+
+
+def test_a_verdict_within_half_a_percent_keeps_three_digits() -> None:
+    slower = verdict({"zeppelin": _summary("zeppelin", 1003.0), "te-cp": _summary("te-cp", 1000.0)})
+    faster = verdict({"zeppelin": _summary("zeppelin", 997.0), "te-cp": _summary("te-cp", 1000.0)})
+    assert slower is not None and "1.003x slower" in slower.line()
+    assert faster is not None and "1.003x faster" in faster.line()

@@ -47,7 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="plan Zeppelin without remap windows: runs the zeppelin strategy as "
                         "zeppelin-no-remap-overlap")
     p.add_argument("--steps", type=int, default=4, help="global batches to simulate (default 4)")
-    p.add_argument("--tokens-per-step", type=int, default=1 << 20, help="tokens per global batch (default 1M)")
+    p.add_argument("--tokens-per-step", type=int, default=None,
+                   help="tokens per global batch (default 1M, or what the cluster holds less 5 per rank when that is "
+                        "less); more than the cluster holds is refused, and within 5 per rank of it a step keeps 5 "
+                        "per rank free, as training's micro-step budget")
     p.add_argument("--seed", type=int, default=0,
                    help="sampling seed (--dist; with --dataset: a blend's order, training's sampler)")
     p.add_argument("--cp-size", type=int, default=None, help="fixed CP size for te-cp/allgather-cp/wlb-llm")
@@ -63,14 +66,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write a PNG of every rank's timeline (one layer, first step, first strategy) here")
 
 
-def load_batches(args: argparse.Namespace) -> tuple[list[list[int]], str]:
-    """The global batches and a one-line description of their source."""
+def load_batches(args: argparse.Namespace, tokens_per_step: int | None = None) -> tuple[list[list[int]], str]:
+    """The global batches of ``tokens_per_step`` tokens (default ``--tokens-per-step``; :func:`step_budget`) and a
+    one-line description of their source."""
     from ..megatron.data.blend import parse_blend
     from ..sim.lengths import (
         lengths_from_blend, lengths_from_dataset, lengths_from_file, sample_steps, split_steps, training_steps,
     )
-    if args.steps < 1 or args.tokens_per_step < 1:
-        raise ValueError(f"--steps ({args.steps}) and --tokens-per-step ({args.tokens_per_step}) must be >= 1")
+    budget = (args.tokens_per_step or DEFAULT_TOKENS_PER_STEP) if tokens_per_step is None else tokens_per_step
+    if args.steps < 1 or budget < 1:
+        raise ValueError(f"--steps ({args.steps}) and --tokens-per-step ({budget}) must be >= 1")
     if (args.seq_length is not None or args.split is not None) and not args.dataset:
         raise ValueError("--seq-length and --split read a dataset as training does: give --dataset")
     if args.split is not None and args.seq_length is None:
@@ -78,21 +83,49 @@ def load_batches(args: argparse.Namespace) -> tuple[list[list[int]], str]:
     if args.seq_length is not None:
         if args.seq_length < 1:
             raise ValueError(f"--seq-length must be >= 1, got {args.seq_length}")
-        steps = training_steps(args.dataset, seq_length=args.seq_length, tokens_per_step=args.tokens_per_step,
+        steps = training_steps(args.dataset, seq_length=args.seq_length, tokens_per_step=budget,
                                steps=args.steps, seed=args.seed, split=args.split)
         return steps, (f"{' '.join(args.dataset)} as training reads it (seq_length {args.seq_length}, seed "
                        f"{args.seed}{f', split {args.split}' if args.split else ''})")
     if args.dist:
-        return (sample_steps(args.dist, args.steps, args.tokens_per_step, args.seed),
+        return (sample_steps(args.dist, args.steps, budget, args.seed),
                 f"distribution {args.dist}, seed {args.seed}")
     if args.lengths:
         docs, what = lengths_from_file(args.lengths), f"lengths file {args.lengths}"
     elif len(prefixes := parse_blend(args.dataset, "--dataset")[0]) == 1:
         docs, what = lengths_from_dataset(prefixes[0]), f"indexed dataset {prefixes[0]}"
     else:
-        docs = lengths_from_blend(args.dataset, args.seed, args.steps * args.tokens_per_step)
+        docs = lengths_from_blend(args.dataset, args.seed, args.steps * budget)
         what = f"blend {' '.join(args.dataset)}, seed {args.seed}"
-    return split_steps(docs, args.steps, args.tokens_per_step, source=what), what
+    return split_steps(docs, args.steps, budget, source=what), what
+
+
+DEFAULT_TOKENS_PER_STEP = 1 << 20
+"""``--tokens-per-step`` when not given, unless the cluster holds less (:func:`step_budget`)."""
+
+
+def step_budget(tokens_per_step: int | None, cluster: Any) -> tuple[int, str | None]:
+    """The tokens each simulated step holds, and a note when that is fewer than ``--tokens-per-step``: as training
+    cuts its micro-step budget (:func:`~zeppelin_megatron.planner.capacity_level.placeable_budget`), a step leaves
+    5 tokens per rank free so that it is always placed. ``None`` (not given): :data:`DEFAULT_TOKENS_PER_STEP`, or
+    what the cluster places when that is less (no note). Raises ``ValueError`` naming the numbers for a step larger
+    than the cluster holds, or below one token. Example: 32 ranks of 65,536 tokens, ``--tokens-per-step 2097152``
+    -> 2,096,992 tokens, with a note; 4 ranks of 65,536 and no ``--tokens-per-step`` -> 262,124."""
+    from ..planner.capacity_level import LEVEL_MARGIN, placeable_budget
+    ranks, cap = cluster.world_size, cluster.tokens_per_gpu
+    if tokens_per_step is None:
+        return placeable_budget(min(DEFAULT_TOKENS_PER_STEP, ranks * cap), ranks, cap), None
+    if tokens_per_step < 1:
+        raise ValueError(f"--tokens-per-step must be >= 1, got {tokens_per_step}")
+    if tokens_per_step > ranks * cap:
+        raise ValueError(f"--tokens-per-step {tokens_per_step} is more than the cluster holds: {ranks} ranks x {cap} "
+                         f"tokens = {ranks * cap} (lower it, or raise --tokens-per-gpu)")
+    budget = placeable_budget(tokens_per_step, ranks, cap)
+    if budget == tokens_per_step:
+        return budget, None
+    return budget, (f"steps of {budget} tokens, not --tokens-per-step {tokens_per_step}: as training's micro-step "
+                    f"budget, each of the {ranks} ranks keeps {LEVEL_MARGIN} of its {cap} tokens free, so that "
+                    "every step is placed (docs/data.md, 'Budget arithmetic')")
 
 
 def setup(cluster_spec: str, model: str | None, profile: str | None, tensor_parallel: int,
@@ -109,13 +142,17 @@ def setup(cluster_spec: str, model: str | None, profile: str | None, tensor_para
 
 
 def format_table(results: dict[str, Any], baseline: str = "te-cp", bound: str = "lower-bound") -> str:
-    """Markdown table: strategy, mean step, speedup over ``baseline``, ratio to ``bound``, exposed comm."""
-    base = results[baseline].mean_step_ms if baseline in results else None
+    """Markdown table: strategy, mean step, speedup over ``baseline``, ratio to ``bound``, exposed comm; a strategy
+    that refused a step (:attr:`~zeppelin_megatron.sim.runner.StrategySummary.refused`) says so, with the reason."""
+    base = results[baseline].mean_step_ms if baseline in results and not results[baseline].refused else None
     lb = results[bound].mean_step_ms if bound in results else None
     lines = [f"| strategy | mean step (ms) | speedup vs {baseline} | x lower bound | exposed comm (ms) | NIC util "
              "| note |",
              "|---|---:|---:|---:|---:|---:|---|"]
     for name, r in results.items():
+        if r.refused:
+            lines.append(f"| {name} | refused | - | - | - | - | cannot run {r.refused} |")
+            continue
         sp = f"{base / r.mean_step_ms:.2f}x" if base else "-"
         ratio = f"{r.mean_step_ms / lb:.2f}" if lb else "-"
         exp = sum(r.exposed_comm_ms) / len(r.exposed_comm_ms) if r.exposed_comm_ms else 0.0
@@ -132,7 +169,7 @@ def _plot(results: dict[str, Any], path: str, title: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ValueError("--plot needs matplotlib: pip install 'zeppelin_megatron[plot]'") from None
-    names = [n for n in results if n != "lower-bound"]
+    names = [n for n in results if n != "lower-bound" and not results[n].refused]
     means = [results[n].mean_step_ms for n in names]
     exposed = [sum(results[n].exposed_comm_ms) / len(results[n].exposed_comm_ms) for n in names]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(names) + 2), 4))
@@ -224,7 +261,10 @@ def run(args: argparse.Namespace) -> int:
     if args.no_remap_overlap:
         names = no_head_parallel(names, "zeppelin-no-remap-overlap")
     cluster, cost = setup(args.cluster, args.model, args.profile, args.tensor_parallel, args.tokens_per_gpu)
-    batches, what = load_batches(args)
+    budget, note = step_budget(args.tokens_per_step, cluster)
+    if note:
+        print(f"zeppelin simulate: {note}", file=sys.stderr)
+    batches, what = load_batches(args, budget)
     warning = profile_range_warning(cost.profile, [max(b) for b in batches]) if args.profile else None
     if warning:
         print(f"zeppelin simulate: {warning}", file=sys.stderr)
@@ -234,10 +274,10 @@ def run(args: argparse.Namespace) -> int:
             options[n] = {"cp_size": args.cp_size}
     bar = Progress(len(names) * len(batches), label="simulate")
     results = run_strategies(batches, cluster, cost, names, options=options, engine=args.engine,
-                             on_step=bar.step, jobs=args.jobs)
+                             on_step=bar.step, jobs=args.jobs, peer_refusals=True)
     title = (f"{cost.model.name or 'model'} on {cluster.nodes}x{cluster.gpus_per_node} ranks"
              f"{f' (TP {args.tensor_parallel})' if args.tensor_parallel > 1 else ''}, {what}, "
-             f"{len(batches)} steps x {args.tokens_per_step} tokens, {args.engine} engine")
+             f"{len(batches)} steps x {budget} tokens, {args.engine} engine")
     print(title)
     print("simulated (cost model calibrated on H100 kernel timings; network bandwidths nominal)")
     print(format_table(results))
@@ -247,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         doc = {"schema": "zeppelin-simulate/1", "title": title, "cluster": cluster.summary(),
                "model": cost.model.name, "tensor_parallel": args.tensor_parallel, "source": what,
-               "steps": len(batches), "tokens_per_step": args.tokens_per_step, "engine": args.engine,
+               "steps": len(batches), "tokens_per_step": budget, "engine": args.engine,
                "batches": [{"documents": len(b), "longest": max(b)} for b in batches],
                "results": {n: r.to_dict() for n, r in results.items()},
                "verdict": None if judged is None else judged.to_dict()}
@@ -259,9 +299,9 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline:
         from ..sim.simulator import simulate
         from ..sim.strategies import plan_with
-        first = next((n for n in names if n != "lower-bound"), None)
+        first = next((n for n in names if n != "lower-bound" and not results[n].refused), None)
         if first is None:
-            raise ValueError("--timeline needs a planned strategy, not only lower-bound")
+            raise ValueError("--timeline needs a planned strategy that runs the steps, not only lower-bound")
         sp = plan_with(first, batches[0], cluster, cost, **options.get(first, {}))
         from ..sim.charges import charges_for
         res = simulate(sp.plan, cost, attention_comm=sp.attention_comm, engine=args.engine, charges=charges_for(first))

@@ -27,7 +27,7 @@ from ..planner import (
     load_cluster,
     load_profile,
 )
-from ..planner.capacity_level import LEVEL_MARGIN
+from ..planner.capacity_level import LEVEL_MARGIN, placeable_budget
 from ..planner.options import REMAP_WORDS
 from ..planner.setup import PlanningSetup, build_planning, check_cluster_shape
 from .arguments import ZeppelinArgsError, ZeppelinConfig, ZeppelinParallel
@@ -138,10 +138,7 @@ class ZeppelinSetup:
         rank free and so always gets a plan (the guarantee of ``capacity_level``). Example: ``--seq-length 8192
         --micro-batch-size 1``, ``--zeppelin-tokens-per-gpu 8192``, 32 ranks: ``32 * 8187 = 261,984`` tokens
         (Megatron's 262,144 less 160); with 8197 or more per rank, Megatron's 262,144."""
-        p, cap = self.parallel, self.cluster.tokens_per_gpu
-        if p.zeppelin_ranks < 2:  # one rank holds whole sequences only: every batch of at most its capacity fits
-            return p.token_budget
-        return min(p.token_budget, p.zeppelin_ranks * (cap - LEVEL_MARGIN))
+        return placeable_budget(self.parallel.token_budget, self.parallel.zeppelin_ranks, self.cluster.tokens_per_gpu)
 
     def _budget_note(self) -> str:
         p, cap = self.parallel, self.cluster.tokens_per_gpu

@@ -29,10 +29,19 @@ from .partition_context import Assignment, PartitionContext, assignments_of
 from .plan_parts import PlanError
 from .zigzag import zigzag_counts, zigzag_tokens
 
-__all__ = ["LEVEL_MARGIN", "level_fill", "oriented", "ring_fits", "roomiest_ring"]
+__all__ = ["LEVEL_MARGIN", "level_fill", "oriented", "placeable_budget", "ring_fits", "roomiest_ring"]
 
 LEVEL_MARGIN = 5
 """Free tokens per GPU, on average over the cluster, under which :func:`level_fill` may strand a sequence."""
+
+
+def placeable_budget(tokens: int, gpus: int, capacity: int) -> int:
+    """The most tokens, up to ``tokens``, that a step on ``gpus`` GPUs of ``capacity`` tokens may hold and always be
+    placed (the guarantee above): ``min(tokens, gpus * (capacity - LEVEL_MARGIN))``, or ``tokens`` on one GPU (it
+    holds whole sequences only, each of at most ``capacity``). Training's micro-step budget and ``zeppelin
+    simulate``'s steps are cut with it. Example: 32 GPUs of 65,536 and ``32 * 65,536`` tokens -> ``32 * 65,531 =
+    2,096,992``."""
+    return tokens if gpus < 2 else min(tokens, gpus * (capacity - LEVEL_MARGIN))
 
 
 def ring_fits(s: int, ring: Sequence[int], free: Sequence[int], spare: int = 0) -> bool:
