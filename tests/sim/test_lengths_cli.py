@@ -168,3 +168,5 @@ def test_simulate_steps_keep_training_s_margin(tmp_path, capsys) -> None:
     cluster = load_cluster("1x4")
     assert step_budget(None, cluster) == (4 * (cluster.tokens_per_gpu - 5), None)  # 4 x 65,531 < 1M
     assert step_budget(3000, cluster) == (3000, None)
+    assert step_budget(None, cluster, seq_length=4096) == (4 * 4096, None)  # training's budget at --micro-batch-size 1
+    assert step_budget(None, cluster, seq_length=65536) == (4 * 65531, None)

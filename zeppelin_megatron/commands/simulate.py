@@ -48,9 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "zeppelin-no-remap-overlap")
     p.add_argument("--steps", type=int, default=4, help="global batches to simulate (default 4)")
     p.add_argument("--tokens-per-step", type=int, default=None,
-                   help="tokens per global batch (default 1M, or what the cluster holds less 5 per rank when that is "
-                        "less); more than the cluster holds is refused, and within 5 per rank of it a step keeps 5 "
-                        "per rank free, as training's micro-step budget")
+                   help="tokens per global batch (default: with --seq-length, training's micro-step budget at "
+                        "--micro-batch-size 1, seq_length x ranks; else 1M; at most what the cluster holds less 5 "
+                        "per rank); more than the cluster holds is refused, and within 5 per rank of it a step keeps "
+                        "5 per rank free, as training's micro-step budget")
     p.add_argument("--seed", type=int, default=0,
                    help="sampling seed (--dist; with --dataset: a blend's order, training's sampler)")
     p.add_argument("--cp-size", type=int, default=None, help="fixed CP size for te-cp/allgather-cp/wlb-llm")
@@ -104,17 +105,19 @@ DEFAULT_TOKENS_PER_STEP = 1 << 20
 """``--tokens-per-step`` when not given, unless the cluster holds less (:func:`step_budget`)."""
 
 
-def step_budget(tokens_per_step: int | None, cluster: Any) -> tuple[int, str | None]:
+def step_budget(tokens_per_step: int | None, cluster: Any, seq_length: int | None = None) -> tuple[int, str | None]:
     """The tokens each simulated step holds, and a note when that is fewer than ``--tokens-per-step``: as training
     cuts its micro-step budget (:func:`~zeppelin_megatron.planner.capacity_level.placeable_budget`), a step leaves
-    5 tokens per rank free so that it is always placed. ``None`` (not given): :data:`DEFAULT_TOKENS_PER_STEP`, or
-    what the cluster places when that is less (no note). Raises ``ValueError`` naming the numbers for a step larger
-    than the cluster holds, or below one token. Example: 32 ranks of 65,536 tokens, ``--tokens-per-step 2097152``
-    -> 2,096,992 tokens, with a note; 4 ranks of 65,536 and no ``--tokens-per-step`` -> 262,124."""
+    5 tokens per rank free so that it is always placed. ``None`` (not given): training's budget at micro-batch size 1,
+    ``seq_length x ranks``, with ``seq_length`` (``--seq-length``), else :data:`DEFAULT_TOKENS_PER_STEP`; at most
+    what the cluster places (no note). Raises ``ValueError`` naming the numbers for a step larger than the cluster
+    holds, or below one token. Example: 32 ranks of 65,536 tokens, ``--tokens-per-step 2097152`` -> 2,096,992
+    tokens, with a note, as ``--seq-length 65536`` alone; 4 ranks of 65,536 and neither -> 262,124."""
     from ..planner.capacity_level import LEVEL_MARGIN, placeable_budget
     ranks, cap = cluster.world_size, cluster.tokens_per_gpu
     if tokens_per_step is None:
-        return placeable_budget(min(DEFAULT_TOKENS_PER_STEP, ranks * cap), ranks, cap), None
+        wanted = DEFAULT_TOKENS_PER_STEP if seq_length is None else seq_length * ranks
+        return placeable_budget(min(wanted, ranks * cap), ranks, cap), None
     if tokens_per_step < 1:
         raise ValueError(f"--tokens-per-step must be >= 1, got {tokens_per_step}")
     if tokens_per_step > ranks * cap:
@@ -261,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
     if args.no_remap_overlap:
         names = no_head_parallel(names, "zeppelin-no-remap-overlap")
     cluster, cost = setup(args.cluster, args.model, args.profile, args.tensor_parallel, args.tokens_per_gpu)
-    budget, note = step_budget(args.tokens_per_step, cluster)
+    budget, note = step_budget(args.tokens_per_step, cluster, args.seq_length)
     if note:
         print(f"zeppelin simulate: {note}", file=sys.stderr)
     batches, what = load_batches(args, budget)
