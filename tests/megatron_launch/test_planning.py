@@ -128,16 +128,20 @@ def test_describe_states_the_ramp_up() -> None:
 
 
 def test_micro_step_budget_keeps_the_level_margin() -> None:
-    """With mbs x seq_length equal to a rank's capacity, the sampler's budget keeps 5 tokens per rank free
-    (capacity_level's guarantee: every micro-step then plans); with 5 or more to spare, Megatron's budget."""
+    """With mbs x seq_length equal to a rank's capacity, the sampler's budget keeps 1/256 of it free per rank, at least
+    5 (capacity_level.budget_margin: every micro-step then plans, balanced in time); with that much to spare,
+    Megatron's budget."""
     s = _setup(seq_length=8192, zeppelin_tokens_per_gpu=8192)
-    assert s.parallel.token_budget == 32 * 8192 and s.token_budget == 32 * 8187
-    assert "micro-step budget 261984 tokens (160 fewer than --micro-batch-size x --seq-length x 32" in s.describe()
+    assert s.parallel.token_budget == 32 * 8192 and s.token_budget == 32 * 8160
+    assert "micro-step budget 261120 tokens (1024 fewer than --micro-batch-size x --seq-length x 32, so that every " \
+           "micro-step leaves 32 tokens per rank free and gets a plan balanced in time)" in s.describe()
     assert "[8192 tokens per rank is within 5% of --micro-batch-size x --seq-length: the fullest micro-steps are " \
            "balanced with few tokens to spare, predicted up to 5% slower" in s.describe()
-    s = _setup(seq_length=8192, zeppelin_tokens_per_gpu=8197)
+    s = _setup(seq_length=8192, zeppelin_tokens_per_gpu=8223)
+    assert s.token_budget == 32 * (8223 - 32) < s.parallel.token_budget
+    s = _setup(seq_length=8192, zeppelin_tokens_per_gpu=8224)
     assert s.token_budget == s.parallel.token_budget == 32 * 8192
-    assert "micro-step budget 262144 tokens [8197 tokens per rank is within 5%" in s.describe()
+    assert "micro-step budget 262144 tokens [8224 tokens per rank is within 5%" in s.describe()
     s = _setup(seq_length=8192, zeppelin_tokens_per_gpu=8602)  # 1.05 x 8192 = 8601.6
     assert "micro-step budget 262144 tokens, " in s.describe()
     s = _setup(seq_length=8192, zeppelin_tokens_per_gpu=8192, tensor_model_parallel_size=8, global_batch_size=4)

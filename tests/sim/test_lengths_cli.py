@@ -145,8 +145,8 @@ def test_simulate_cli_runs_the_micro_steps_training_runs(tmp_path, capsys) -> No
 
 def test_simulate_steps_keep_training_s_margin(tmp_path, capsys) -> None:
     """A step that fills the cluster to within 5 tokens per rank is cut as training cuts its micro-step budget
-    (placeable_budget: 4 x (1000 - 5) = 3980), with a note; more than the cluster holds is refused before any work;
-    no --tokens-per-step on a cluster holding less than 1M: what it places."""
+    (placeable_budget: 4 x (1000 - 5) = 3980; 1000 / 256 is less than 5), with a note; more than the cluster holds
+    is refused before any work; no --tokens-per-step on a cluster holding less than 1M: what it places."""
     from zeppelin_megatron.commands.simulate import step_budget
     from zeppelin_megatron.planner import load_cluster
 
@@ -166,7 +166,7 @@ def test_simulate_steps_keep_training_s_margin(tmp_path, capsys) -> None:
     assert rc == 2 and not captured.out
     assert "--tokens-per-step 4001 is more than the cluster holds: 4 ranks x 1000 tokens = 4000" in captured.err
     cluster = load_cluster("1x4")
-    assert step_budget(None, cluster) == (4 * (cluster.tokens_per_gpu - 5), None)  # 4 x 65,531 < 1M
+    assert step_budget(None, cluster) == (4 * (65536 - 256), None)  # 4 x 65,280 < 1M; 1/256 of each GPU kept free
     assert step_budget(3000, cluster) == (3000, None)
     assert step_budget(None, cluster, seq_length=4096) == (4 * 4096, None)  # training's budget at --micro-batch-size 1
-    assert step_budget(None, cluster, seq_length=65536) == (4 * 65531, None)
+    assert step_budget(None, cluster, seq_length=65536) == (4 * 65280, None)

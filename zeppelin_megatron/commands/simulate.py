@@ -49,9 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=4, help="global batches to simulate (default 4)")
     p.add_argument("--tokens-per-step", type=int, default=None,
                    help="tokens per global batch (default: with --seq-length, training's micro-step budget at "
-                        "--micro-batch-size 1, seq_length x ranks; else 1M; at most what the cluster holds less 5 "
-                        "per rank); more than the cluster holds is refused, and within 5 per rank of it a step keeps "
-                        "5 per rank free, as training's micro-step budget")
+                        "--micro-batch-size 1, seq_length x ranks; else 1M; at most what the cluster holds less "
+                        "1/256 of it); more than the cluster holds is refused, and within 1/256 of it a step keeps "
+                        "that free, as training's micro-step budget")
     p.add_argument("--seed", type=int, default=0,
                    help="sampling seed (--dist; with --dataset: a blend's order, training's sampler)")
     p.add_argument("--cp-size", type=int, default=None, help="fixed CP size for te-cp/allgather-cp/wlb-llm")
@@ -108,12 +108,13 @@ DEFAULT_TOKENS_PER_STEP = 1 << 20
 def step_budget(tokens_per_step: int | None, cluster: Any, seq_length: int | None = None) -> tuple[int, str | None]:
     """The tokens each simulated step holds, and a note when that is fewer than ``--tokens-per-step``: as training
     cuts its micro-step budget (:func:`~zeppelin_megatron.planner.capacity_level.placeable_budget`), a step leaves
-    5 tokens per rank free so that it is always placed. ``None`` (not given): training's budget at micro-batch size 1,
-    ``seq_length x ranks``, with ``seq_length`` (``--seq-length``), else :data:`DEFAULT_TOKENS_PER_STEP`; at most
-    what the cluster places (no note). Raises ``ValueError`` naming the numbers for a step larger than the cluster
-    holds, or below one token. Example: 32 ranks of 65,536 tokens, ``--tokens-per-step 2097152`` -> 2,096,992
-    tokens, with a note, as ``--seq-length 65536`` alone; 4 ranks of 65,536 and neither -> 262,124."""
-    from ..planner.capacity_level import LEVEL_MARGIN, placeable_budget
+    1/256 of each rank's tokens free (at least 5), so that it gets a plan balanced in time. ``None`` (not given):
+    training's budget at micro-batch size 1, ``seq_length x ranks``, with ``seq_length`` (``--seq-length``), else
+    :data:`DEFAULT_TOKENS_PER_STEP`; at most what the cluster places (no note). Raises ``ValueError`` naming the
+    numbers for a step larger than the cluster holds, or below one token. Example: 32 ranks of 65,536 tokens,
+    ``--tokens-per-step 2097152`` -> 2,088,960 tokens, with a note, as ``--seq-length 65536`` alone; 4 ranks of
+    65,536 and neither -> 261,120."""
+    from ..planner.capacity_level import budget_margin, placeable_budget
     ranks, cap = cluster.world_size, cluster.tokens_per_gpu
     if tokens_per_step is None:
         wanted = DEFAULT_TOKENS_PER_STEP if seq_length is None else seq_length * ranks
@@ -127,8 +128,8 @@ def step_budget(tokens_per_step: int | None, cluster: Any, seq_length: int | Non
     if budget == tokens_per_step:
         return budget, None
     return budget, (f"steps of {budget} tokens, not --tokens-per-step {tokens_per_step}: as training's micro-step "
-                    f"budget, each of the {ranks} ranks keeps {LEVEL_MARGIN} of its {cap} tokens free, so that "
-                    "every step is placed (docs/data.md, 'Budget arithmetic')")
+                    f"budget, each of the {ranks} ranks keeps {budget_margin(cap)} of its {cap} tokens free, so "
+                    "that every step gets a plan balanced in time (docs/data.md, 'Budget arithmetic')")
 
 
 def setup(cluster_spec: str, model: str | None, profile: str | None, tensor_parallel: int,

@@ -27,7 +27,7 @@ from ..planner import (
     load_cluster,
     load_profile,
 )
-from ..planner.capacity_level import LEVEL_MARGIN, placeable_budget
+from ..planner.capacity_level import budget_margin, placeable_budget
 from ..planner.options import REMAP_WORDS
 from ..planner.setup import PlanningSetup, build_planning, check_cluster_shape
 from .arguments import ZeppelinArgsError, ZeppelinConfig, ZeppelinParallel
@@ -133,23 +133,24 @@ class ZeppelinSetup:
     @property
     def token_budget(self) -> int:
         """Tokens of one micro-step over the group (the sampler's budget): Megatron's ``mbs * seq_length * N``
-        (:attr:`ZeppelinParallel.token_budget`), capped at ``N * (capacity - LEVEL_MARGIN)`` when ``N >= 2``, so that
-        every micro-step leaves at least :data:`~zeppelin_megatron.planner.capacity_level.LEVEL_MARGIN` tokens per
-        rank free and so always gets a plan (the guarantee of ``capacity_level``). Example: ``--seq-length 8192
-        --micro-batch-size 1``, ``--zeppelin-tokens-per-gpu 8192``, 32 ranks: ``32 * 8187 = 261,984`` tokens
-        (Megatron's 262,144 less 160); with 8197 or more per rank, Megatron's 262,144."""
+        (:attr:`ZeppelinParallel.token_budget`), capped at ``N * (capacity - margin)`` when ``N >= 2``, ``margin`` =
+        :func:`~zeppelin_megatron.planner.capacity_level.budget_margin` (``capacity / 256``, at least 5), so that
+        every micro-step gets a plan (the guarantee of ``capacity_level``) balanced in time (off the last tokens).
+        Example: ``--seq-length 8192 --micro-batch-size 1``, ``--zeppelin-tokens-per-gpu 8192``, 32 ranks:
+        ``32 * 8160 = 261,120`` tokens (Megatron's 262,144 less 1024); with 8224 or more per rank, Megatron's
+        262,144."""
         return placeable_budget(self.parallel.token_budget, self.parallel.zeppelin_ranks, self.cluster.tokens_per_gpu)
 
     def _budget_note(self) -> str:
         p, cap = self.parallel, self.cluster.tokens_per_gpu
         cut = p.token_budget - self.token_budget
         note = "" if cut == 0 else (f" ({cut} fewer than --micro-batch-size x --seq-length x {p.zeppelin_ranks}, so "
-                                    f"that every micro-step leaves {LEVEL_MARGIN} tokens per rank free and fits)")
+                                    f"that every micro-step leaves {budget_margin(cap)} tokens per rank free and "
+                                    "gets a plan balanced in time)")
         if p.zeppelin_ranks > 1 and cap < HEADROOM * p.micro_batch_size * p.seq_length:
             note += (f" [{cap} tokens per rank is within {HEADROOM - 1:.0%} of --micro-batch-size x --seq-length: "
-                     "the fullest micro-steps are balanced with few tokens to spare, predicted up to 5% slower, "
-                     "and one filled to within a few tokens per rank may get a plan packed by tokens, not balanced "
-                     "in time (docs/planner.md, 'When tokens are tight')]")
+                     "the fullest micro-steps are balanced with few tokens to spare, predicted up to 5% slower "
+                     "(docs/planner.md, 'When tokens are tight')]")
         return note
 
     def _rampup_note(self) -> str:
@@ -200,8 +201,8 @@ def build_setup(cfg: ZeppelinConfig, parallel: ZeppelinParallel, model: ModelSha
     setup = ZeppelinSetup(config=cfg, parallel=parallel, model=model, planning=planning)
     if setup.token_budget < parallel.seq_length:
         raise ZeppelinArgsError(
-            f"a micro-step of {setup.token_budget} tokens ({parallel.zeppelin_ranks} ranks x ({cap} - {LEVEL_MARGIN}) "
-            f"tokens kept free per rank) cannot hold a sequence of --seq-length {parallel.seq_length}: raise "
-            "--zeppelin-tokens-per-gpu"
+            f"a micro-step of {setup.token_budget} tokens ({parallel.zeppelin_ranks} ranks x ({cap} - "
+            f"{budget_margin(cap)}) tokens kept free per rank) cannot hold a sequence of --seq-length "
+            f"{parallel.seq_length}: raise --zeppelin-tokens-per-gpu"
         )
     return setup

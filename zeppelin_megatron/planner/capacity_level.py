@@ -29,19 +29,33 @@ from .partition_context import Assignment, PartitionContext, assignments_of
 from .plan_parts import PlanError
 from .zigzag import zigzag_counts, zigzag_tokens
 
-__all__ = ["LEVEL_MARGIN", "level_fill", "oriented", "placeable_budget", "ring_fits", "roomiest_ring"]
+__all__ = ["BUDGET_SHARE", "LEVEL_MARGIN", "budget_margin", "level_fill", "oriented", "placeable_budget", "ring_fits",
+           "roomiest_ring"]
 
 LEVEL_MARGIN = 5
 """Free tokens per GPU, on average over the cluster, under which :func:`level_fill` may strand a sequence."""
 
 
+BUDGET_SHARE = 256
+"""A step's budget keeps at least ``1 / BUDGET_SHARE`` of every GPU's capacity free (:func:`budget_margin`)."""
+
+
+def budget_margin(capacity: int) -> int:
+    """Tokens per GPU a step's budget keeps free: ``max(LEVEL_MARGIN, capacity // BUDGET_SHARE)`` (256 of 65,536,
+    32 of 8,192, 5 of 1,000). ``LEVEL_MARGIN`` guarantees a placement; the share keeps steps off the last tokens,
+    where no time-balanced candidate may fit and the guaranteed placement spreads every document over all GPUs
+    (Llama-7B, 4 x 8 GPUs of 65,536, arxiv-64k, training's sampler: a micro-step left with 8 tokens per GPU free
+    simulated 38.1 s against 7.7-9.3 s for its neighbours; docs/planner.md, "Nearly full clusters")."""
+    return max(LEVEL_MARGIN, capacity // BUDGET_SHARE)
+
+
 def placeable_budget(tokens: int, gpus: int, capacity: int) -> int:
-    """The most tokens, up to ``tokens``, that a step on ``gpus`` GPUs of ``capacity`` tokens may hold and always be
-    placed (the guarantee above): ``min(tokens, gpus * (capacity - LEVEL_MARGIN))``, or ``tokens`` on one GPU (it
-    holds whole sequences only, each of at most ``capacity``). Training's micro-step budget and ``zeppelin
-    simulate``'s steps are cut with it. Example: 32 GPUs of 65,536 and ``32 * 65,536`` tokens -> ``32 * 65,531 =
-    2,096,992``."""
-    return tokens if gpus < 2 else min(tokens, gpus * (capacity - LEVEL_MARGIN))
+    """The most tokens, up to ``tokens``, that a step on ``gpus`` GPUs of ``capacity`` tokens should hold: always
+    placed (the guarantee above) and off the last tokens (:func:`budget_margin`):
+    ``min(tokens, gpus * (capacity - budget_margin(capacity)))``, or ``tokens`` on one GPU (it holds whole sequences
+    only, each of at most ``capacity``). Training's micro-step budget and ``zeppelin simulate``'s steps are cut with
+    it. Example: 32 GPUs of 65,536 and ``32 * 65,536`` tokens -> ``32 * 65,280 = 2,088,960``."""
+    return tokens if gpus < 2 else min(tokens, gpus * (capacity - budget_margin(capacity)))
 
 
 def ring_fits(s: int, ring: Sequence[int], free: Sequence[int], spare: int = 0) -> bool:

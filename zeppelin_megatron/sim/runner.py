@@ -176,7 +176,8 @@ def run_strategies(
     :class:`~zeppelin_megatron.planner.plan.PlanError` propagates, unless ``peer_refusals`` and the strategy is not
     Zeppelin's: then its summary records the refusal (:attr:`StrategySummary.refused`, its first refused step and the
     reason) and its later steps are not planned (e.g. hybrid-dp, whole sequences per GPU, cannot pack a step that
-    leaves 5 tokens per GPU free; Zeppelin places every such step). Raises ``ValueError`` for ``jobs < 1``."""
+    leaves few tokens per GPU free; Zeppelin places every step that leaves 5). Raises ``ValueError`` for
+    ``jobs < 1``."""
     if jobs < 1:
         raise ValueError(f"jobs is {jobs}, expected at least 1")
     options = options or {}
