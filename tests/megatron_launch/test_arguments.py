@@ -122,6 +122,7 @@ def test_default_global_batch_is_one_micro_batch_per_rank() -> None:
         ({"rampup_batch_size": ["16", "16", "1000"]}, "--rampup-batch-size 16 16 1000: START and INCREMENT must be "
          "multiples of the 32 samples of a micro-step"),
         ({"rampup_batch_size": ["32", "32"]}, "--rampup-batch-size 32 32: give three integers"),
+        ({"step_batch_size_schedule": "0:32,1000:64"}, "--step-batch-size-schedule 0:32,1000:64: not supported"),
         ({"rampup_batch_size": ["32", "32", "64"], "train_iters": 100}, "--train-iters 100: a ramp-up needs "
          "sample-based training"),
         ({"rampup_batch_size": ["32", "x", "9"]}, "--rampup-batch-size 32 x 9: give three integers"),

@@ -15,6 +15,9 @@ def megatron_steps(spm: int, gbs: int, rampup: tuple[int, int, int], decrease: b
     """Micro-steps of each step until ``micro_steps`` have run, from megatron-core's calculator: before each step
     ``update(consumed, consistency_check=True)``, then ``consumed += num_micro_batches * spm`` (training.py)."""
     calc_module = pytest.importorskip("megatron.core.num_microbatches_calculator")
+    if not hasattr(calc_module, "RampupBatchsizeNumMicroBatchesCalculator"):
+        pytest.skip("this megatron-core has no RampupBatchsizeNumMicroBatchesCalculator (from 0.19 Megatron-LM has no "
+                    "--rampup-batch-size; --step-batch-size-schedule replaced it)")
     mbs = 1 if spm % 2 else 2  # any split of spm into micro-batch size x data-parallel size
     calc = calc_module.RampupBatchsizeNumMicroBatchesCalculator(
         global_batch_size=gbs, micro_batch_size=mbs, data_parallel_size=spm // mbs,

@@ -402,6 +402,10 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
     ep = _flag(args, "expert_model_parallel_size", 1) or 1
     if _flag(args, "num_experts") or ep > 1:
         problems.append("MoE (--num-experts / --expert-model-parallel-size) is not supported with --zeppelin yet")
+    if _flag(args, "step_batch_size_schedule"):
+        problems.append(f"--step-batch-size-schedule {args.step_batch_size_schedule}: not supported with --zeppelin "
+                        "yet (Zeppelin's step metrics follow --global-batch-size, or --rampup-batch-size where "
+                        "Megatron-LM has it); give --global-batch-size")
     if _flag(args, "use_legacy_models", False):
         problems.append("--use-legacy-models: Zeppelin needs megatron-core models")
     for name, flag in (("multi_latent_attention", "--multi-latent-attention"),
