@@ -67,14 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write a PNG of every rank's timeline (one layer, first step, first strategy) here")
 
 
-def load_batches(args: argparse.Namespace, tokens_per_step: int | None = None) -> tuple[list[list[int]], str]:
-    """The global batches of ``tokens_per_step`` tokens (default ``--tokens-per-step``; :func:`step_budget`) and a
-    one-line description of their source."""
+def load_batches(args: argparse.Namespace, budget: int) -> tuple[list[list[int]], str]:
+    """The global batches of ``budget`` tokens (what the cluster places of ``--tokens-per-step``:
+    :func:`step_budget`) and a one-line description of their source."""
     from ..megatron.data.blend import parse_blend
     from ..sim.lengths import (
         lengths_from_blend, lengths_from_dataset, lengths_from_file, sample_steps, split_steps, training_steps,
     )
-    budget = (args.tokens_per_step or DEFAULT_TOKENS_PER_STEP) if tokens_per_step is None else tokens_per_step
     if args.steps < 1 or budget < 1:
         raise ValueError(f"--steps ({args.steps}) and --tokens-per-step ({budget}) must be >= 1")
     if (args.seq_length is not None or args.split is not None) and not args.dataset:

@@ -87,8 +87,8 @@ class StepSchedule:
         if self.decrease_if_needed:
             if start < spm:
                 raise RampupError(f"{flag} with --decrease-batch-size-if-needed: START {start} is less than one "
-                                  f"micro-step's {spm} samples (micro-batch size x {spm} // micro-batch size "
-                                  "ranks): the first steps would run no micro-step")
+                                  f"micro-step's {spm} samples (micro-batch size x data-parallel ranks): the "
+                                  "first steps would run no micro-step")
         elif start % spm or inc % spm:
             raise RampupError(f"{flag}: START and INCREMENT must be multiples of the {spm} samples of a micro-step "
                               "(micro-batch size x data-parallel ranks), as Megatron checks at every step; or add "

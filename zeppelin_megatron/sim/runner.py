@@ -139,6 +139,11 @@ class Verdict:
                 "peers": list(self.peers), "refused": list(self.refused)}
 
 
+def _is_zeppelin(name: str) -> bool:
+    """``zeppelin`` or one of its variants (``zeppelin-*``), not a peer."""
+    return name == "zeppelin" or name.startswith("zeppelin-")
+
+
 def verdict(results: dict[str, StrategySummary]) -> Verdict | None:
     """The first Zeppelin strategy of ``results`` (``zeppelin`` or a ``zeppelin-*`` variant, in ``results``' order)
     against the peer with the lowest mean step among those in ``results`` that ran every step (ties: the first of
@@ -146,7 +151,7 @@ def verdict(results: dict[str, StrategySummary]) -> Verdict | None:
 
     Example: ``zeppelin`` at steps (100, 120) ms, ``flexsp`` at (110, 110), ``te-cp`` at (150, 150): best peer
     ``flexsp``, ratio 220 / 220 = 1.0, worst step 120 / 110 = 1.091."""
-    ours = next((n for n in results if n == "zeppelin" or n.startswith("zeppelin-")), None)
+    ours = next((n for n in results if _is_zeppelin(n)), None)
     peers = tuple(n for n in PEER_NAMES if n in results and not results[n].refused)
     refused = tuple(n for n in PEER_NAMES if n in results and results[n].refused)
     if ours is None or results[ours].refused or not peers:
@@ -189,34 +194,28 @@ def run_strategies(
         plan_s = sim_s = 0.0
         refused = ""
         for k, lengths in enumerate(batches):
-            if refused:
-                if on_step is not None:
-                    on_step(name)
-                continue
             if name in BOUND_NAMES:
                 steps.append(lower_bound_ms(lengths, cost))
                 exposed.append(0.0)
-            else:
+            elif not refused:  # after a refused step the later ones are not planned
                 t0 = time.perf_counter()
                 try:
                     sp = plan_with(name, lengths, cluster, cost, **options.get(name, {}))
                 except PlanError as exc:
-                    if not peer_refusals or name == "zeppelin" or name.startswith("zeppelin-"):
+                    if not peer_refusals or _is_zeppelin(name):
                         raise
                     refused = f"step {k}: {exc}"
-                    if on_step is not None:
-                        on_step(name)
-                    continue
-                t1 = time.perf_counter()
-                res = simulate(sp.plan, cost, attention_comm=sp.attention_comm, engine=engine, keep_events=False,
-                               charges=charges_for(name))
-                plan_s += t1 - t0
-                sim_s += time.perf_counter() - t1
-                steps.append(res.step_ms)
-                exposed.append(res.exposed_comm_ms)
-                comp.append(max(res.compute_ms))
-                nic.append(res.nic_util_mean)
-                notes.append(sp.note)
+                else:
+                    t1 = time.perf_counter()
+                    res = simulate(sp.plan, cost, attention_comm=sp.attention_comm, engine=engine, keep_events=False,
+                                   charges=charges_for(name))
+                    plan_s += t1 - t0
+                    sim_s += time.perf_counter() - t1
+                    steps.append(res.step_ms)
+                    exposed.append(res.exposed_comm_ms)
+                    comp.append(max(res.compute_ms))
+                    nic.append(res.nic_util_mean)
+                    notes.append(sp.note)
             if on_step is not None:
                 on_step(name)
         if refused:
