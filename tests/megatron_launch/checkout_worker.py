@@ -125,6 +125,9 @@ def main() -> None:
         except ZeppelinArgsError as exc:
             out["errors"][name] = str(exc)
     out["recipe"] = recipe_check(repo, env, check_startup, parse_args, extra_args_provider, validate_args)
+    out["batch_schedules"] = batch_schedule_check(repo, env, check_startup, parse_args, extra_args_provider,
+                                                  validate_args, setup_from_args,
+                                                  has_steps=hasattr(args, "step_batch_size_schedule"))
     print("RESULT " + json.dumps(out))
 
 
@@ -171,6 +174,45 @@ def recipe_check(repo, env, check_startup, parse_args, extra_args_provider, vali
             "data_path": list(args.data_path or []), "mock_data": bool(args.mock_data),
             "tokenizer_type": args.tokenizer_type}
     return out
+
+def batch_schedule_check(repo, env, check_startup, parse_args, extra_args_provider, validate_args, setup_from_args,
+                         *, has_steps: bool) -> dict:
+    """Micro-steps per step, 12 steps of sample-based training, as Megatron's own calculator counts them (set up by
+    the checkout's set_global_variables from the validated args, driven as its training loop drives it) and as
+    Zeppelin's schedule does: --rampup-batch-size 32 32 64 (Megatron-LM up to 0.18 ramps, 0.19 on ignores it) and,
+    where the parser has it, --step-batch-size-schedule (thresholds in tokens: 1M // 8192 = 122 samples)."""
+    from megatron.core.num_microbatches_calculator import (
+        get_num_microbatches,
+        unset_num_microbatches_calculator,
+        update_num_microbatches,
+    )
+    from megatron.training.global_vars import destroy_global_vars, set_global_variables
+
+    cases = {"rampup": {"--rampup-batch-size": "32 32 64"}}
+    if has_steps:
+        cases["steps"] = {"--global-batch-size": "__drop__", "--step-batch-size-schedule": "0:32,1M:64,3M:128"}
+    out = {}
+    for name, flags in cases.items():
+        argv = check_startup(typical_argv(repo, **{"--train-iters": "__drop__", "--train-samples": "2000", **flags}),
+                             env=env, exit_on_error=False)
+        sys.argv = argv
+        args = parse_args(extra_args_provider=extra_args_provider(), ignore_unknown_args=False)
+        validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+        setup = setup_from_args(args, world_size=args.world_size, local_world_size=8)
+        set_global_variables(args, build_tokenizer=False)
+        consumed, megatron_counts = 0, []
+        for _ in range(12):
+            update_num_microbatches(consumed, consistency_check=True)
+            megatron_counts.append(get_num_microbatches())
+            consumed += megatron_counts[-1] * args.micro_batch_size * args.data_parallel_size
+        destroy_global_vars()
+        unset_num_microbatches_calculator()  # destroy_global_vars leaves it set in some versions
+        schedule = setup.parallel.schedule
+        out[name] = {"megatron_counts": megatron_counts, "describe": setup.describe(),
+                     "schedule_counts": [schedule.locate(m)[2] for m in range(sum(megatron_counts))
+                                         if schedule.locate(m)[1] == 0]}
+    return out
+
 
 if __name__ == "__main__":
     try:

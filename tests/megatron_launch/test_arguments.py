@@ -122,7 +122,13 @@ def test_default_global_batch_is_one_micro_batch_per_rank() -> None:
         ({"rampup_batch_size": ["16", "16", "1000"]}, "--rampup-batch-size 16 16 1000: START and INCREMENT must be "
          "multiples of the 32 samples of a micro-step"),
         ({"rampup_batch_size": ["32", "32"]}, "--rampup-batch-size 32 32: give three integers"),
-        ({"step_batch_size_schedule": "0:32,1000:64"}, "--step-batch-size-schedule 0:32,1000:64: not supported"),
+        ({"step_batch_size_schedule": "0:32,1000:64"}, "--step-batch-size-schedule '0:32,1000:64' with "
+         "--global-batch-size 64: give one"),
+        ({"step_batch_size_schedule": "0:32,50:64", "global_batch_size": None, "seq_length": 100},
+         "thresholds must be strictly increasing in samples \\(tokens // --seq-length 100\\), got 0 then 0"),
+        ({"step_batch_size_schedule": "0:32 5K", "global_batch_size": None}, "entry '5K': expected THRESHOLD:BATCH"),
+        ({"step_batch_size_schedule": "0:32 1M:64", "global_batch_size": None, "decrease_batch_size_if_needed": True},
+         "megatron-core refuses the pair"),
         ({"rampup_batch_size": ["32", "32", "64"], "train_iters": 100}, "--train-iters 100: a ramp-up needs "
          "sample-based training"),
         ({"rampup_batch_size": ["32", "x", "9"]}, "--rampup-batch-size 32 x 9: give three integers"),
@@ -145,6 +151,47 @@ def test_a_batch_size_ramp_up_is_megatrons() -> None:
     p = check_megatron_args(megatron_namespace(rampup_batch_size=["40", "24", "64"],
                                                decrease_batch_size_if_needed=True), world_size=32, gpus_per_node=8)
     assert p.schedule.locate(0) == (0, 0, 1)  # 40 samples rounded down to one micro-step of 32
+
+
+def test_a_step_batch_size_schedule_is_megatrons() -> None:
+    """--step-batch-size-schedule (Megatron-LM 0.19 on): thresholds in tokens, // --seq-length, batches by consumed
+    samples (test_batch_schedule.py checks the schedule against megatron-core's calculator); Megatron's run-time rules
+    checked for the steps training will run, from where a resumed run stands."""
+    args = megatron_namespace(step_batch_size_schedule="0:32 1M:64 3M:128", global_batch_size=None,
+                              seq_length=32768, _is_global_batch_size_explicitly_specified=False)
+    p = check_megatron_args(args, world_size=32, gpus_per_node=8)
+    # thresholds 1e6 // 32768 = 30 and 3e6 // 32768 = 91 samples: steps at consumed 0 (32), 32 (64), 96 (128), ...
+    assert p.global_batch_size == 32 and p.num_micro_batches == 4
+    assert [p.schedule.locate(m)[::2] for m in (0, 1, 2, 3, 6, 7)] == [(0, 1), (1, 2), (1, 2), (2, 4), (2, 4), (3, 4)]
+    p.schedule_from(iteration=0, consumed_samples=0, train_iters=10)
+    resumed = p.schedule_from(iteration=2, consumed_samples=96, train_iters=10)
+    assert resumed.locate(3) == (2, 0, 4)
+    bad = check_megatron_args(megatron_namespace(step_batch_size_schedule="0:32 1M:48", global_batch_size=None,
+                                                 seq_length=32768), world_size=32, gpus_per_node=8)
+    bad.schedule_from(iteration=0, consumed_samples=0, train_iters=1)  # the 48-sample steps come after the end
+    with pytest.raises(ZeppelinArgsError, match="step 2 \\(at 32 samples consumed\\) runs a batch of 48, not a "
+                       "multiple of a micro-step's 32 samples"):
+        bad.schedule_from(iteration=0, consumed_samples=0, train_iters=2)
+    falling = check_megatron_args(megatron_namespace(step_batch_size_schedule="0:64 1M:32", global_batch_size=None,
+                                                     seq_length=32768), world_size=32, gpus_per_node=8)
+    with pytest.raises(ZeppelinArgsError, match="would run 1 micro-steps after 2"):
+        falling.schedule_from(iteration=0, consumed_samples=0, train_iters=None)
+    # a job rescaled from 16 data-parallel ranks resumes past an entry of 16 samples, a batch this job cannot run
+    rescaled = check_megatron_args(megatron_namespace(step_batch_size_schedule="0:16 192:64", global_batch_size=None,
+                                                      seq_length=1), world_size=32, gpus_per_node=8)
+    with pytest.raises(ZeppelinArgsError, match="step 1 \\(at 0 samples consumed\\) runs a batch of 16"):
+        rescaled.schedule_from(iteration=0, consumed_samples=0, train_iters=None)
+    assert rescaled.schedule_from(iteration=12, consumed_samples=192, train_iters=20).locate(7) == (12, 1, 2)
+
+
+def test_rampup_is_ignored_where_megatron_ignores_it() -> None:
+    """Megatron-LM 0.19 on still parses --rampup-batch-size but never passes it to the calculator: the batch is
+    constant, and Zeppelin's schedule follows Megatron's, saying so at start-up."""
+    args = megatron_namespace(rampup_batch_size=["32", "32", "64"], step_batch_size_schedule=None, train_iters=100)
+    p = check_megatron_args(args, world_size=32, gpus_per_node=8)
+    assert p.rampup is None and p.schedule.locate(0) == (0, 0, 2)
+    assert p.notes == ("--rampup-batch-size 32 32 64 ignored, as this Megatron-LM ignores it (0.19 on: use "
+                       "--step-batch-size-schedule)",)
 
 
 def test_mock_data_is_a_source_with_a_validation_share() -> None:

@@ -288,6 +288,23 @@ def test_flags_parse_and_validate_with_megatron(worker_result: dict, checkout: C
     assert worker_result["spec_core_attention"] == "ZeppelinCoreAttention"
 
 
+def test_batch_schedules_are_megatrons(worker_result: dict, checkout: Checkout) -> None:
+    """Zeppelin's step metrics group micro-steps as each Megatron-LM's calculator counts them: the ramp where
+    Megatron-LM ramps (16 Zeppelin ranks at TP 2, micro-batch 1: 16 samples a micro-step), no ramp where it
+    ignores the flag (0.19 on), and the step schedule where it has one."""
+    got = worker_result["batch_schedules"]
+    for name, case in got.items():
+        assert case["schedule_counts"] == case["megatron_counts"], name
+    ramps = "steps" not in got  # the parser has --step-batch-size-schedule from 0.19 on, when the ramp went
+    assert (checkout.name == "core_v0.16.1") == ramps or checkout.name == "ZEPPELIN_MEGATRON_LM"
+    rampup = got["rampup"]
+    assert rampup["megatron_counts"] == ([2, 2] + [4] * 10 if ramps else [4] * 12)  # GBS 64
+    assert ("--rampup-batch-size 32 32 64 ignored" in rampup["describe"]) != ramps
+    if not ramps:  # thresholds 0, 122 and 366 samples: steps at 0, 32, 64, 96, 128 (64), 192, 256, 320, 384 (128)
+        assert got["steps"]["megatron_counts"] == [2] * 4 + [4] * 4 + [8] * 4
+        assert "2 at first: --step-batch-size-schedule '0:32,1M:64,3M:128'" in got["steps"]["describe"]
+
+
 def test_model_config_carries_zeppelin_spec(worker_result: dict) -> None:
     mc = worker_result["model_config"]
     if mc is None:

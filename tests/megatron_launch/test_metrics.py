@@ -12,7 +12,7 @@ from zeppelin_megatron.megatron.metrics import (
     scalars,
     step_metrics,
 )
-from zeppelin_megatron.megatron.rampup import StepSchedule
+from zeppelin_megatron.megatron.batch_schedule import StepSchedule
 from zeppelin_megatron.planner import CostModel, PlannerOptions, load_cluster, plan_step
 from zeppelin_megatron.planner.model import LLAMA_7B
 from zeppelin_megatron.planner.predict import attention_time
@@ -127,7 +127,7 @@ def test_writer_validation() -> None:
 
 def test_recorder_follows_the_ramp_up(plans) -> None:
     """--rampup-batch-size 1 1 2 to 3 samples of one micro-step each (micro-steps 0 | 1 2 | 3 4 5 | 6 7 8 | ...,
-    rampup.py): each step reported with its own micro-steps, numbered as Megatron's iterations."""
+    batch_schedule.py): each step reported with its own micro-steps, numbered as Megatron's iterations."""
     t = [0.0]
     rec = StepMetricsRecorder(schedule=StepSchedule(samples_per_micro_step=1, global_batch_size=3, rampup=(1, 1, 2)),
                               clock=lambda: t[0])
@@ -138,6 +138,26 @@ def test_recorder_follows_the_ramp_up(plans) -> None:
         if out is not None:
             done.append((out.iteration, out.micro_steps, out.measured_ms))
     assert done == [(1, 1, 1000.0), (2, 2, 2000.0), (3, 3, 3000.0), (4, 3, 3000.0)]
+
+
+def test_recorder_follows_a_resumed_step_schedule(plans) -> None:
+    """--step-batch-size-schedule "0:1 5:2" in samples, a run resumed at iteration 4 with 4 samples consumed (its
+    schedule's steps from there: micro-steps 4 | 5 6 | 7 8 | 9 10 | ...). A run that changed the schedule on resuming
+    follows the new one from where it stands, as Megatron does; the recorder starts afresh."""
+    t = [0.0]
+    steps = StepSchedule(samples_per_micro_step=1, global_batch_size=1, step_batch_sizes=((0, 1), (5, 2)))
+    rec = StepMetricsRecorder(schedule=TWO, clock=lambda: t[0])
+    rec.record(0, plans[0])
+    rec.follow(steps.resumed(step=4, consumed=4))
+    done = []
+    for micro in range(4, 11):
+        t[0] = float(micro)
+        out = rec.record(micro, plans[micro % 3])
+        if out is not None:
+            done.append((out.iteration, out.micro_steps, out.measured_ms))
+    assert done == [(5, 1, 1000.0), (6, 2, 2000.0), (7, 2, 2000.0)]
+    with pytest.raises(TypeError, match="schedule must be a StepSchedule, got str"):
+        rec.follow("0:1")  # type: ignore[arg-type]
 
 
 def test_paths_counted_per_sequence(plans) -> None:

@@ -120,11 +120,17 @@ def test_capacity_check() -> None:
     assert s.cluster.tokens_per_gpu == 131072
 
 
-def test_describe_states_the_ramp_up() -> None:
+def test_describe_states_the_batch_schedule() -> None:
     s = _setup(rampup_batch_size=["32", "32", "64"])
     assert "2 micro-steps per step (1 at first: --rampup-batch-size 32 32 64, micro-steps of 32 samples);" \
         in s.describe()
     assert "2 micro-steps per step; routing" in _setup().describe()
+    s = _setup(step_batch_size_schedule="0:32 1M:64 3M:128", global_batch_size=None)
+    assert ("4 micro-steps per step (1 at first: --step-batch-size-schedule '0:32 1M:64 3M:128' (thresholds in "
+            "tokens), micro-steps of 32 samples); routing") in s.describe()
+    s = _setup(rampup_batch_size=["32", "32", "64"], step_batch_size_schedule=None)  # Megatron-LM 0.19 on
+    assert ("2 micro-steps per step [--rampup-batch-size 32 32 64 ignored, as this Megatron-LM ignores it (0.19 on: "
+            "use --step-batch-size-schedule)]; routing") in s.describe()
 
 
 def test_micro_step_budget_keeps_the_level_margin() -> None:

@@ -15,7 +15,8 @@ Rank arithmetic of a run (pipeline and context parallelism are rejected)::
     Zeppelin ranks per node = gpus_per_node / TP    = 4
     micro-step token budget = micro_batch_size * seq_length * N
     micro-steps per step    = global_batch_size / (micro_batch_size * N)
-                              (growing to it under --rampup-batch-size: :mod:`.rampup`)
+                              (or as --rampup-batch-size / --step-batch-size-schedule
+                              set it step by step: :mod:`.batch_schedule`)
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 from ..planner.options import REMAP_WORDS, PlannerOptions, Remap
 from ..planner.plan import PlanError
-from .rampup import RampupError, StepSchedule
+from .batch_schedule import RampupError, StepSchedule, parse_step_batch_size_schedule
 
 __all__ = [
     "ZeppelinArgsError",
@@ -261,7 +262,12 @@ class ZeppelinParallel:
     sequence_parallel: bool = False
     rampup: tuple[int, int, int] | None = None
     """``--rampup-batch-size START INCREMENT SAMPLES`` (``None``: the global batch from the first step)."""
+    step_batch_size_schedule: str | None = None
+    """``--step-batch-size-schedule`` as given (Megatron-LM 0.19 on; its thresholds are tokens, read with
+    ``seq_length``); ``global_batch_size`` is then Megatron's default, ``micro_batch_size * N``, and unused."""
     decrease_batch_size_if_needed: bool = False
+    notes: tuple[str, ...] = ()
+    """What the start-up line should tell the user about how the flags were read."""
 
     def __post_init__(self) -> None:
         for attr, what in (("world_size", "the world size (WORLD_SIZE)"),
@@ -289,16 +295,31 @@ class ZeppelinParallel:
                 f"{self.micro_batch_size} x {self.zeppelin_ranks} Zeppelin ranks = {per_step}"
             )
         try:
-            self.schedule  # noqa: B018 (checks the ramp-up)
+            self.schedule  # noqa: B018 (checks the ramp-up or step schedule)
         except RampupError as exc:
             raise ZeppelinArgsError(str(exc)) from None
 
     @cached_property
     def schedule(self) -> StepSchedule:
-        """Micro-steps per training step, step by step (:class:`~.rampup.StepSchedule`; ramp-up included)."""
+        """Micro-steps per training step, step by step from a fresh start (:class:`~.batch_schedule.StepSchedule`;
+        ramp-up or step schedule included; a resumed run: its ``resumed``)."""
+        steps = None
+        if self.step_batch_size_schedule is not None:
+            steps = parse_step_batch_size_schedule(self.step_batch_size_schedule, self.seq_length)
         return StepSchedule(samples_per_micro_step=self.micro_batch_size * self.zeppelin_ranks,
-                            global_batch_size=self.global_batch_size, rampup=self.rampup,
+                            global_batch_size=self.global_batch_size, rampup=self.rampup, step_batch_sizes=steps,
                             decrease_if_needed=self.decrease_batch_size_if_needed)
+
+    def schedule_from(self, *, iteration: int, consumed_samples: int, train_iters: int | None) -> StepSchedule:
+        """:attr:`schedule` from Megatron's ``iteration`` and ``consumed_train_samples`` on (a fresh run: 0, 0),
+        with Megatron's run-time rules checked up to ``train_iters`` (:meth:`~.batch_schedule.StepSchedule.check`)
+        before training starts."""
+        try:
+            schedule = self.schedule.resumed(step=iteration, consumed=consumed_samples)
+            schedule.check(end_step=train_iters)
+        except RampupError as exc:
+            raise ZeppelinArgsError(str(exc)) from None
+        return schedule
 
     @property
     def nodes(self) -> int:
@@ -320,7 +341,8 @@ class ZeppelinParallel:
 
     @property
     def num_micro_batches(self) -> int:
-        return self.global_batch_size // (self.micro_batch_size * self.zeppelin_ranks)
+        """Micro-steps per step (the final number under a ramp-up or step schedule)."""
+        return self.schedule.micro_steps_per_step
 
     @property
     def pad_to_multiple(self) -> int:
@@ -354,12 +376,17 @@ def _flag(args: argparse.Namespace, name: str, default: Any = None) -> Any:
     return getattr(args, name, default)
 
 
-def _rampup(args: argparse.Namespace, problems: list[str]) -> tuple[int, int, int] | None:
+def _rampup(args: argparse.Namespace, problems: list[str], notes: list[str]) -> tuple[int, int, int] | None:
     """``--rampup-batch-size``'s three words (Megatron reads them with ``int``) as integers, or ``None`` with the
-    reason appended to ``problems`` when they are not three integers (their values: :class:`~.rampup.StepSchedule`,
-    checked with the batch sizes)."""
+    reason appended to ``problems`` when they are not three integers (their values:
+    :class:`~.batch_schedule.StepSchedule`, checked with the batch sizes). Megatron-LM 0.19 on (its parser has
+    ``--step-batch-size-schedule``) still parses the flag but ignores it: so does Zeppelin, saying so in ``notes``."""
     words = _flag(args, "rampup_batch_size")
     if not words:
+        return None
+    if hasattr(args, "step_batch_size_schedule"):
+        notes.append(f"--rampup-batch-size {' '.join(map(str, words))} ignored, as this Megatron-LM ignores it "
+                     "(0.19 on: use --step-batch-size-schedule)")
         return None
     try:
         values = [int(w) for w in words]
@@ -402,10 +429,6 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
     ep = _flag(args, "expert_model_parallel_size", 1) or 1
     if _flag(args, "num_experts") or ep > 1:
         problems.append("MoE (--num-experts / --expert-model-parallel-size) is not supported with --zeppelin yet")
-    if _flag(args, "step_batch_size_schedule"):
-        problems.append(f"--step-batch-size-schedule {args.step_batch_size_schedule}: not supported with --zeppelin "
-                        "yet (Zeppelin's step metrics follow --global-batch-size, or --rampup-batch-size where "
-                        "Megatron-LM has it); give --global-batch-size")
     if _flag(args, "use_legacy_models", False):
         problems.append("--use-legacy-models: Zeppelin needs megatron-core models")
     for name, flag in (("multi_latent_attention", "--multi-latent-attention"),
@@ -438,7 +461,13 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
     if sources is not None and (_flag(args, "eval_iters", 0) or 0) > 0 and sources.valid is None:
         problems.append(f"--eval-iters {args.eval_iters}: Zeppelin evaluates on --valid-data-path PREFIX or on "
                         "the validation share of --data-path's --split; give one, or --eval-iters 0")
-    rampup = _rampup(args, problems)
+    notes: list[str] = []
+    rampup = _rampup(args, problems, notes)
+    steps = _flag(args, "step_batch_size_schedule")
+    if steps is not None and _flag(args, "_is_global_batch_size_explicitly_specified",
+                                   _flag(args, "global_batch_size") is not None):
+        problems.append(f"--step-batch-size-schedule {steps!r} with --global-batch-size {args.global_batch_size}: "
+                        "give one (Megatron's rule)")
     if problems:
         raise ZeppelinArgsError("cannot run --zeppelin:\n  - " + "\n  - ".join(problems))
     mbs = _flag(args, "micro_batch_size")
@@ -455,5 +484,7 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
         seq_length=_flag(args, "seq_length"),
         sequence_parallel=bool(_flag(args, "sequence_parallel", False)),
         rampup=rampup,
+        step_batch_size_schedule=steps,
         decrease_batch_size_if_needed=bool(_flag(args, "decrease_batch_size_if_needed", False)),
+        notes=tuple(notes),
     )

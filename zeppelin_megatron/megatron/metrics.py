@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 from ..planner.plan import StepPlan
 from ..planner.predict import attention_time
 from ..planner.ring_parts import parted
-from .rampup import StepSchedule
+from .batch_schedule import StepSchedule
 
 __all__ = [
     "PlanMetrics",
@@ -275,9 +275,10 @@ class StepMetricsRecorder:
 
     ``record(micro_step, plan)`` is called for each training micro-step in
     order (``micro_step`` = global micro-step index); ``schedule`` says which
-    step holds it (:meth:`~.rampup.StepSchedule.locate`: step ``i`` holds
-    micro-steps ``i*M .. i*M + M-1`` for ``M`` micro-steps per step, fewer
-    while Megatron's ``--rampup-batch-size`` ramps the batch up). When the
+    step holds it (:meth:`~.batch_schedule.StepSchedule.locate`: step ``i`` holds
+    micro-steps ``i*M .. i*M + M-1`` for ``M`` micro-steps per step, other
+    counts under Megatron's ``--rampup-batch-size`` or ``--step-batch-size-schedule``;
+    a resumed run: :meth:`follow` its resumed schedule). When the
     first micro-step of step ``i+1`` arrives, step ``i`` is complete: its
     metrics, timed from its first micro-step to now, go to ``writer`` and are
     returned. ``sync`` (e.g. ``torch.cuda.synchronize``) runs before reading the
@@ -293,10 +294,14 @@ class StepMetricsRecorder:
         clock: Callable[[], float] = time.perf_counter,
         sync: Callable[[], None] | None = None,
     ) -> None:
+        self.writer, self.clock, self.sync = writer, clock, sync
+        self.follow(schedule)
+
+    def follow(self, schedule: StepSchedule) -> None:
+        """Group the micro-steps from now on by ``schedule`` (a resumed run's: ``StepSchedule.resumed``)."""
         if not isinstance(schedule, StepSchedule):
             raise TypeError(f"schedule must be a StepSchedule, got {type(schedule).__name__}")
         self.schedule = schedule
-        self.writer, self.clock, self.sync = writer, clock, sync
         self._step: int | None = None
         self._count = 0
         self._start: float | None = None

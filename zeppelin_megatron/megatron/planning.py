@@ -153,12 +153,18 @@ class ZeppelinSetup:
                      "(docs/planner.md, 'When tokens are tight')]")
         return note
 
-    def _rampup_note(self) -> str:
-        r = self.parallel.rampup
-        if r is None:
-            return ""
-        return (f" ({self.parallel.schedule.locate(0)[2]} at first: --rampup-batch-size {r[0]} {r[1]} {r[2]}, "
-                f"micro-steps of {self.parallel.micro_batch_size * self.parallel.zeppelin_ranks} samples)")
+    def _schedule_note(self) -> str:
+        p = self.parallel
+        r, steps = p.rampup, p.step_batch_size_schedule
+        spm = p.micro_batch_size * p.zeppelin_ranks
+        notes = "".join(f" [{n}]" for n in p.notes)
+        if r is not None:
+            flag = f"--rampup-batch-size {r[0]} {r[1]} {r[2]}"
+        elif steps is not None:
+            flag = f"--step-batch-size-schedule {steps!r} (thresholds in tokens)"
+        else:
+            return notes
+        return f" ({p.schedule.first_micro_steps} at first: {flag}, micro-steps of {spm} samples){notes}"
 
     def describe(self) -> str:
         c, p, o = self.cluster, self.parallel, self.planning.options
@@ -167,7 +173,8 @@ class ZeppelinSetup:
             f"Zeppelin ranks ({c.gpus_per_node} per node, {c.nics_per_node} NICs per node at {c.nic_Gbps:g} Gb/s "
             f"for the group), {c.tokens_per_gpu} tokens per rank; micro-step budget {self.token_budget} tokens"
             f"{self._budget_note()}, "
-            f"{p.num_micro_batches} micro-steps per step{self._rampup_note()}; routing {'on' if o.routing else 'off'}, "
+            f"{p.num_micro_batches} micro-steps per step{self._schedule_note()}; "
+            f"routing {'on' if o.routing else 'off'}, "
             f"remap {REMAP_WORDS[o.remap]}"
         )
 

@@ -404,6 +404,11 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: Sequence[int]
     sources = data_sources_from_args(args)  # the start-up checks have read the same flags the same way
     eod = int(get_tokenizer().eod) if getattr(args, "eod_mask_loss", False) else None  # Megatron's --eod-mask-loss
     consumed = [args.consumed_train_samples, args.consumed_valid_samples, 0]
+    schedule = run.setup.parallel.schedule_from(  # refuses what Megatron would fail on
+        iteration=getattr(args, "iteration", 0) or 0, consumed_samples=consumed[0],
+        train_iters=getattr(args, "train_iters", None))
+    if run.recorder is not None:
+        run.recorder.follow(schedule)
     out: list[Any] = []
     for k, (source, done) in enumerate(zip((sources.train, sources.valid, sources.test), consumed)):
         it = None
