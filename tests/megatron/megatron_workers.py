@@ -93,9 +93,10 @@ def rank_batch(plan: StepPlan, rank: int, docs: list[torch.Tensor], pad_to: int)
 
 def _check_one(rank: int, world: int, tp: int, pad_to: int, seed: int,
                ref: tuple[dict[str, torch.Tensor], float, dict[str, torch.Tensor]],
-               docs: list[list[torch.Tensor]]) -> None:
+               docs: list[list[torch.Tensor]], config: dict[str, Any] | None = None) -> None:
     """``pad_to``: pad each rank's rows to a multiple (the sequence-parallel path's padding; megatron-core's
-    torch LayerNorm refuses real sequence parallelism on CPU, so the padding is checked on its own)."""
+    torch LayerNorm refuses real sequence parallelism on CPU, so the padding is checked on its own).
+    ``config``: TransformerConfig settings of the Zeppelin model (activation recomputation)."""
     from megatron.core import parallel_state
 
     from zeppelin_megatron.megatron.groups import zeppelin_group_from_megatron
@@ -109,7 +110,7 @@ def _check_one(rank: int, world: int, tp: int, pad_to: int, seed: int,
     # 2 "nodes" of world/2 processes: the Zeppelin group of each TP rank is 2 nodes x 2 ranks.
     group = zeppelin_group_from_megatron(gpus_per_node=world // 2)
     assert (group.size, group.gpus_per_node) == (4, 2), (group.size, group.gpus_per_node)
-    model = build_gpt(tiny_gpt_config(), get_gpt_layer_zeppelin_spec(),
+    model = build_gpt(tiny_gpt_config(**(config or {})), get_gpt_layer_zeppelin_spec(),
                       vocab_size=VOCAB, max_sequence_length=MAX_LEN)
     own = model.state_dict()
     model.load_state_dict({k: shard(v, own[k], tp_rank, tp) for k, v in ref_sd.items()}, strict=False)
@@ -154,7 +155,7 @@ def _check_one(rank: int, world: int, tp: int, pad_to: int, seed: int,
         else:
             raise AssertionError(f"rank {rank}: ranks with different plans were not detected")
 
-    what = f"rank {rank} TP={tp} pad_to={pad_to}"
+    what = f"rank {rank} TP={tp} pad_to={pad_to} {config or ''}"
     assert abs(float(loss) - ref_loss) <= 1e-5 * abs(ref_loss), f"{what}: loss {float(loss)} vs {ref_loss}"
     for name, p in model.named_parameters():
         want = shard(ref_grads[name], p.grad, tp_rank, tp)
@@ -169,3 +170,38 @@ def check_equivalence(rank: int, world: int, tp: int, pads: tuple[int, ...] = (1
         ref = reference(docs, seed)
         for pad_to in pads:
             _check_one(rank, world, tp, pad_to, seed, ref, docs)
+
+
+RECOMPUTE = (
+    {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+    {"recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 1},
+    {"recompute_granularity": "selective"},  # megatron-core's default module: core attention
+)
+"""Megatron's activation recomputation (--recompute-granularity full / selective): every layer, the first layer
+only, and Zeppelin's core attention alone run again in the backward pass, transfers and all."""
+
+
+def check_recompute(rank: int, world: int) -> None:
+    """The reference once, then the Zeppelin model under each of :data:`RECOMPUTE` (TP 1), counting the calls of
+    Zeppelin's core attention: 2 micro-steps x 2 layers, each layer's again where it is recomputed, and one more
+    (the plan-mismatch check's forward, which stops in the first layer)."""
+    from zeppelin_megatron.megatron.attention import ZeppelinCoreAttention
+
+    calls = [0]
+    forward = ZeppelinCoreAttention.forward
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return forward(self, *args, **kwargs)
+
+    ZeppelinCoreAttention.forward = counted  # type: ignore[method-assign]
+    try:
+        with megatron_on_cpu():
+            docs = documents(1)
+            ref = reference(docs, 1)
+            for config, expected in zip(RECOMPUTE, (2 * 2 * 2 + 1, 2 * (2 + 1) + 1, 2 * 2 * 2 + 1)):
+                calls[0] = 0
+                _check_one(rank, world, 1, 1, 1, ref, docs, config)
+                assert calls[0] == expected, (config, calls[0], expected)
+    finally:
+        ZeppelinCoreAttention.forward = forward  # type: ignore[method-assign]

@@ -5,7 +5,8 @@ Zeppelin groups of 2 x 2, one per TP rank; once more with every rank's rows padd
 to a multiple of 3 (the padding sequence parallelism needs; real sequence
 parallelism needs TE or apex norms, not available on CPU).
 Plans come from the real planner and hold local, intra-node and inter-node
-sequences; float32, relative 1e-5 (loss and every parameter's gradient).
+sequences; float32, relative 1e-5 (loss and every parameter's gradient). World 4 again under
+Megatron's activation recomputation (full uniform, full block, selective).
 """
 
 from __future__ import annotations
@@ -25,3 +26,9 @@ def test_tp1_world4_matches_single_process() -> None:
 
 def test_tp2_world8_matches_single_process() -> None:
     spawn(8, megatron_workers.check_equivalence, 2, (1, 3))
+
+
+def test_activation_recomputation_matches_single_process() -> None:
+    """--recompute-granularity full (uniform and block) and selective: Zeppelin's attention and the layer hooks run
+    again in the backward pass, on every rank alike; the same loss and gradients."""
+    spawn(4, megatron_workers.check_recompute)

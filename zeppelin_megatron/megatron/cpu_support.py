@@ -7,6 +7,8 @@ module is the one place that works around them:
   and the global memory buffer: it returns ``"cpu"`` inside :func:`megatron_on_cpu`;
 * the CUDA RNG tracker's ``fork()`` (attention dropout, TP weight init) becomes a
   no-op context;
+* activation recomputation (``tensor_parallel.checkpoint``) saves and restores the
+  CPU RNG state only: the CUDA RNG state it also keeps becomes an empty tensor;
 * models are built with ``use_cpu_initialization=True`` and called directly:
   Megatron's schedules and DDP wrapper need CUDA, so callers all-reduce
   gradients themselves (:func:`allreduce_grads`).
@@ -31,13 +33,17 @@ def megatron_on_cpu() -> Iterator[None]:
 
     tracker = tp_random.get_cuda_rng_tracker()
     saved_device, saved_fork = torch.cuda.current_device, tracker.fork
+    saved_rng = tp_random._get_cuda_rng_state, tp_random._set_cuda_rng_state
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     tracker.fork = lambda *a, **k: contextlib.nullcontext()  # type: ignore[method-assign]
+    tp_random._get_cuda_rng_state = lambda *a, **k: torch.empty(0, dtype=torch.uint8)
+    tp_random._set_cuda_rng_state = lambda *a, **k: None
     try:
         yield
     finally:
         torch.cuda.current_device = saved_device  # type: ignore[assignment]
         tracker.fork = saved_fork  # type: ignore[method-assign]
+        tp_random._get_cuda_rng_state, tp_random._set_cuda_rng_state = saved_rng
 
 
 def init_parallel_state(tensor_parallel: int = 1) -> None:
