@@ -128,6 +128,14 @@ def main() -> None:
     out["batch_schedules"] = batch_schedule_check(repo, env, check_startup, parse_args, extra_args_provider,
                                                   validate_args, setup_from_args,
                                                   has_steps=hasattr(args, "step_batch_size_schedule"))
+    # --fp8-format through Megatron's parser and validate_args: TE's FP8 GEMMs need rows in multiples of 16, so
+    # every rank's rows are padded to 16 x TP 2 (sequence parallelism splits them over the TP ranks)
+    fp8 = {"--fp8-format": "hybrid", "--transformer-impl": "transformer_engine"}
+    sys.argv = check_startup(typical_argv(repo, **fp8), env=env, exit_on_error=False)
+    args = parse_args(extra_args_provider=extra_args_provider(), ignore_unknown_args=False)
+    validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+    out["fp8_pad_to_multiple"] = setup_from_args(args, world_size=args.world_size, local_world_size=8
+                                                 ).parallel.pad_to_multiple
     print("RESULT " + json.dumps(out))
 
 

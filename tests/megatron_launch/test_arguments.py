@@ -97,6 +97,22 @@ def test_typical_run_shape() -> None:
     assert p.pad_to_multiple == 2
 
 
+@pytest.mark.parametrize("flags, multiple", [
+    ({"fp8": "hybrid", "fp8_recipe": "delayed"}, 16),
+    ({"fp8": "e4m3", "fp8_recipe": "mxfp8"}, 32),
+    ({"fp4": "e2m1", "fp4_recipe": "nvfp4"}, 128),
+    ({"fp8": "hybrid", "fp8_recipe": "tensorwise", "tensor_model_parallel_size": 2, "sequence_parallel": True}, 32),
+    ({"fp8": "hybrid", "fp8_recipe": "delayed", "tensor_model_parallel_size": 2}, 16),
+])
+def test_low_precision_gemms_get_aligned_rows(flags: dict, multiple: int) -> None:
+    """--fp8-format / --fp4-format: every rank's linear-layout rows are padded to megatron-core's GEMM alignment
+    (get_fp8_align_size, get_fp4_align_size), times TP under sequence parallelism (each TP rank quantizes its share
+    of the rows); Transformer Engine refuses unaligned rows (the equivalence tests check padded rows change no
+    loss or gradient)."""
+    p = check_megatron_args(megatron_namespace(**flags), world_size=32, gpus_per_node=8)
+    assert p.pad_to_multiple == multiple
+
+
 def test_default_global_batch_is_one_micro_batch_per_rank() -> None:
     p = check_megatron_args(megatron_namespace(global_batch_size=None, micro_batch_size=2),
                             world_size=16, gpus_per_node=8)

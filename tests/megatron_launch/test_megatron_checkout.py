@@ -286,6 +286,7 @@ def test_flags_parse_and_validate_with_megatron(worker_result: dict, checkout: C
     assert s["ffn"] == m["ffn_hidden_size"] and s["raw_shape_equals_validated"]
     assert worker_result["negation_parses"] == [False, False]
     assert worker_result["spec_core_attention"] == "ZeppelinCoreAttention"
+    assert worker_result["fp8_pad_to_multiple"] == 32  # --fp8-format hybrid: 16-row GEMMs x TP 2 (sequence parallel)
 
 
 def test_batch_schedules_are_megatrons(worker_result: dict, checkout: Checkout) -> None:

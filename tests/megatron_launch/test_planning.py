@@ -125,6 +125,11 @@ def test_describe_states_the_batch_schedule() -> None:
     assert "2 micro-steps per step (1 at first: --rampup-batch-size 32 32 64, micro-steps of 32 samples);" \
         in s.describe()
     assert "2 micro-steps per step; routing" in _setup().describe()
+    assert _setup(fp8="hybrid", fp8_recipe="delayed", tensor_model_parallel_size=2, sequence_parallel=True,
+                  global_batch_size=32).describe().endswith(
+        "; each rank's rows padded to a multiple of 32 (sequence parallelism over TP 2, low-precision GEMMs need "
+        "multiples of 16 rows)")
+    assert "padded" not in _setup().describe()
     s = _setup(step_batch_size_schedule="0:32 1M:64 3M:128", global_batch_size=None)
     assert ("4 micro-steps per step (1 at first: --step-batch-size-schedule '0:32 1M:64 3M:128' (thresholds in "
             "tokens), micro-steps of 32 samples); routing") in s.describe()

@@ -268,6 +268,10 @@ class ZeppelinParallel:
     decrease_batch_size_if_needed: bool = False
     notes: tuple[str, ...] = ()
     """What the start-up line should tell the user about how the flags were read."""
+    gemm_row_align: int = 1
+    """Rows a low-precision GEMM needs its input's row count to be a multiple of: 16 under ``--fp8-format``
+    (32 with ``--fp8-recipe mxfp8``), 128 under ``--fp4-format`` (megatron-core's ``get_fp8_align_size`` /
+    ``get_fp4_align_size``), else 1."""
 
     def __post_init__(self) -> None:
         for attr, what in (("world_size", "the world size (WORLD_SIZE)"),
@@ -346,8 +350,12 @@ class ZeppelinParallel:
 
     @property
     def pad_to_multiple(self) -> int:
-        """Sequence parallelism splits each rank's tokens over TP: pad to a multiple of TP."""
-        return self.tensor_parallel if self.sequence_parallel else 1
+        """Each rank's linear-layout rows are padded to a multiple of this: ``gemm_row_align`` (Transformer Engine
+        refuses an FP8 GEMM over rows that are not a multiple of 16), times TP under sequence parallelism (which
+        splits the rows over the TP ranks, each quantizing its share). Example: TP 2, ``--sequence-parallel``,
+        ``--fp8-format hybrid``: a rank with 1,000 tokens runs 1,024 rows (a multiple of 32), 24 of them padding
+        (no loss, in no sequence)."""
+        return (self.tensor_parallel if self.sequence_parallel else 1) * self.gemm_row_align
 
 
 def data_sources_from_args(args: argparse.Namespace) -> Any:
@@ -374,6 +382,17 @@ def _data_sources(args: argparse.Namespace, problems: list[str]) -> Any:
 
 def _flag(args: argparse.Namespace, name: str, default: Any = None) -> Any:
     return getattr(args, name, default)
+
+
+def _gemm_row_align(args: argparse.Namespace) -> int:
+    """Megatron's alignment for low-precision GEMMs (megatron-core ``fp8_utils.get_fp8_align_size``: 32 for the
+    mxfp8 recipe, else 16; ``fp4_utils.get_fp4_align_size``: 128), 1 without ``--fp8-format`` / ``--fp4-format``."""
+    align = 1
+    if _flag(args, "fp8"):
+        align = 32 if str(getattr(_flag(args, "fp8_recipe"), "value", _flag(args, "fp8_recipe"))) == "mxfp8" else 16
+    if _flag(args, "fp4"):
+        align = max(align, 128)
+    return align
 
 
 def _rampup(args: argparse.Namespace, problems: list[str], notes: list[str]) -> tuple[int, int, int] | None:
@@ -487,4 +506,5 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
         step_batch_size_schedule=steps,
         decrease_batch_size_if_needed=bool(_flag(args, "decrease_batch_size_if_needed", False)),
         notes=tuple(notes),
+        gemm_row_align=_gemm_row_align(args),
     )

@@ -175,8 +175,17 @@ class ZeppelinSetup:
             f"{self._budget_note()}, "
             f"{p.num_micro_batches} micro-steps per step{self._schedule_note()}; "
             f"routing {'on' if o.routing else 'off'}, "
-            f"remap {REMAP_WORDS[o.remap]}"
+            f"remap {REMAP_WORDS[o.remap]}{self._padding_note()}"
         )
+
+    def _padding_note(self) -> str:
+        p = self.parallel
+        if p.pad_to_multiple == 1:
+            return ""
+        why = [w for w, on in ((f"sequence parallelism over TP {p.tensor_parallel}", p.sequence_parallel),
+                               (f"low-precision GEMMs need multiples of {p.gemm_row_align} rows",
+                                p.gemm_row_align > 1)) if on]
+        return f"; each rank's rows padded to a multiple of {p.pad_to_multiple} ({', '.join(why)})"
 
 
 def build_setup(cfg: ZeppelinConfig, parallel: ZeppelinParallel, model: ModelShape) -> ZeppelinSetup:
