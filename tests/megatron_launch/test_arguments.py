@@ -169,6 +169,17 @@ def test_a_batch_size_ramp_up_is_megatrons() -> None:
     assert p.schedule.locate(0) == (0, 0, 1)  # 40 samples rounded down to one micro-step of 32
 
 
+def test_decrease_batch_size_if_needed_rounds_the_batch_down() -> None:
+    """--global-batch-size 100 on 32 Zeppelin ranks: refused (Megatron's rule), or 96 samples a step (3 micro-steps)
+    with --decrease-batch-size-if-needed, as Megatron rounds it."""
+    with pytest.raises(ZeppelinArgsError, match="--global-batch-size 100 is not a multiple of --micro-batch-size 1 x "
+                       "32 Zeppelin ranks = 32 \\(Megatron's rule; --decrease-batch-size-if-needed rounds"):
+        check_megatron_args(megatron_namespace(global_batch_size=100), world_size=32, gpus_per_node=8)
+    p = check_megatron_args(megatron_namespace(global_batch_size=100, decrease_batch_size_if_needed=True),
+                            world_size=32, gpus_per_node=8)
+    assert p.num_micro_batches == 3 and p.schedule.locate(7) == (2, 1, 3)
+
+
 def test_a_step_batch_size_schedule_is_megatrons() -> None:
     """--step-batch-size-schedule (Megatron-LM 0.19 on): thresholds in tokens, // --seq-length, batches by consumed
     samples (test_batch_schedule.py checks the schedule against megatron-core's calculator); Megatron's run-time rules

@@ -57,20 +57,21 @@ def test_worked_example() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(spm=st.integers(1, 12), start=st.integers(1, 6), inc=st.integers(1, 9), levels=st.integers(1, 5),
-       samples=st.integers(1, 400), decrease=st.booleans())
-@example(spm=4, start=1, inc=1, levels=2, samples=16, decrease=False)
-@example(spm=1, start=3, inc=1, levels=7, samples=29, decrease=False)  # a step begins at consumed == SAMPLES, where
-# int(SAMPLES / per_increment) is 6 of 7 increments in floating point: one more ramp step
-@example(spm=3, start=1, inc=2, levels=4, samples=7, decrease=True)
+       samples=st.integers(1, 400), decrease=st.booleans(), extra=st.integers(0, 11))
+@example(spm=4, start=1, inc=1, levels=2, samples=16, decrease=False, extra=0)
+@example(spm=1, start=3, inc=1, levels=7, samples=29, decrease=False, extra=0)  # a step begins at consumed ==
+# SAMPLES, where int(SAMPLES / per_increment) is 6 of 7 increments in floating point: one more ramp step
+@example(spm=3, start=1, inc=2, levels=4, samples=7, decrease=True, extra=2)
 def test_matches_megatron_cores_calculator(spm: int, start: int, inc: int, levels: int, samples: int,
-                                          decrease: bool) -> None:
+                                          decrease: bool, extra: int) -> None:
     """Without --decrease-batch-size-if-needed START and INCREMENT are multiples of the micro-step's samples; with
-    it, any INCREMENT and a START that is not (batches rounded down)."""
+    it, any INCREMENT, a START that is not, and a global batch that is not (``extra`` samples over; every batch
+    rounded down)."""
     if not decrease:
         rampup = (start * spm, inc * spm, samples)
         gbs = rampup[0] + levels * rampup[1]
     else:
-        gbs = spm * (-(-(spm + levels * inc) // spm) + start)  # a multiple of spm, START = GBS - levels x INCREMENT
+        gbs = spm * (-(-(spm + levels * inc) // spm) + start) + extra % spm  # START = GBS - levels x INCREMENT
         rampup = (gbs - levels * inc, inc, samples)
     s = StepSchedule(samples_per_micro_step=spm, global_batch_size=gbs, rampup=rampup, decrease_if_needed=decrease)
     n = samples // spm + 4 * (gbs // spm) + 3
@@ -89,6 +90,21 @@ def test_ramps_megatron_cannot_run_are_refused(kwargs: dict, match: str) -> None
     args = {"samples_per_micro_step": 16, "global_batch_size": 64, **kwargs}
     with pytest.raises(RampupError, match=match):
         StepSchedule(**args)
+
+
+@pytest.mark.parametrize("spm, gbs", [(32, 100), (4, 4), (7, 13), (16, 31)])
+def test_constant_batch_rounded_down_as_megatron_core_does(spm: int, gbs: int) -> None:
+    """--decrease-batch-size-if-needed without a ramp: every step runs GBS rounded down to whole micro-steps
+    (megatron-core's ConstantNumMicroBatchesCalculator)."""
+    s = StepSchedule(samples_per_micro_step=spm, global_batch_size=gbs, decrease_if_needed=True)
+    assert s.micro_steps_per_step == gbs // spm and s.locate(3 * (gbs // spm)) == (3, 0, gbs // spm)
+    calc_module = pytest.importorskip("megatron.core.num_microbatches_calculator")
+    mbs = 1 if spm % 2 else 2
+    calc = calc_module.ConstantNumMicroBatchesCalculator(gbs, mbs, spm // mbs, True, 1)
+    assert calc.get() == s.micro_steps_per_step
+    with pytest.raises(RampupError, match="--global-batch-size 3 with --decrease-batch-size-if-needed: less than "
+                       "one micro-step's 4 samples"):
+        StepSchedule(samples_per_micro_step=4, global_batch_size=3, decrease_if_needed=True)
 
 
 def walk_steps(spm: int, entries: tuple[tuple[int, int], ...], consumed: int, micro_steps: int) -> list[int]:

@@ -293,10 +293,11 @@ class ZeppelinParallel:
                 f"{self.gpus_per_node} GPUs of a node: Zeppelin needs whole TP groups inside a node"
             )
         per_step = self.micro_batch_size * self.zeppelin_ranks
-        if self.global_batch_size % per_step:
+        if self.global_batch_size % per_step and not self.decrease_batch_size_if_needed:
             raise ZeppelinArgsError(
                 f"--global-batch-size {self.global_batch_size} is not a multiple of --micro-batch-size "
-                f"{self.micro_batch_size} x {self.zeppelin_ranks} Zeppelin ranks = {per_step}"
+                f"{self.micro_batch_size} x {self.zeppelin_ranks} Zeppelin ranks = {per_step} (Megatron's rule; "
+                "--decrease-batch-size-if-needed rounds the batch down instead)"
             )
         try:
             self.schedule  # noqa: B018 (checks the ramp-up or step schedule)

@@ -5,7 +5,8 @@ Zeppelin's ranks; ``spm = micro_batch_size * N`` samples a micro-step). Before e
 micro-batch calculator for the step's ``batch`` at ``consumed`` samples consumed so far, runs it and adds it to
 ``consumed``. Three calculators, one rule each:
 
-* constant (``--global-batch-size GBS``): ``batch = GBS``;
+* constant (``--global-batch-size GBS``): ``batch = GBS``, rounded down to a multiple of ``spm`` with
+  ``--decrease-batch-size-if-needed`` (GBS 100, ``spm`` 32: 96, 3 micro-steps);
 * ``--rampup-batch-size START INCREMENT SAMPLES`` (Megatron-LM up to 0.18; megatron-core's
   ``RampupBatchsizeNumMicroBatchesCalculator``)::
 
@@ -140,6 +141,11 @@ class StepSchedule:
                                   "refuses the pair (step schedules never round batches down)")
             if not self.step_batch_sizes or self.step_batch_sizes[0][0] != 0:
                 raise RampupError(f"step batch sizes must start at threshold 0, got {self.step_batch_sizes!r}")
+        elif self.decrease_if_needed:
+            if gbs < spm:
+                raise RampupError(f"--global-batch-size {gbs} with --decrease-batch-size-if-needed: less than one "
+                                  f"micro-step's {spm} samples (micro-batch size x data-parallel ranks), no micro-step "
+                                  "would run")
         elif gbs % spm:
             raise RampupError(f"--global-batch-size {gbs} is not a multiple of {spm} samples per micro-step")
         if self.rampup is not None:
@@ -222,19 +228,17 @@ class StepSchedule:
             k = bisect.bisect_right([t for t, _ in entries], consumed) - 1
             return entries[k][1], (entries[k + 1][0] if k + 1 < len(entries) else None)
         if self.rampup is None:
-            return self.global_batch_size, None
+            return self._running(self.global_batch_size), None
         start, inc, samples = self.rampup
         if consumed > samples:
-            return self.global_batch_size, None
+            return self._running(self.global_batch_size), None
         per_increment = samples / ((self.global_batch_size - start) // inc)  # megatron-core's float
 
         def level(c: int) -> int:
             return int(c / per_increment)
 
         k = level(consumed)
-        batch = start + k * inc
-        if self.decrease_if_needed:
-            batch = batch // self.samples_per_micro_step * self.samples_per_micro_step
+        batch = self._running(start + k * inc)
         # the least c > consumed with c > SAMPLES or level(c) > k: level is monotone, so bisect on (lo, hi]
         lo, hi = consumed, samples + 1
         while hi - lo > 1:
@@ -244,6 +248,12 @@ class StepSchedule:
             else:
                 lo = mid
         return batch, hi
+
+    def _running(self, batch: int) -> int:
+        """The batch a step runs: ``batch``, rounded down to whole micro-steps with --decrease-batch-size-if-needed
+        (megatron-core's calculators)."""
+        spm = self.samples_per_micro_step
+        return batch // spm * spm if self.decrease_if_needed else batch
 
     def _build(self) -> tuple[_Segment, ...]:
         segments: list[_Segment] = []
