@@ -10,12 +10,11 @@ from zeppelin_megatron.megatron.arguments import (
     PlannerOptions,
     ZeppelinArgsError,
     ZeppelinConfig,
-    ZeppelinParallel,
     add_zeppelin_args,
-    check_megatron_args,
     zeppelin_config_from_args,
     zeppelin_requested,
 )
+from zeppelin_megatron.megatron.run_shape import ZeppelinParallel, check_megatron_args
 
 from .helpers import megatron_namespace
 
@@ -135,6 +134,8 @@ def test_default_global_batch_is_one_micro_batch_per_rank() -> None:
         ({"split": "0,90,10"}, "--split 0,90,10: gives training no share"),
         ({"split": "a,b"}, "--split 'a,b': give up to three non-negative shares"),
         ({"use_legacy_models": True}, "--use-legacy-models"),
+        ({"tp_comm_overlap": True, "tensor_model_parallel_size": 2, "sequence_parallel": True},
+         "--tp-comm-overlap: Transformer Engine's TP communication/GEMM overlap runs on userbuffers of a fixed"),
         ({"rampup_batch_size": ["16", "16", "1000"]}, "--rampup-batch-size 16 16 1000: START and INCREMENT must be "
          "multiples of the 32 samples of a micro-step"),
         ({"rampup_batch_size": ["32", "32"]}, "--rampup-batch-size 32 32: give three integers"),

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from zeppelin_megatron.megatron.arguments import ZeppelinArgsError, check_megatron_args, zeppelin_config_from_args
+from zeppelin_megatron.megatron.arguments import ZeppelinArgsError, zeppelin_config_from_args
+from zeppelin_megatron.megatron.run_shape import check_megatron_args
 from zeppelin_megatron.cli import main
 from zeppelin_megatron.commands.simulate import setup as simulate_setup
 from zeppelin_megatron.megatron.planning import build_setup, model_shape_from_args

@@ -30,7 +30,8 @@ from ..planner import (
 from ..planner.capacity_level import budget_margin, placeable_budget
 from ..planner.options import REMAP_WORDS
 from ..planner.setup import PlanningSetup, build_planning, check_cluster_shape
-from .arguments import ZeppelinArgsError, ZeppelinConfig, ZeppelinParallel
+from .arguments import ZeppelinArgsError, ZeppelinConfig
+from .run_shape import ZeppelinParallel
 
 __all__ = [
     "model_shape_from_args",

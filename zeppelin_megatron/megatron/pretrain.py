@@ -394,7 +394,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: Sequence[int]
     """
     from megatron.training import get_args, get_tokenizer, print_rank_0
 
-    from .arguments import data_sources_from_args
+    from .run_shape import data_sources_from_args
     from .data.indexed import EmptySplitError
 
     run = _run()

@@ -18,7 +18,8 @@ import os
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
-from .arguments import ZeppelinArgsError, add_zeppelin_args, check_megatron_args, zeppelin_config_from_args
+from .arguments import ZeppelinArgsError, add_zeppelin_args, zeppelin_config_from_args
+from .run_shape import check_megatron_args
 from .planning import ZeppelinSetup, build_setup, model_shape_from_args
 
 __all__ = ["REQUIRED_FLAGS", "ARGS_DEFAULTS", "prepare_argv", "setup_from_args", "check_startup",

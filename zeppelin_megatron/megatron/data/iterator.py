@@ -9,7 +9,7 @@ micro-batch across it is one Zeppelin *micro-step* with a global budget of
 Megatron's ``consumed_train_samples`` grows by ``global_batch_size`` per step,
 so training resumes at micro-step ``consumed_samples // (micro_batch_size * N)``.
 (The run's budget and micro-step count are ``ZeppelinParallel.token_budget`` and
-``.num_micro_batches`` in :mod:`zeppelin_megatron.megatron.arguments`.)
+``.num_micro_batches`` in :mod:`zeppelin_megatron.megatron.run_shape`.)
 
 Worked example: ``seq_length = 8192``, ``micro_batch_size = 1``, 4 nodes x 8
 GPUs at TP 1 (``N = 32``), ``global_batch_size = 128``: budget
