@@ -116,6 +116,8 @@ def main() -> None:
         "eval": ({"--eval-iters": "5"}, {}),
         "dataloader": ({"--dataloader-type": "cyclic"}, {}),
         "attention_backend": ({"--attention-backend": "local"}, {}),
+        "cuda_graph": ({"--cuda-graph-impl": "local"}, {}),
+        "tp_comm_overlap": ({"--tp-comm-overlap": None}, {}),
     }
     out["errors"] = {}
     for name, (flags, env_over) in errors.items():

@@ -134,6 +134,9 @@ def test_default_global_batch_is_one_micro_batch_per_rank() -> None:
         ({"split": "0,90,10"}, "--split 0,90,10: gives training no share"),
         ({"split": "a,b"}, "--split 'a,b': give up to three non-negative shares"),
         ({"use_legacy_models": True}, "--use-legacy-models"),
+        ({"cuda_graph_impl": "transformer_engine"}, "--cuda-graph-impl transformer_engine: a CUDA graph replays "
+         "fixed shapes"),
+        ({"enable_cuda_graph": True, "cuda_graph_impl": "none"}, "--enable-cuda-graph: a CUDA graph replays"),
         ({"tp_comm_overlap": True, "tensor_model_parallel_size": 2, "sequence_parallel": True},
          "--tp-comm-overlap: Transformer Engine's TP communication/GEMM overlap runs on userbuffers of a fixed"),
         ({"rampup_batch_size": ["16", "16", "1000"]}, "--rampup-batch-size 16 16 1000: START and INCREMENT must be "

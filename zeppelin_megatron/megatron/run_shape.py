@@ -239,6 +239,13 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
                        ("fim_data", "--fim-data")):
         if _flag(args, name):
             problems.append(f"{flag} is not supported with --zeppelin")
+    graphs = _flag(args, "cuda_graph_impl")
+    if graphs not in (None, "none") or _flag(args, "enable_cuda_graph") or _flag(args, "external_cuda_graph"):
+        flag = f"--cuda-graph-impl {graphs}" if graphs not in (None, "none") else (
+            "--enable-cuda-graph" if _flag(args, "enable_cuda_graph") else "--external-cuda-graph")
+        problems.append(f"{flag}: a CUDA graph replays fixed shapes and kernels, while every Zeppelin micro-step "
+                        "has its own plan (a rank's rows, its attention calls and transfers change each time); "
+                        "drop it")
     if _flag(args, "tp_comm_overlap"):
         problems.append("--tp-comm-overlap: Transformer Engine's TP communication/GEMM overlap runs on userbuffers of "
                         "a fixed --seq-length x --micro-batch-size rows (TransformerEngine issue 1303), while a "
