@@ -14,7 +14,7 @@ from zeppelin_megatron.megatron.arguments import (
     zeppelin_config_from_args,
     zeppelin_requested,
 )
-from zeppelin_megatron.megatron.run_shape import ZeppelinParallel, check_megatron_args
+from zeppelin_megatron.megatron.run_shape import ZeppelinParallel, check_megatron_args, train_data_consumed
 
 from .helpers import megatron_namespace
 
@@ -213,6 +213,25 @@ def test_a_step_batch_size_schedule_is_megatrons() -> None:
     with pytest.raises(ZeppelinArgsError, match="step 1 \\(at 0 samples consumed\\) runs a batch of 16"):
         rescaled.schedule_from(iteration=0, consumed_samples=0, train_iters=None)
     assert rescaled.schedule_from(iteration=12, consumed_samples=192, train_iters=20).locate(7) == (12, 1, 2)
+
+
+def test_phase_transitions_resume_the_phases_own_data() -> None:
+    """--phase-transition-iterations (Megatron-LM 0.19 on): each phase reads its data from the start, the run
+    stopping at every transition; the training data resumes after the current phase's samples, counted as
+    Megatron's data loader counts them (iterations x --global-batch-size)."""
+    def consumed(phases: object, iteration: int) -> int:
+        return train_data_consumed(megatron_namespace(phase_transition_iterations=phases, iteration=iteration,
+                                                      consumed_train_samples=iteration * 64))
+    assert consumed(None, 1500) == 1500 * 64
+    for phases in ("3000, 1000", [1000, 3000]):  # as given, and as Megatron's validate_args leaves it
+        assert [consumed(phases, it) for it in (0, 500, 1000, 1500, 3000, 3200)] == [0, 500 * 64, 0, 500 * 64, 0,
+                                                                                     200 * 64]
+    with pytest.raises(ZeppelinArgsError, match="--phase-transition-iterations '1000,x': give iterations"):
+        consumed("1000,x", 5)
+    with pytest.raises(ZeppelinArgsError, match="--phase-transition-iterations with --step-batch-size-schedule "
+                       "'0:32 1M:64': Megatron counts a phase's samples"):
+        check_megatron_args(megatron_namespace(phase_transition_iterations="100", step_batch_size_schedule="0:32 1M:64",
+                                               global_batch_size=None), world_size=32, gpus_per_node=8)
 
 
 def test_rampup_is_ignored_where_megatron_ignores_it() -> None:

@@ -160,6 +160,24 @@ def test_recorder_follows_a_resumed_step_schedule(plans) -> None:
         rec.follow("0:1")  # type: ignore[arg-type]
 
 
+def test_recorder_numbers_a_phases_micro_steps_from_the_run(plans) -> None:
+    """Under Megatron's phase transitions the data of a phase starts at its own micro-step 0 while the run has
+    taken earlier ones: a run resumed at iteration 3 of 2 micro-steps a step, its phase begun at iteration 2, reads
+    the phase's micro-steps 2, 3, ... which are the run's 6, 7, ... (offset 4): reported as iterations 4, 5."""
+    t = [0.0]
+    rec = StepMetricsRecorder(schedule=TWO, clock=lambda: t[0])
+    rec.follow(TWO.resumed(step=3, consumed=6), micro_step_offset=4)
+    done = []
+    for micro in range(2, 8):
+        t[0] = float(micro)
+        out = rec.record(micro, plans[micro % 3])
+        if out is not None:
+            done.append((out.iteration, out.micro_steps))
+    assert done == [(4, 2), (5, 2)]
+    with pytest.raises(ValueError, match="micro_step_offset must be a non-negative integer, got -1"):
+        rec.follow(TWO, micro_step_offset=-1)
+
+
 def test_paths_counted_per_sequence(plans) -> None:
     """Split sequences run as a ring, an all-to-all over heads (a2a = ranks) or a hybrid (1 < a2a < ranks)."""
     from dataclasses import replace

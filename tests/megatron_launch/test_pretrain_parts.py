@@ -83,7 +83,7 @@ def test_use_zeppelin_model_sets_spec_and_hook_once() -> None:
 def test_iterators_plan_in_a_worker_process_when_they_prefetch() -> None:
     from zeppelin_megatron.megatron.arguments import ZeppelinConfig
     from zeppelin_megatron.megatron.data.plan_worker import PlanWorker
-    from zeppelin_megatron.megatron.pretrain import iterator_planner
+    from zeppelin_megatron.megatron.data.build import iterator_planner
     from zeppelin_megatron.planner.setup import build_planning
 
     planning = build_planning("1x4", tokens_per_gpu=4096)

@@ -297,11 +297,15 @@ class StepMetricsRecorder:
         self.writer, self.clock, self.sync = writer, clock, sync
         self.follow(schedule)
 
-    def follow(self, schedule: StepSchedule) -> None:
-        """Group the micro-steps from now on by ``schedule`` (a resumed run's: ``StepSchedule.resumed``)."""
+    def follow(self, schedule: StepSchedule, *, micro_step_offset: int = 0) -> None:
+        """Group the micro-steps from now on by ``schedule`` (a resumed run's: ``StepSchedule.resumed``);
+        ``micro_step_offset`` is added to every recorded index (the run's micro-steps before its data's first, under
+        Megatron's phase transitions)."""
         if not isinstance(schedule, StepSchedule):
             raise TypeError(f"schedule must be a StepSchedule, got {type(schedule).__name__}")
-        self.schedule = schedule
+        if isinstance(micro_step_offset, bool) or not isinstance(micro_step_offset, int) or micro_step_offset < 0:
+            raise ValueError(f"micro_step_offset must be a non-negative integer, got {micro_step_offset!r}")
+        self.schedule, self._offset = schedule, micro_step_offset
         self._step: int | None = None
         self._count = 0
         self._start: float | None = None
@@ -309,6 +313,7 @@ class StepMetricsRecorder:
         self._plans: list[PlanMetrics] = []
 
     def record(self, micro_step: int, plan: StepPlan) -> StepMetrics | None:
+        micro_step += self._offset
         if micro_step <= self._last:
             return None
         self._last = micro_step

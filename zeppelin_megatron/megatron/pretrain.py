@@ -63,9 +63,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from ..planner import StepPlan
-from ..planner.setup import PlanningSetup
-from .arguments import ZeppelinArgsError, ZeppelinConfig
+from .arguments import ZeppelinArgsError
 from .metrics import MetricsWriter, StepMetricsRecorder
 from .planning import ZeppelinSetup
 from .startup import (
@@ -339,53 +337,15 @@ def use_zeppelin_model(model_config: Any) -> Any:
 # -- data -----------------------------------------------------------------------------------
 
 
-def iterator_planner(config: ZeppelinConfig, planner: PlanningSetup) -> Callable[[Sequence[int]], StepPlan]:
-    """What a data iterator plans with: ``planner`` in a worker process (:class:`~.data.plan_worker.PlanWorker`,
-    closed with the iterator) when it prefetches and ``--zeppelin-plan-worker`` is on (the default), so planning
-    never holds the training process's GIL; else ``planner`` itself (on the prefetch thread, or inline)."""
-    if config.prefetch > 0 and config.plan_worker:
-        from .data.plan_worker import PlanWorker
-        return PlanWorker(planner)
-    return planner
-
-
-def _iterator(words: list[str] | None, *, setup: ZeppelinSetup, rank: int, consumed_samples: int, seed: int,
-              split: tuple[float, float] | None = None, eod_mask_token: int | None = None) -> Iterator[Any]:
-    """A set's iterator over ``words`` (one prefix or a blend, "W1 P1 W2 P2" / "P1 P2"; ``None``: Megatron's mock
-    data for its tokenizer), ``split``'s share of the documents."""
-    from .data.blend import open_documents
-    from .data.iterator import ZeppelinDataIterator, from_consumed_samples
-    from .data.mock import MockDocuments
-    from .data.sampler import TokenBudgetSampler
-
-    from megatron.training import get_tokenizer, print_rank_0
-
-    p = setup.parallel
-    if words is None:
-        tokenizer = get_tokenizer()
-        dataset: Any = MockDocuments(seq_length=p.seq_length, split=split, vocab_size=int(tokenizer.vocab_size),
-                                     eod=int(tokenizer.eod))
-    else:
-        dataset = open_documents(words, p.seq_length, split)
-    print_rank_0(dataset.describe())
-    sampler = TokenBudgetSampler(lengths=dataset.lengths, budget=setup.token_budget, seed=seed, parts=dataset.parts,
-                                 weights=dataset.weights)
-    prefetch = setup.config.prefetch
-    return ZeppelinDataIterator(
-        dataset=dataset, sampler=sampler, planner=iterator_planner(setup.config, setup.planner), rank=rank,
-        start_step=from_consumed_samples(consumed_samples, p.micro_batch_size, p.zeppelin_ranks),
-        pad_to_multiple=p.pad_to_multiple, prefetch=prefetch > 0, prefetch_depth=max(1, prefetch),
-        eod_mask_token=eod_mask_token,
-    )
-
-
 def train_valid_test_datasets_provider(train_val_test_num_samples: Sequence[int], vp_stage: int | None = None
                                        ) -> tuple[Any, Any, Any]:
     """Megatron datasets provider returning Zeppelin iterators (``--dataloader-type external``).
 
     Every rank (each TP rank too) builds the same deterministic iterator and
     keeps its own linear-layout tokens, so nothing is broadcast. Train resumes
-    at micro-step ``consumed_train_samples // (micro_batch_size * N)``;
+    at micro-step ``consumed_train_samples // (micro_batch_size * N)`` (under ``--phase-transition-iterations`` the
+    current phase's samples, :func:`~.run_shape.train_data_consumed`), after Megatron's batch schedule is checked
+    for the steps to come (:meth:`~.run_shape.ZeppelinParallel.schedule_from`);
     validation at ``consumed_valid_samples``; test from 0. The sources: :func:`~.data.sources.data_sources`
     (``--data-path`` / ``--data-args-path`` split by ``--split``, each dataset of a blend alike; per-split paths or
     ``--per-split-data-args-path`` whole; ``--mock-data``: megatron-core's mock documents split 1,1,1; docs/data.md,
@@ -394,8 +354,9 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: Sequence[int]
     """
     from megatron.training import get_args, get_tokenizer, print_rank_0
 
-    from .run_shape import data_sources_from_args
+    from .data.build import build_iterator
     from .data.indexed import EmptySplitError
+    from .run_shape import data_sources_from_args, train_data_consumed
 
     run = _run()
     args = get_args()
@@ -403,20 +364,22 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: Sequence[int]
     print_rank_0("> building Zeppelin data iterators ...")
     sources = data_sources_from_args(args)  # the start-up checks have read the same flags the same way
     eod = int(get_tokenizer().eod) if getattr(args, "eod_mask_loss", False) else None  # Megatron's --eod-mask-loss
-    consumed = [args.consumed_train_samples, args.consumed_valid_samples, 0]
-    schedule = run.setup.parallel.schedule_from(  # refuses what Megatron would fail on
-        iteration=getattr(args, "iteration", 0) or 0, consumed_samples=consumed[0],
+    consumed = [train_data_consumed(args), args.consumed_valid_samples, 0]  # the phase's, under phase transitions
+    p = run.setup.parallel
+    schedule = p.schedule_from(  # refuses what Megatron would fail on
+        iteration=getattr(args, "iteration", 0) or 0, consumed_samples=args.consumed_train_samples,
         train_iters=getattr(args, "train_iters", None))
     if run.recorder is not None:
-        run.recorder.follow(schedule)
+        run.recorder.follow(schedule, micro_step_offset=(args.consumed_train_samples - consumed[0])
+                            // (p.micro_batch_size * p.zeppelin_ranks))
     out: list[Any] = []
     for k, (source, done) in enumerate(zip((sources.train, sources.valid, sources.test), consumed)):
         it = None
         if source is not None and (k == 0 or args.eval_iters > 0):
             words, share = source
             try:
-                it = _iterator(words, setup=run.setup, rank=rank, consumed_samples=done, seed=args.seed, split=share,
-                               eod_mask_token=eod)
+                it = build_iterator(words, setup=run.setup, rank=rank, consumed_samples=done, seed=args.seed,
+                                    split=share, eod_mask_token=eod)
             except EmptySplitError as exc:
                 if k == 0:
                     raise

@@ -25,7 +25,8 @@ from typing import Any
 from .arguments import ZEPPELIN_SPEC_MODULE, ZeppelinArgsError
 from .batch_schedule import RampupError, StepSchedule, parse_step_batch_size_schedule
 
-__all__ = ["ZeppelinParallel", "check_megatron_args", "data_sources_from_args"]
+__all__ = ["ZeppelinParallel", "check_megatron_args", "data_sources_from_args", "phase_transitions",
+           "train_data_consumed"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,6 +165,34 @@ def _flag(args: argparse.Namespace, name: str, default: Any = None) -> Any:
     return getattr(args, name, default)
 
 
+def phase_transitions(args: argparse.Namespace) -> tuple[int, ...]:
+    """``--phase-transition-iterations`` (Megatron-LM 0.19 on: "1000,3000", a list once Megatron has validated the
+    arguments) as sorted iterations; ``()`` without the flag."""
+    value = _flag(args, "phase_transition_iterations")
+    if not value:
+        return ()
+    words = value.split(",") if isinstance(value, str) else value
+    try:
+        return tuple(sorted(int(str(w).strip()) for w in words))
+    except ValueError:
+        raise ZeppelinArgsError(f"--phase-transition-iterations {value!r}: give iterations separated by commas, "
+                                "e.g. 1000,3000") from None
+
+
+def train_data_consumed(args: argparse.Namespace) -> int:
+    """The training samples the training data resumes after, as Megatron's data loader counts them: its
+    ``consumed_train_samples``; with ``--phase-transition-iterations`` (each phase reads its own data from the start,
+    the run stopping at every transition) only the current phase's, ``(iteration - last transition at or before it)
+    x --global-batch-size``. Example: transitions 1000,3000, iteration 1500, global batch 64: (1500 - 1000) x 64 =
+    32,000 samples into the second phase's data."""
+    phases = phase_transitions(args)
+    if not phases:
+        return int(args.consumed_train_samples)
+    iteration = int(_flag(args, "iteration", 0) or 0)
+    last = max(t for t in (0, *phases) if t <= iteration)
+    return (iteration - last) * int(args.global_batch_size)
+
+
 def _gemm_row_align(args: argparse.Namespace) -> int:
     """Megatron's alignment for low-precision GEMMs (megatron-core ``fp8_utils.get_fp8_align_size``: 32 for the
     mxfp8 recipe, else 16; ``fp4_utils.get_fp4_align_size``: 128), 1 without ``--fp8-format`` / ``--fp4-format``."""
@@ -275,6 +304,10 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
     notes: list[str] = []
     rampup = _rampup(args, problems, notes)
     steps = _flag(args, "step_batch_size_schedule")
+    if steps is not None and _flag(args, "phase_transition_iterations"):
+        problems.append(f"--phase-transition-iterations with --step-batch-size-schedule {steps!r}: Megatron counts a "
+                        "phase's samples as iterations x --global-batch-size, so its phases need a fixed global batch "
+                        "(its rule); give --global-batch-size")
     if steps is not None and _flag(args, "_is_global_batch_size_explicitly_specified",
                                    _flag(args, "global_batch_size") is not None):
         problems.append(f"--step-batch-size-schedule {steps!r} with --global-batch-size {args.global_batch_size}: "
