@@ -138,6 +138,16 @@ def main() -> None:
     validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
     out["fp8_pad_to_multiple"] = setup_from_args(args, world_size=args.world_size, local_world_size=8
                                                  ).parallel.pad_to_multiple
+    out["phase_consumed"] = None
+    if hasattr(args, "phase_transition_iterations"):  # Megatron-LM 0.19 on
+        from zeppelin_megatron.megatron.run_shape import train_data_consumed
+
+        sys.argv = check_startup(typical_argv(repo, **{"--phase-transition-iterations": "8,4"}), env=env,
+                                 exit_on_error=False)
+        args = parse_args(extra_args_provider=extra_args_provider(), ignore_unknown_args=False)
+        validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+        args.iteration, args.consumed_train_samples = 6, 6 * args.global_batch_size  # as a checkpoint sets them
+        out["phase_consumed"] = [args.phase_transition_iterations, train_data_consumed(args)]
     print("RESULT " + json.dumps(out))
 
 

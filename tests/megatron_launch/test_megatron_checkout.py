@@ -287,6 +287,8 @@ def test_flags_parse_and_validate_with_megatron(worker_result: dict, checkout: C
     assert worker_result["negation_parses"] == [False, False]
     assert worker_result["spec_core_attention"] == "ZeppelinCoreAttention"
     assert worker_result["fp8_pad_to_multiple"] == 32  # --fp8-format hybrid: 16-row GEMMs x TP 2 (sequence parallel)
+    if worker_result["phase_consumed"] is not None:  # --phase-transition-iterations 8,4 at iteration 6, GBS 64
+        assert worker_result["phase_consumed"] == [[4, 8], (6 - 4) * 64]
 
 
 def test_batch_schedules_are_megatrons(worker_result: dict, checkout: Checkout) -> None:
