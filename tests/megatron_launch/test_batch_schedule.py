@@ -28,6 +28,11 @@ def megatron_steps(spm: int, gbs: int, rampup: tuple[int, int, int], decrease: b
         global_batch_size=gbs, micro_batch_size=mbs, data_parallel_size=spm // mbs,
         decrease_batch_size_if_needed=decrease, rank=1, start_global_batch_size=rampup[0],
         batch_size_increment=rampup[1], ramup_samples=rampup[2])
+    return drive(calc, spm, micro_steps)
+
+
+def drive(calc: Any, spm: int, micro_steps: int) -> list[int]:
+    """A megatron-core calculator driven as training.py drives it, micro-steps per step until ``micro_steps``."""
     consumed, done, counts = 0, 0, []
     while done < micro_steps:
         calc.update(consumed, consistency_check=True)
@@ -134,13 +139,7 @@ def megatron_schedule_steps(calculator: Any, spm: int, text: str, seq_length: in
     calc = calculator(
         micro_batch_size=mbs, data_parallel_size=spm // mbs, decrease_batch_size_if_needed=False, rank=1,
         schedule=text, seq_length=seq_length)
-    consumed, done, counts = 0, 0, []
-    while done < micro_steps:
-        calc.update(consumed, consistency_check=True)
-        counts.append(calc.get())
-        consumed += counts[-1] * spm
-        done += counts[-1]
-    return counts
+    return drive(calc, spm, micro_steps)
 
 
 def test_step_schedule_worked_example() -> None:
