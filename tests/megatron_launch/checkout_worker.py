@@ -118,6 +118,7 @@ def main() -> None:
         "attention_backend": ({"--attention-backend": "local"}, {}),
         "cuda_graph": ({"--cuda-graph-impl": "local"}, {}),
         "tp_comm_overlap": ({"--tp-comm-overlap": None}, {}),
+        "full_validation": ({"--full-validation": None}, {}),
     }
     out["errors"] = {}
     for name, (flags, env_over) in errors.items():

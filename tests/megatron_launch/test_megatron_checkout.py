@@ -330,6 +330,7 @@ def test_model_config_carries_zeppelin_spec(worker_result: dict) -> None:
         ("attention_backend", "--attention-backend local"),
         ("cuda_graph", "--cuda-graph-impl local: a CUDA graph replays fixed shapes"),
         ("tp_comm_overlap", "--tp-comm-overlap: Transformer Engine's TP communication/GEMM overlap"),
+        ("full_validation", "--full-validation"),
     ],
 )
 def test_unservable_configs_rejected_by_startup_check(worker_result: dict, name: str, match: str) -> None:

@@ -275,6 +275,13 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
         problems.append(f"{flag}: a CUDA graph replays fixed shapes and kernels, while every Zeppelin micro-step "
                         "has its own plan (a rank's rows, its attention calls and transfers change each time); "
                         "drop it")
+    if _flag(args, "full_validation"):
+        problems.append("--full-validation: Megatron sizes a full pass by its own data loader's length, which "
+                        "Zeppelin's token-budget iterator does not have; validate with --eval-iters N (N micro-steps' "
+                        "worth of validation documents each time)")
+    if _flag(args, "multiple_validation_sets"):
+        problems.append("--multiple-validation-sets: Zeppelin evaluates one validation set (the --valid-data-path "
+                        "blend, or --split's validation share); drop it")
     if _flag(args, "tp_comm_overlap"):
         problems.append("--tp-comm-overlap: Transformer Engine's TP communication/GEMM overlap runs on userbuffers of "
                         "a fixed --seq-length x --micro-batch-size rows (TransformerEngine issue 1303), while a "
