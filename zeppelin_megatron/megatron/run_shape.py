@@ -277,8 +277,8 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
                         "drop it")
     if _flag(args, "full_validation"):
         problems.append("--full-validation: Megatron sizes a full pass by its own data loader's length, which "
-                        "Zeppelin's token-budget iterator does not have; validate with --eval-iters N (N micro-steps' "
-                        "worth of validation documents each time)")
+                        "Zeppelin's token-budget iterator does not have; validate with --eval-iters N (N evaluation "
+                        "steps of validation micro-steps each time)")
     if _flag(args, "multiple_validation_sets"):
         problems.append("--multiple-validation-sets: Zeppelin evaluates one validation set (the --valid-data-path "
                         "blend, or --split's validation share); drop it")
