@@ -62,8 +62,11 @@ def test_prepare_and_bind_see_through_wrappers() -> None:
     sentinel = object()
     bind_step([wrapped], sentinel)  # type: ignore[arg-type]
     assert inner[0].step is sentinel and inner[0].softmax_scale == pytest.approx(1 / 16 ** 0.5)
-    with pytest.raises(ZeppelinConfigError, match="--attention-dropout 0.0 \\(got 0.1\\)"):
+    with pytest.raises(ZeppelinConfigError, match="--attention-dropout 0.1: Zeppelin attention has no attention "
+                       "dropout; set --attention-dropout 0.0"):
         ZeppelinCoreAttention(tiny_gpt_config(attention_dropout=0.1), 1, AttnMaskType.causal, "self")
+    with pytest.raises(ZeppelinConfigError, match="--window-size \\(128, 0\\): sliding-window attention"):
+        ZeppelinCoreAttention(tiny_gpt_config(window_size=(128, 0)), 1, AttnMaskType.causal, "self")
     with pytest.raises(ZeppelinConfigError, match="causal"):
         ZeppelinCoreAttention(config, 1, AttnMaskType.no_mask, "self")
 

@@ -31,6 +31,7 @@ def typical_argv(repo: str, **extra: str) -> list[str]:
         "--data-path": "/data/corpus_text_document", "--split": "100,0,0", "--eval-iters": "0",
         "--transformer-impl": "local", "--no-rope-fusion": None, "--no-persist-layer-norm": None,
         "--no-gradient-accumulation-fusion": None, "--untie-embeddings-and-output-weights": None,
+        "--attention-dropout": "0.0",
         "--zeppelin": None, "--zeppelin-cluster": f"4x8@{repo}/configs/clusters/h100.yaml",
     }
     flags.update(extra)
@@ -116,6 +117,8 @@ def main() -> None:
         "eval": ({"--eval-iters": "5"}, {}),
         "dataloader": ({"--dataloader-type": "cyclic"}, {}),
         "attention_backend": ({"--attention-backend": "local"}, {}),
+        "attention_dropout": ({"--attention-dropout": "__drop__"}, {}),  # Megatron's default, 0.1
+        "window": ({"--window-size": "(4096,0)"}, {}),
         "cuda_graph": ({"--cuda-graph-impl": "local"}, {}),
         "tp_comm_overlap": ({"--tp-comm-overlap": None}, {}),
         "full_validation": ({"--full-validation": None}, {}),

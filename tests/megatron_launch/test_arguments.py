@@ -140,6 +140,9 @@ def test_default_global_batch_is_one_micro_batch_per_rank() -> None:
         ({"full_validation": True, "eval_iters": 0}, "--full-validation: Megatron sizes a full pass"),
         ({"multiple_validation_sets": True, "valid_data_path": ["a", "b"], "eval_iters": 1},
          "--multiple-validation-sets: Zeppelin evaluates one validation set"),
+        ({"attention_dropout": 0.1}, "--attention-dropout 0.1: Zeppelin attention has no attention dropout"),
+        ({"window_size": (4096, 0)}, "--window-size \\(4096, 0\\): sliding-window attention is not supported"),
+        ({"softmax_type": "learnable"}, "--softmax-type learnable: attention sinks are not supported"),
         ({"tp_comm_overlap": True, "tensor_model_parallel_size": 2, "sequence_parallel": True},
          "--tp-comm-overlap: Transformer Engine's TP communication/GEMM overlap runs on userbuffers of a fixed"),
         ({"rampup_batch_size": ["16", "16", "1000"]}, "--rampup-batch-size 16 16 1000: START and INCREMENT must be "

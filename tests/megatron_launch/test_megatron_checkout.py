@@ -150,8 +150,9 @@ CPU_FLAGS = ["--zeppelin", "--zeppelin-cluster", f"1x8@{REPO}/configs/clusters/h
              "--micro-batch-size", "1", "--global-batch-size", "16", "--train-iters", "10", "--lr", "1e-4",
              "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000", "--data-path", "/data/corpus_text_document",
              "--eval-iters", "0", "--transformer-impl", "local", "--no-rope-fusion", "--no-persist-layer-norm",
-             "--no-gradient-accumulation-fusion"]
-"""A servable single-node run for 8 ranks, with the flags a machine without Transformer Engine needs."""
+             "--no-gradient-accumulation-fusion", "--attention-dropout", "0.0"]
+"""A servable single-node run for 8 ranks, with the flags a machine without Transformer Engine needs (and no
+attention dropout, which Megatron's default 0.1 would ask for)."""
 
 WRONG_CLUSTER = ["--zeppelin-cluster", f"2x8@{REPO}/configs/clusters/h100.yaml"]
 WRONG_CLUSTER_MESSAGE = "describes 2 x 8 = 16 GPUs but the job has world size 8"
@@ -329,6 +330,8 @@ def test_model_config_carries_zeppelin_spec(worker_result: dict) -> None:
         ("dataloader", "--dataloader-type cyclic"),
         ("attention_backend", "--attention-backend local"),
         ("cuda_graph", "--cuda-graph-impl local: a CUDA graph replays fixed shapes"),
+        ("attention_dropout", "--attention-dropout 0.1: Zeppelin attention has no attention dropout"),
+        ("window", "--window-size (4096, 0): sliding-window attention is not supported"),
         ("tp_comm_overlap", "--tp-comm-overlap: Transformer Engine's TP communication/GEMM overlap"),
         ("full_validation", "--full-validation"),
     ],

@@ -38,6 +38,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ..runtime import zeppelin_attention
+from .attention_rules import attention_problems
 
 if TYPE_CHECKING:
     from .step import ZeppelinStep
@@ -50,23 +51,13 @@ class ZeppelinConfigError(ValueError):
 
 
 def check_config(config: TransformerConfig, attn_mask_type: AttnMaskType, attention_dropout: float | None) -> None:
-    """Raise :class:`ZeppelinConfigError` for settings this attention does not implement."""
-    dropout = config.attention_dropout if attention_dropout is None else attention_dropout
-    if dropout:
-        raise ZeppelinConfigError(
-            f"Zeppelin attention has no attention dropout; set --attention-dropout 0.0 (got {dropout})"
-        )
+    """Raise :class:`ZeppelinConfigError` for settings this attention does not implement
+    (:func:`~.attention_rules.attention_problems`, the start-up check's rules too, and a causal mask)."""
+    problems = attention_problems(config, attention_dropout=attention_dropout)
     if attn_mask_type not in (AttnMaskType.causal, AttnMaskType.padding_causal):
-        raise ZeppelinConfigError(f"Zeppelin attention is causal; attn_mask_type={attn_mask_type.name} is unsupported")
-    if getattr(config, "window_size", None) is not None:
-        raise ZeppelinConfigError(f"sliding-window attention (window_size={config.window_size}) is unsupported")
-    if getattr(config, "softmax_type", "vanilla") != "vanilla":
-        raise ZeppelinConfigError(f"softmax_type={config.softmax_type!r} is unsupported (only 'vanilla')")
-    if config.context_parallel_size != 1:
-        raise ZeppelinConfigError(
-            f"context_parallel_size={config.context_parallel_size}: Zeppelin replaces context parallelism; "
-            "run with --context-parallel-size 1 (Zeppelin splits long sequences over the data-parallel ranks)"
-        )
+        problems.append(f"Zeppelin attention is causal; attn_mask_type={attn_mask_type.name} is unsupported")
+    if problems:
+        raise ZeppelinConfigError("; ".join(problems))
 
 
 class ZeppelinCoreAttention(MegatronModule):

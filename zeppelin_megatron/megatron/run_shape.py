@@ -23,6 +23,7 @@ from functools import cached_property
 from typing import Any
 
 from .arguments import ZEPPELIN_SPEC_MODULE, ZeppelinArgsError
+from .attention_rules import attention_problems
 from .batch_schedule import RampupError, StepSchedule, parse_step_batch_size_schedule
 
 __all__ = ["ZeppelinParallel", "check_megatron_args", "data_sources_from_args", "phase_transitions",
@@ -246,10 +247,7 @@ def check_megatron_args(args: argparse.Namespace, *, world_size: int, gpus_per_n
     vpp = _flag(args, "num_layers_per_virtual_pipeline_stage") or _flag(args, "num_virtual_stages_per_pipeline_rank")
     if vpp:
         problems.append("virtual pipeline stages are not supported with --zeppelin")
-    cp = _flag(args, "context_parallel_size", 1) or 1
-    if cp > 1:
-        problems.append(f"--context-parallel-size {cp}: Zeppelin replaces context parallelism (it splits "
-                        "long sequences itself over its ranks); use 1")
+    problems.extend(attention_problems(args))  # dropout, window, sinks, context parallelism
     if _flag(args, "hybrid_context_parallel", False):
         problems.append("--hybrid-context-parallel: Megatron's dynamic context parallelism splits sequences "
                         "itself, which Zeppelin replaces; drop it (to compare the two on the same data and "
