@@ -160,8 +160,8 @@ class StepSchedule:
 
     @property
     def micro_steps_per_step(self) -> int:
-        """From the last change on (without a ramp or schedule: ``global_batch_size / samples_per_micro_step``);
-        not a whole number only where Megatron itself would fail (:meth:`check`)."""
+        """From the last change on (without a ramp or schedule: ``global_batch_size / samples_per_micro_step``),
+        rounded down where that batch is not whole micro-steps, which Megatron would fail on (:meth:`check`)."""
         return self._segments[-1].batch // self.samples_per_micro_step
 
     @property
