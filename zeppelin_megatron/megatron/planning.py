@@ -157,7 +157,7 @@ class ZeppelinSetup:
     def _schedule_note(self) -> str:
         p = self.parallel
         r, steps = p.rampup, p.step_batch_size_schedule
-        spm = p.micro_batch_size * p.zeppelin_ranks
+        spm = p.samples_per_micro_step
         notes = "".join(f" [{n}]" for n in p.notes)
         if r is not None:
             flag = f"--rampup-batch-size {r[0]} {r[1]} {r[2]}"

@@ -371,7 +371,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: Sequence[int]
         train_iters=getattr(args, "train_iters", None))
     if run.recorder is not None:
         run.recorder.follow(schedule, micro_step_offset=(args.consumed_train_samples - consumed[0])
-                            // (p.micro_batch_size * p.zeppelin_ranks))
+                            // p.samples_per_micro_step)
     out: list[Any] = []
     for k, (source, done) in enumerate(zip((sources.train, sources.valid, sources.test), consumed)):
         it = None

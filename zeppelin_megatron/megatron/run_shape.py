@@ -73,7 +73,7 @@ class ZeppelinParallel:
                 f"--tensor-model-parallel-size {self.tensor_parallel} does not divide the "
                 f"{self.gpus_per_node} GPUs of a node: Zeppelin needs whole TP groups inside a node"
             )
-        per_step = self.micro_batch_size * self.zeppelin_ranks
+        per_step = self.samples_per_micro_step
         if self.global_batch_size % per_step and not self.decrease_batch_size_if_needed:
             raise ZeppelinArgsError(
                 f"--global-batch-size {self.global_batch_size} is not a multiple of --micro-batch-size "
@@ -92,7 +92,7 @@ class ZeppelinParallel:
         steps = None
         if self.step_batch_size_schedule is not None:
             steps = parse_step_batch_size_schedule(self.step_batch_size_schedule, self.seq_length)
-        return StepSchedule(samples_per_micro_step=self.micro_batch_size * self.zeppelin_ranks,
+        return StepSchedule(samples_per_micro_step=self.samples_per_micro_step,
                             global_batch_size=self.global_batch_size, rampup=self.rampup, step_batch_sizes=steps,
                             decrease_if_needed=self.decrease_batch_size_if_needed)
 
@@ -119,6 +119,11 @@ class ZeppelinParallel:
     @property
     def zeppelin_ranks_per_node(self) -> int:
         return self.gpus_per_node // self.tensor_parallel
+
+    @property
+    def samples_per_micro_step(self) -> int:
+        """Megatron samples one micro-step consumes: ``mbs * N`` (what ``consumed_train_samples`` grows by)."""
+        return self.micro_batch_size * self.zeppelin_ranks
 
     @property
     def token_budget(self) -> int:
